@@ -1,0 +1,61 @@
+"""Which calls a CuTe DSL kernel serves, and the entry points the custom ops call.
+
+Every ``*_supported`` predicate is cheap (no compile, no device sync) and only looks at
+facts of the call: device, dtype, alignment. A call it rejects runs the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+
+@functools.cache
+def cute_dsl_installed() -> bool:
+    """True when nvidia-cutlass-dsl can be imported."""
+    return importlib.util.find_spec("cutlass") is not None
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _device_capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def unavailable_reason(device: torch.device) -> str:
+    """A sentence saying why no kernel runs on ``device`` (or which one would)."""
+    if not cute_dsl_installed():
+        return "nvidia-cutlass-dsl is not installed"
+    cap = _device_capability(device)
+    if cap is None:
+        return f"device {device} is not a CUDA device"
+    if cap < (9, 0):
+        return f"GPU sm_{cap[0]}{cap[1]} is older than sm_90"
+    return f"GPU sm_{cap[0]}{cap[1]} with unsupported shape or dtype"
+
+
+def quantize_slice_supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
+    """Whether the slice-quantizer kernel serves this call."""
+    return False
+
+
+def quantize_slice(source, values, scales, column) -> None:
+    """Run the slice-quantizer kernel (only where :func:`quantize_slice_supported`)."""
+    raise NotImplementedError
+
+
+def mm_supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the MXFP8 GEMM kernel serves this call."""
+    return False
+
+
+def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
+    """Run the MXFP8 GEMM kernel (only where :func:`mm_supported`)."""
+    raise NotImplementedError

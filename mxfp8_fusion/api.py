@@ -1,0 +1,315 @@
+"""The eager API: pack weights, stage inputs slice by slice, run the MXFP8 GEMM.
+
+Every function validates its arguments before any kernel runs and raises ``TypeError`` or
+``ValueError`` naming the argument, what was expected and what was given; a failed call
+writes nothing. Static facts (dtypes, alignment, layout) are checked once, when a weight is
+packed or storage is allocated; per call only what can change per call is checked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import ops, reference
+from .format import (
+    GROUP,
+    SCALE_DTYPE,
+    SOURCE_DTYPES,
+    STAGE_ALIGN,
+    VALUE_DTYPE,
+    MXFP8Input,
+    MXFP8Weight,
+    scale_bytes,
+)
+
+
+def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
+    if not ok:
+        raise error(f"{argument}: expected {expected}, got {given}")
+
+
+def _require_tensor(t, argument: str) -> None:
+    _require(isinstance(t, Tensor), TypeError, argument, "a torch.Tensor", type(t).__name__)
+
+
+def _require_2d(t: Tensor, argument: str) -> None:
+    _require(t.dim() == 2, ValueError, argument, "a 2-D tensor", f"shape {tuple(t.shape)}")
+
+
+def _require_source_dtype(t: Tensor, argument: str) -> None:
+    _require(t.dtype in SOURCE_DTYPES, TypeError, argument, "dtype bfloat16 or float16", t.dtype)
+
+
+def _require_same_device(t: Tensor, device: torch.device, argument: str) -> None:
+    _require(t.device == device, ValueError, argument, f"a tensor on {device}", t.device)
+
+
+def _require_int(v, argument: str) -> None:
+    ok = isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+    _require(ok, TypeError, argument, "an int", type(v).__name__)
+
+
+def _check_tokens(tokens, capacity: int):
+    if tokens is None:
+        return capacity
+    _require_int(tokens, "tokens")
+    _require(0 <= tokens <= capacity, ValueError, "tokens", f"0 <= tokens <= {capacity}", tokens)
+    return tokens
+
+
+def _check_bias(bias, weight: MXFP8Weight) -> None:
+    if bias is None:
+        return
+    _require_tensor(bias, "bias")
+    n = weight.out_features
+    _require(tuple(bias.shape) == (n,), ValueError, "bias", f"shape ({n},)", tuple(bias.shape))
+    _require(bias.is_floating_point(), TypeError, "bias", "a floating-point dtype", bias.dtype)
+    _require_same_device(bias, weight.device, "bias")
+
+
+def _check_operands(inp: MXFP8Input, weight: MXFP8Weight) -> None:
+    _require(isinstance(inp, MXFP8Input), TypeError, "inp", "an MXFP8Input", type(inp).__name__)
+    _require(isinstance(weight, MXFP8Weight), TypeError, "weight", "an MXFP8Weight", type(weight))
+    _require(
+        weight.in_features == inp.in_features,
+        ValueError,
+        "weight",
+        f"in_features {inp.in_features} (the input's)",
+        weight.in_features,
+    )
+    _require_same_device(weight.values, inp.device, "weight")
+
+
+def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
+    """Pack a linear layer's weight ``[out_features, in_features]`` as MXFP8.
+
+    Args:
+        weight: BF16/FP16 weight to quantize, or (with ``scales``) the E4M3 values of an
+            MXFP8 checkpoint. ``in_features`` must be a multiple of 32.
+        scales: the checkpoint's row-major ``[out_features, in_features / 32]`` scales,
+            ``float8_e8m0fnu`` or ``uint8`` bytes; ``None`` to quantize ``weight``.
+
+    Returns:
+        An :class:`MXFP8Weight` with contiguous values and blocked scales.
+
+    Raises:
+        TypeError, ValueError: on a wrong type, dtype, shape or device.
+    """
+    _require_tensor(weight, "weight")
+    _require_2d(weight, "weight")
+    n, k = weight.shape
+    _require(n > 0, ValueError, "weight", "at least one output row", f"shape {(n, k)}")
+    _require(k > 0 and k % GROUP == 0, ValueError, "weight", "in_features a multiple of 32", k)
+    if scales is None:
+        _require_source_dtype(weight, "weight")
+        values, blocked = ops.quantize(weight.contiguous())
+        return MXFP8Weight(values, blocked)
+    _require(weight.dtype == VALUE_DTYPE, TypeError, "weight", "float8_e4m3fn values", weight.dtype)
+    _require_tensor(scales, "scales")
+    _require(
+        scales.dtype in (SCALE_DTYPE, torch.uint8),
+        TypeError,
+        "scales",
+        "dtype float8_e8m0fnu or uint8",
+        scales.dtype,
+    )
+    expected = (n, k // GROUP)
+    _require(
+        tuple(scales.shape) == expected,
+        ValueError,
+        "scales",
+        f"shape {expected}",
+        tuple(scales.shape),
+    )
+    _require_same_device(scales, weight.device, "scales")
+    blocked = reference.to_blocked(scales.contiguous().view(torch.uint8)).view(SCALE_DTYPE)
+    return MXFP8Weight(weight.contiguous(), blocked)
+
+
+def empty_input(
+    capacity: int,
+    in_features: int,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> MXFP8Input:
+    """Allocate MXFP8 storage for up to ``capacity`` rows of ``in_features`` columns.
+
+    Fill it with :func:`quantize_input_slice`, one slice per column range, then run
+    :func:`mm_quantized` or :func:`mm_quantized_into`. ``in_features`` must be a multiple of
+    128. ``dtype`` (BF16 or FP16) is the dtype :func:`mm_quantized` returns by default.
+
+    Raises:
+        TypeError, ValueError: on a non-int or non-positive size, or misaligned in_features.
+    """
+    _require_int(capacity, "capacity")
+    _require_int(in_features, "in_features")
+    _require(capacity >= 0, ValueError, "capacity", "a non-negative row count", capacity)
+    _require(
+        in_features > 0 and in_features % STAGE_ALIGN == 0,
+        ValueError,
+        "in_features",
+        f"a positive multiple of {STAGE_ALIGN}",
+        in_features,
+    )
+    _require(dtype in SOURCE_DTYPES, TypeError, "dtype", "torch.bfloat16 or torch.float16", dtype)
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    values = torch.empty(capacity, in_features, dtype=VALUE_DTYPE, device=device)
+    scales = torch.empty(scale_bytes(capacity, in_features), dtype=SCALE_DTYPE, device=device)
+    return MXFP8Input(values, scales, dtype)
+
+
+def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: int) -> None:
+    """Quantize ``source`` ``[tokens, width]`` into ``dest``'s columns starting at
+    ``destination_column``; only those columns (and their scales) are written.
+
+    ``source`` may be a strided view (for example a column slice of a wider tensor).
+    ``width`` and ``destination_column`` must be multiples of 128, the slice must fit in
+    ``dest.in_features`` and ``tokens <= dest.capacity``.
+
+    Raises:
+        TypeError, ValueError: before anything is written.
+    """
+    _require_tensor(source, "source")
+    _require(isinstance(dest, MXFP8Input), TypeError, "dest", "an MXFP8Input", type(dest).__name__)
+    _require_2d(source, "source")
+    _require_source_dtype(source, "source")
+    _require_same_device(source, dest.device, "source")
+    _require_int(destination_column, "destination_column")
+    tokens, width = source.shape
+    _require(
+        width > 0 and width % STAGE_ALIGN == 0,
+        ValueError,
+        "source",
+        f"a width that is a positive multiple of {STAGE_ALIGN}",
+        width,
+    )
+    _require(
+        destination_column >= 0 and destination_column % STAGE_ALIGN == 0,
+        ValueError,
+        "destination_column",
+        f"a non-negative multiple of {STAGE_ALIGN}",
+        destination_column,
+    )
+    _require(
+        destination_column + width <= dest.in_features,
+        ValueError,
+        "source",
+        f"columns [{destination_column}, {destination_column + width}) within in_features "
+        f"{dest.in_features}",
+        f"width {width}",
+    )
+    _require(
+        tokens <= dest.capacity,
+        ValueError,
+        "source",
+        f"at most {dest.capacity} rows (dest.capacity)",
+        tokens,
+    )
+    ops.quantize_slice_(source, dest.values, dest.scales, destination_column)
+
+
+def mm_quantized(
+    inp: MXFP8Input,
+    weight: MXFP8Weight,
+    tokens: int | None = None,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """``inp[:tokens] @ weight.T (+ bias)`` into a new ``[tokens, out_features]`` tensor.
+
+    ``tokens`` defaults to ``inp.capacity``; ``out_dtype`` to ``inp.dtype``.
+
+    Raises:
+        TypeError, ValueError: on mismatched operands, tokens above capacity or a bad bias.
+    """
+    _check_operands(inp, weight)
+    tokens = _check_tokens(tokens, inp.capacity)
+    _check_bias(bias, weight)
+    out_dtype = inp.dtype if out_dtype is None else out_dtype
+    _require(out_dtype in SOURCE_DTYPES, TypeError, "out_dtype", "bfloat16 or float16", out_dtype)
+    return ops.mm(inp.values[:tokens], inp.scales, weight.values, weight.scales, bias, out_dtype)
+
+
+def mm_quantized_into(
+    inp: MXFP8Input,
+    weight: MXFP8Weight,
+    out: Tensor,
+    tokens: int | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """Write ``inp[:tokens] @ weight.T (+ bias)`` into ``out[:tokens]`` and return that view.
+
+    ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
+    device; its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be
+    captured in a CUDA Graph.
+
+    Raises:
+        TypeError, ValueError: on a bad ``out``, mismatched operands or tokens above capacity.
+    """
+    _check_operands(inp, weight)
+    tokens = _check_tokens(tokens, inp.capacity)
+    _check_bias(bias, weight)
+    _require_tensor(out, "out")
+    _require_2d(out, "out")
+    _require(out.dtype in SOURCE_DTYPES, TypeError, "out", "dtype bfloat16 or float16", out.dtype)
+    _require_same_device(out, inp.device, "out")
+    n = weight.out_features
+    _require(
+        out.shape[0] >= tokens and out.shape[1] == n,
+        ValueError,
+        "out",
+        f"shape [>= {tokens}, {n}]",
+        tuple(out.shape),
+    )
+    ops.mm_into(inp.values[:tokens], inp.scales, weight.values, weight.scales, bias, out)
+    return out[:tokens]
+
+
+def quantize(x: Tensor) -> MXFP8Input:
+    """Quantize ``x`` ``[rows, K]`` (BF16/FP16, K a multiple of 32) to a new MXFP8Input.
+
+    Raises:
+        TypeError, ValueError: on a wrong type, dtype or shape.
+    """
+    _require_tensor(x, "x")
+    _require_2d(x, "x")
+    _require_source_dtype(x, "x")
+    _require(
+        x.shape[1] > 0 and x.shape[1] % GROUP == 0,
+        ValueError,
+        "x",
+        "a width that is a multiple of 32",
+        x.shape[1],
+    )
+    values, scales = ops.quantize(x)
+    return MXFP8Input(values, scales, x.dtype)
+
+
+def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
+    """One-shot MXFP8 linear: quantize ``x`` ``[tokens, K]`` and return ``x_q @ weight.T
+    (+ bias)`` in ``x.dtype``.
+
+    Raises:
+        TypeError, ValueError: on a wrong type, dtype, shape or device.
+    """
+    _require_tensor(x, "x")
+    _require(
+        isinstance(weight, MXFP8Weight),
+        TypeError,
+        "weight",
+        "an MXFP8Weight",
+        type(weight).__name__,
+    )
+    _require_2d(x, "x")
+    _require_source_dtype(x, "x")
+    _require_same_device(x, weight.device, "x")
+    _require(
+        x.shape[1] == weight.in_features,
+        ValueError,
+        "x",
+        f"{weight.in_features} columns (weight.in_features)",
+        x.shape[1],
+    )
+    _check_bias(bias, weight)
+    return ops.linear(x, weight.values, weight.scales, bias)

@@ -1,0 +1,129 @@
+"""The main job: a drafter-like projection over six concatenated hidden-state slices, run
+concatenated and staged, checked bitwise equal, with the transient memory each needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from . import api
+from .format import VALUE_DTYPE, scale_bytes
+from .nn import MXFP8Linear
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Geometry of the demo: ``slices`` hidden states of width ``hidden`` projected to ``hidden``."""
+
+    tokens: int
+    hidden: int
+    slices: int = 6
+    dtype: torch.dtype = torch.bfloat16
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> DemoConfig:
+        if device.type == "cuda":
+            return cls(tokens=4096, hidden=7168)  # the reference geometry of BASELINES.md
+        return cls(tokens=512, hidden=1024)  # seconds on two CPU cores
+
+
+class Drafter(nn.Module):
+    """``fc(cat([h1, ..., hn], -1))``: a speculative-decoding drafter's input projection."""
+
+    def __init__(self, fc: nn.Module):
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, *hidden: Tensor) -> Tensor:
+        return self.fc(torch.cat(hidden, dim=-1))
+
+
+def make_drafter(
+    cfg: DemoConfig, device: torch.device, seed: int = 0
+) -> tuple[Drafter, list[Tensor]]:
+    """A drafter with a random MXFP8 projection and random hidden-state slices."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = cfg.hidden * cfg.slices
+    linear = nn.Linear(k, cfg.hidden, bias=True, dtype=cfg.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(cfg.hidden, k, generator=gen) * k**-0.5)
+        linear.bias.copy_(torch.randn(cfg.hidden, generator=gen) * 0.1)
+    fc = MXFP8Linear.from_linear(linear.to(device))
+    hidden = [
+        torch.randn(cfg.tokens, cfg.hidden, generator=gen).to(device=device, dtype=cfg.dtype)
+        for _ in range(cfg.slices)
+    ]
+    return Drafter(fc).eval(), hidden
+
+
+def run_concatenated(model: Drafter, hidden: list[Tensor]) -> Tensor:
+    return model(*hidden)
+
+
+def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
+    fc = model.fc
+    weight = api.MXFP8Weight(fc.weight_values, fc.weight_scales)
+    tokens = hidden[0].shape[0]
+    staged = api.empty_input(tokens, fc.in_features, hidden[0].device, hidden[0].dtype)
+    column = 0
+    for h in hidden:
+        api.quantize_input_slice(h, staged, column)
+        column += h.shape[1]
+    return api.mm_quantized(staged, weight, bias=fc.bias)
+
+
+def transient_bytes(fn, *args) -> int | None:
+    """Peak bytes allocated by ``fn(*args)`` above what was allocated before (CUDA only)."""
+    device = args[-1][0].device
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn(*args)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def planned_bytes(cfg: DemoConfig, concatenated: bool) -> int:
+    """Transient bytes by construction: [BF16 cat +] MXFP8 values and scales + the output."""
+    k = cfg.hidden * cfg.slices
+    itemsize = torch.empty((), dtype=cfg.dtype).element_size()
+    storage = cfg.tokens * k * torch.empty((), dtype=VALUE_DTYPE).element_size()
+    storage += scale_bytes(cfg.tokens, k)
+    out = cfg.tokens * cfg.hidden * itemsize
+    cat = cfg.tokens * k * itemsize if concatenated else 0
+    return cat + storage + out
+
+
+def main(device: str | None = None) -> int:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = DemoConfig.for_device(dev)
+    model, hidden = make_drafter(cfg, dev)
+    backend = "CuTe DSL kernels where supported" if dev.type == "cuda" else "CPU reference"
+    print(
+        f"mxfp8_fusion demo on {dev} ({backend}): {cfg.slices} slices of "
+        f"[{cfg.tokens}, {cfg.hidden}] {str(cfg.dtype).removeprefix('torch.')} "
+        f"-> MXFP8 linear [{cfg.hidden * cfg.slices} -> {cfg.hidden}]"
+    )
+    with torch.no_grad():
+        concatenated = run_concatenated(model, hidden)
+        staged = run_staged(model, hidden)
+        equal = torch.equal(concatenated.view(torch.int16), staged.view(torch.int16))
+        rows = [
+            ("concatenated eager (cat + one-shot mm)", run_concatenated, True),
+            ("staged eager (quantize_input_slice + mm_quantized)", run_staged, False),
+        ]
+        print(f"{'path':<52} {'transient bytes':>16}  how")
+        for name, fn, is_cat in rows:
+            measured = transient_bytes(fn, model, hidden)
+            value, how = (
+                (measured, "measured")
+                if measured is not None
+                else (planned_bytes(cfg, is_cat), "planned")
+            )
+            print(f"{name:<52} {value:>16,}  {how}")
+    print(f"staged == concatenated, bitwise: {equal}")
+    return 0 if equal else 1

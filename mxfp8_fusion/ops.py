@@ -1,0 +1,151 @@
+"""``torch.library`` custom ops in namespace ``mxfp8``.
+
+Functional ops (``quantize``, ``mm``, ``linear``) allocate their outputs; mutating ops
+(``quantize_slice_``, ``mm_into``) write into buffers they are given and allocate nothing,
+so they can be captured in CUDA Graphs. Every op has a fake implementation for tracing.
+
+Dispatch: a CUDA tensor runs the CuTe DSL kernel where ``mxfp8_fusion.kernels`` supports
+the device and shape, and the plain-torch reference otherwise (with a one-time warning on
+CUDA). The CPU always runs the reference. The ops do no argument validation: the eager API
+in ``api.py`` and the graph pass check everything before an op is called.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .format import SCALE_DTYPE, VALUE_DTYPE, scale_bytes
+from .kernels import dispatch as kernels
+
+_warned: set[str] = set()
+
+
+def _fallback_warning(what: str, device: torch.device) -> None:
+    if device.type == "cuda" and what not in _warned:
+        _warned.add(what)
+        warnings.warn(
+            f"mxfp8_fusion: no CuTe DSL {what} kernel for this device or shape "
+            f"({kernels.unavailable_reason(device)}); using the plain-torch reference",
+            stacklevel=3,
+        )
+
+
+def _empty_storage(rows, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    values = torch.empty(rows, k, dtype=VALUE_DTYPE, device=device)
+    scales = torch.empty(scale_bytes(rows, k), dtype=SCALE_DTYPE, device=device)
+    return values, scales
+
+
+def _out_shape(a_values: Tensor, b_values: Tensor) -> tuple:
+    return (a_values.shape[0], b_values.shape[0])
+
+
+# --- slice quantizer (mutating) --------------------------------------------------------
+
+
+@torch.library.custom_op("mxfp8::quantize_slice_", mutates_args=("values", "scales"))
+def quantize_slice_(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
+    """Quantize ``source`` ``[tokens, width]`` into columns ``[column, column+width)``."""
+    if source.shape[0] == 0:
+        return
+    if kernels.quantize_slice_supported(source, values, column):
+        kernels.quantize_slice(source, values, scales, column)
+        return
+    _fallback_warning("slice quantizer", source.device)
+    reference.quantize_slice_(source, values, scales, column)
+
+
+@quantize_slice_.register_fake
+def _(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
+    return None
+
+
+# --- one-shot quantize (functional) ----------------------------------------------------
+
+
+@torch.library.custom_op("mxfp8::quantize", mutates_args=())
+def quantize(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Quantize ``x`` ``[rows, K]``: ``(values [rows, K] e4m3, blocked scales e8m0)``."""
+    values, scales = _empty_storage(x.shape[0], x.shape[1], x.device)
+    if x.shape[0] > 0:
+        if kernels.quantize_slice_supported(x, values, 0):
+            kernels.quantize_slice(x, values, scales, 0)
+        else:
+            _fallback_warning("slice quantizer", x.device)
+            values, scales = reference.quantize(x)
+    return values, scales
+
+
+@quantize.register_fake
+def _(x: Tensor) -> tuple[Tensor, Tensor]:
+    return _empty_storage(x.shape[0], x.shape[1], x.device)
+
+
+# --- GEMM ------------------------------------------------------------------------------
+
+
+def _mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
+    if a_values.shape[0] == 0:
+        return
+    if kernels.mm_supported(a_values, b_values, out):
+        kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+        return
+    _fallback_warning("GEMM", a_values.device)
+    reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+
+
+@torch.library.custom_op("mxfp8::mm_into", mutates_args=("out",))
+def mm_into(
+    a_values: Tensor,
+    a_scales: Tensor,
+    b_values: Tensor,
+    b_scales: Tensor,
+    bias: Tensor | None,
+    out: Tensor,
+) -> None:
+    """``out[:M] = A @ B.T (+ bias)`` with ``A`` ``[M, K]`` and ``B`` ``[N, K]`` MXFP8."""
+    _mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+
+
+@mm_into.register_fake
+def _(a_values, a_scales, b_values, b_scales, bias, out) -> None:
+    return None
+
+
+@torch.library.custom_op("mxfp8::mm", mutates_args=())
+def mm(
+    a_values: Tensor,
+    a_scales: Tensor,
+    b_values: Tensor,
+    b_scales: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """``A @ B.T (+ bias)`` into a new ``[M, N]`` tensor of ``out_dtype``."""
+    out = torch.empty(_out_shape(a_values, b_values), dtype=out_dtype, device=a_values.device)
+    _mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    return out
+
+
+@mm.register_fake
+def _(a_values, a_scales, b_values, b_scales, bias, out_dtype):
+    return a_values.new_empty(_out_shape(a_values, b_values), dtype=out_dtype)
+
+
+# --- one-shot linear (quantize + GEMM) -------------------------------------------------
+
+
+@torch.library.custom_op("mxfp8::linear", mutates_args=())
+def linear(x: Tensor, b_values: Tensor, b_scales: Tensor, bias: Tensor | None) -> Tensor:
+    """Quantize ``x`` ``[M, K]`` to MXFP8, then ``x_q @ B.T (+ bias)`` in ``x.dtype``."""
+    a_values, a_scales = quantize(x)
+    return mm(a_values, a_scales, b_values, b_scales, bias, x.dtype)
+
+
+@linear.register_fake
+def _(x, b_values, b_scales, bias):
+    return x.new_empty(_out_shape(x, b_values))

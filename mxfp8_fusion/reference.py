@@ -1,0 +1,190 @@
+"""Plain-torch MXFP8 quantize, dequantize and GEMM.
+
+These are the oracle every kernel is checked against and the implementation on devices
+without a kernel (the CPU included). They run on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .format import (
+    E4M3_MAX,
+    GROUP,
+    GROUP_BLOCK,
+    ROW_BLOCK,
+    SCALE_BIAS,
+    SCALE_DTYPE,
+    SCALE_PAD,
+    VALUE_DTYPE,
+    ceil_div,
+    scale_bytes,
+)
+
+# Columns dequantized per step of the reference GEMM. FP32 chunks of A and B of this width
+# bound the GEMM's transient memory; a full BF16 copy of either operand is never made.
+_GEMM_K_CHUNK = 1024
+
+
+def rceil_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
+    """E8M0 scale bytes (``uint8``) for per-group absolute maxima, by the RCEIL rule.
+
+    ``scale = 2 ** ceil(log2(amax / 448))`` computed in FP32 as torchao does it: a NaN amax
+    gives 0xFF, an infinite one 0xFE, and exponents are clamped to [-127, 127].
+    """
+    descale = amax.float() / E4M3_MAX
+    exponent = torch.clamp(torch.ceil(torch.log2(descale)), -SCALE_BIAS, SCALE_BIAS) + SCALE_BIAS
+    exponent = torch.where(torch.isinf(descale), 254.0, exponent)
+    exponent = torch.where(torch.isnan(descale), 255.0, exponent)
+    return exponent.to(torch.uint8)
+
+
+def _reciprocal_scales(exponent: torch.Tensor) -> torch.Tensor:
+    """FP32 multipliers that map a group onto the E4M3 grid, matching torchao's RCEIL."""
+    e = exponent.float()
+    recip = torch.exp2(SCALE_BIAS - e)
+    recip = torch.where(exponent == 0, 1.0, recip)
+    recip = torch.where(exponent == 254, 2.0**-127, recip)
+    return torch.where(exponent == 255, float("nan"), recip)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` ``[rows, K]`` (K a multiple of 32) group by group.
+
+    Returns ``(values, scale_bytes)``: ``[rows, K]`` ``float8_e4m3fn`` and the row-major
+    ``[rows, K/32]`` ``uint8`` scale bytes (not yet in the blocked layout).
+    """
+    rows, k = x.shape
+    groups = x.reshape(rows, k // GROUP, GROUP).float()
+    amax = groups.abs().amax(dim=-1)
+    exponent = rceil_scale_bytes(amax)
+    scaled = groups * _reciprocal_scales(exponent).unsqueeze(-1)
+    values = torch.clamp(scaled, -E4M3_MAX, E4M3_MAX).to(VALUE_DTYPE)
+    return values.reshape(rows, k), exponent
+
+
+def _blocked_view(flat: torch.Tensor, groups: int) -> torch.Tensor:
+    """View a flat blocked buffer as ``[row_block, group_block, r%32, (r//32)%4, g%4]``."""
+    g4 = ceil_div(groups, GROUP_BLOCK)
+    return flat.view(torch.uint8).view(-1, g4, 32, 4, 4)
+
+
+def to_blocked(scale_rows: torch.Tensor) -> torch.Tensor:
+    """Row-major ``[rows, G]`` scale bytes -> flat blocked ``uint8`` buffer, padded with 127."""
+    rows, groups = scale_rows.shape
+    padded = torch.full(
+        (ceil_div(rows, ROW_BLOCK) * ROW_BLOCK, ceil_div(groups, GROUP_BLOCK) * GROUP_BLOCK),
+        SCALE_PAD,
+        dtype=torch.uint8,
+        device=scale_rows.device,
+    )
+    padded[:rows, :groups] = scale_rows.view(torch.uint8)
+    rb, gb = padded.shape[0] // ROW_BLOCK, padded.shape[1] // GROUP_BLOCK
+    # [rb, 4 (r//32), 32 (r%32), gb, 4 (g%4)] -> [rb, gb, r%32, r//32, g%4]
+    blocked = padded.view(rb, 4, 32, gb, 4).permute(0, 3, 2, 1, 4)
+    return blocked.contiguous().flatten()
+
+
+def from_blocked(flat: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """Flat blocked scale buffer -> row-major ``[rows, groups]`` ``uint8`` scale bytes."""
+    view = _blocked_view(flat, groups)
+    row_major = view.permute(0, 3, 2, 1, 4).reshape(view.shape[0] * ROW_BLOCK, -1)
+    return row_major[:rows, :groups]
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` ``[rows, K]`` to MXFP8: ``(values, blocked scales as float8_e8m0fnu)``."""
+    values, exponent = quantize_rows(x)
+    return values, to_blocked(exponent).view(SCALE_DTYPE)
+
+
+def quantize_slice_(
+    source: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, column: int
+) -> None:
+    """Quantize ``source`` ``[tokens, width]`` into ``values[:tokens, column:column+width]``.
+
+    Its scales go into the matching groups of the blocked buffer ``scales``; the padding rows
+    up to the next multiple of 128 get scale byte 127 in those groups. Nothing else is written.
+    ``width`` and ``column`` are multiples of 128, so the slice owns whole 512-byte chunks.
+    """
+    tokens, width = source.shape
+    slice_values, exponent = quantize_rows(source)
+    values[:tokens, column : column + width] = slice_values
+    blocked = to_blocked(exponent)
+    src = _blocked_view(blocked, width // GROUP)
+    dst = _blocked_view(scales, values.shape[1] // GROUP)
+    g0 = column // (GROUP * GROUP_BLOCK)
+    dst[: src.shape[0], g0 : g0 + src.shape[1]] = src
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP8 ``[rows, K]`` values and their blocked scales -> FP32 ``[rows, K]``.
+
+    A scale byte of 0xFF (a NaN block) reads back as NaN.
+    """
+    rows, k = values.shape
+    factors = from_blocked(scales, rows, k // GROUP).view(SCALE_DTYPE).float()
+    grouped = values.float().view(rows, k // GROUP, GROUP) * factors.unsqueeze(-1)
+    return grouped.view(rows, k)
+
+
+def _row_scale_factors(scales: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    return from_blocked(scales, rows, k // GROUP).view(SCALE_DTYPE).float()
+
+
+def mm_into(
+    a_values: torch.Tensor,
+    a_scales: torch.Tensor,
+    b_values: torch.Tensor,
+    b_scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """``out[:M] = dequant(A) @ dequant(B).T (+ bias)``, accumulated in FP32.
+
+    ``A`` is ``[M, K]`` and ``B`` ``[N, K]``, both with blocked scales. Operands are
+    dequantized ``_GEMM_K_CHUNK`` columns at a time, so no full-width copy is made. Rows of
+    ``out`` past M are not touched.
+    """
+    m, k = a_values.shape
+    n = b_values.shape[0]
+    a_factors = _row_scale_factors(a_scales, m, k)
+    b_factors = _row_scale_factors(b_scales, n, k)
+    acc = torch.zeros(m, n, dtype=torch.float32, device=a_values.device)
+    for k0 in range(0, k, _GEMM_K_CHUNK):
+        k1 = min(k, k0 + _GEMM_K_CHUNK)
+        g0, g1 = k0 // GROUP, k1 // GROUP
+        a = a_values[:, k0:k1].float().view(m, g1 - g0, GROUP) * a_factors[:, g0:g1, None]
+        b = b_values[:, k0:k1].float().view(n, g1 - g0, GROUP) * b_factors[:, g0:g1, None]
+        acc.addmm_(a.view(m, k1 - k0), b.view(n, k1 - k0).t())
+    if bias is not None:
+        acc += bias.float()
+    out[:m].copy_(acc)
+
+
+def mm(
+    a_values: torch.Tensor,
+    a_scales: torch.Tensor,
+    b_values: torch.Tensor,
+    b_scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """Allocating form of :func:`mm_into`: returns ``[M, N]`` in ``out_dtype``."""
+    out = torch.empty(a_values.shape[0], b_values.shape[0], dtype=out_dtype, device=a_values.device)
+    mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    return out
+
+
+__all__ = [
+    "dequantize",
+    "from_blocked",
+    "mm",
+    "mm_into",
+    "quantize",
+    "quantize_rows",
+    "quantize_slice_",
+    "rceil_scale_bytes",
+    "scale_bytes",
+    "to_blocked",
+]
