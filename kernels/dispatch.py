@@ -41,21 +41,38 @@ def unavailable_reason(device: torch.device) -> str:
     return f"GPU sm_{cap[0]}{cap[1]} with unsupported shape or dtype"
 
 
+def _sm90_or_newer(device: torch.device) -> bool:
+    cap = _device_capability(device)
+    return cap is not None and cap >= (9, 0) and cute_dsl_installed()
+
+
 def quantize_slice_supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     """Whether the slice-quantizer kernel serves this call."""
-    return False
+    if not _sm90_or_newer(source.device):
+        return False
+    from . import quantize_slice
+
+    return quantize_slice.supported(source, values, column)
 
 
 def quantize_slice(source, values, scales, column) -> None:
     """Run the slice-quantizer kernel (only where :func:`quantize_slice_supported`)."""
-    raise NotImplementedError
+    from . import quantize_slice as kernel
+
+    kernel.run(source, values, scales, column)
 
 
 def mm_supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether the MXFP8 GEMM kernel serves this call."""
-    return False
+    """Whether the MXFP8 GEMM kernel serves this call (wgmma: exactly sm_90)."""
+    if _device_capability(a_values.device) != (9, 0) or not cute_dsl_installed():
+        return False
+    from . import gemm_sm90
+
+    return gemm_sm90.supported(a_values, b_values, out)
 
 
 def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
     """Run the MXFP8 GEMM kernel (only where :func:`mm_supported`)."""
-    raise NotImplementedError
+    from . import gemm_sm90
+
+    gemm_sm90.run(a_values, a_scales, b_values, b_scales, bias, out)
