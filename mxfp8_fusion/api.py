@@ -24,6 +24,13 @@ from .format import (
 )
 
 
+def _raw(scales: Tensor) -> Tensor:
+    # Scale buffers reach the ops as raw uint8 bytes: Inductor refuses float8_e8m0fnu
+    # arguments of (auto-functionalized) custom ops, so an e8m0 buffer would break
+    # torch.compile of code that calls this API.
+    return scales.view(torch.uint8)
+
+
 def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
     if not ok:
         raise error(f"{argument}: expected {expected}, got {given}")
@@ -206,7 +213,7 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
         f"at most {dest.capacity} rows (dest.capacity)",
         tokens,
     )
-    ops.quantize_slice_(source, dest.values, dest.scales, destination_column)
+    ops.quantize_slice_(source, dest.values, _raw(dest.scales), destination_column)
 
 
 def mm_quantized(
@@ -228,7 +235,9 @@ def mm_quantized(
     _check_bias(bias, weight)
     out_dtype = inp.dtype if out_dtype is None else out_dtype
     _require(out_dtype in SOURCE_DTYPES, TypeError, "out_dtype", "bfloat16 or float16", out_dtype)
-    return ops.mm(inp.values[:tokens], inp.scales, weight.values, weight.scales, bias, out_dtype)
+    return ops.mm(
+        inp.values[:tokens], _raw(inp.scales), weight.values, _raw(weight.scales), bias, out_dtype
+    )
 
 
 def mm_quantized_into(
@@ -262,7 +271,9 @@ def mm_quantized_into(
         f"shape [>= {tokens}, {n}]",
         tuple(out.shape),
     )
-    ops.mm_into(inp.values[:tokens], inp.scales, weight.values, weight.scales, bias, out)
+    ops.mm_into(
+        inp.values[:tokens], _raw(inp.scales), weight.values, _raw(weight.scales), bias, out
+    )
     return out[:tokens]
 
 
@@ -312,4 +323,4 @@ def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
         x.shape[1],
     )
     _check_bias(bias, weight)
-    return ops.linear(x, weight.values, weight.scales, bias)
+    return ops.linear(x, weight.values, _raw(weight.scales), bias)

@@ -1,0 +1,244 @@
+"""The eager staged API: bitwise equal to the concatenated path, and bad input rejected."""
+
+import pytest
+import torch
+
+import mxfp8_fusion as mf
+from mxfp8_fusion import format as fmt
+
+DTYPES = [torch.bfloat16, torch.float16]
+WIDTH_CYCLE = [128, 256, 384]
+
+
+def make_slices(n: int, tokens: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(tokens, WIDTH_CYCLE[i % 3], generator=gen) * (i + 1)).to(dtype)
+        for i in range(n)
+    ]
+
+
+def make_weight(k: int, n: int = 128, seed: int = 0) -> mf.MXFP8Weight:
+    gen = torch.Generator().manual_seed(seed)
+    return mf.pack_weight((torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16))
+
+
+def stage(slices: list[torch.Tensor], capacity: int) -> mf.MXFP8Input:
+    k = sum(s.shape[1] for s in slices)
+    dest = mf.empty_input(capacity, k, "cpu", slices[0].dtype)
+    column = 0
+    for s in slices:
+        mf.quantize_input_slice(s, dest, column)
+        column += s.shape[1]
+    return dest
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tokens", [1, 127, 129, 1000])
+@pytest.mark.parametrize("n_slices", [1, 2, 3, 5, 8])
+def test_staged_equals_concatenated(n_slices, tokens, with_bias, dtype):
+    slices = make_slices(n_slices, tokens, dtype, seed=n_slices * 7 + tokens)
+    x = torch.cat(slices, dim=-1)
+    weight = make_weight(x.shape[1])
+    bias = torch.randn(weight.out_features).to(dtype) if with_bias else None
+    capacity = tokens + 37
+    staged = stage(slices, capacity)
+
+    one_shot = mf.quantize(x)
+    assert torch.equal(bits(staged.values[:tokens]), bits(one_shot.values))
+    live = fmt.scale_bytes(tokens, x.shape[1])  # whole 128-row blocks, padding included
+    assert torch.equal(bits(staged.scales[:live]), bits(one_shot.scales))
+
+    expected = mf.mm(x, weight, bias)
+    assert expected.dtype == dtype
+    got = mf.mm_quantized(staged, weight, tokens=tokens, bias=bias)
+    assert torch.equal(bits(got), bits(expected))
+
+    out = torch.full((capacity + 5, weight.out_features), 7.0, dtype=dtype)
+    written = mf.mm_quantized_into(staged, weight, out, tokens=tokens, bias=bias)
+    assert written.data_ptr() == out.data_ptr() and written.shape == expected.shape
+    assert torch.equal(bits(out[:tokens]), bits(expected))
+    assert (out[tokens:] == 7.0).all()
+
+
+def test_strided_views_are_staged():
+    wide = torch.randn(50, 1024, dtype=torch.bfloat16)
+    views = [wide[:, 0:256], wide[:, 512:640], wide[:, 640:1024]]
+    assert not views[0].is_contiguous()
+    staged = stage(views, 50)
+    x = torch.cat(views, dim=-1)
+    weight = make_weight(x.shape[1])
+    assert torch.equal(bits(mf.mm_quantized(staged, weight)), bits(mf.mm(x, weight)))
+
+
+def test_slices_in_any_order_and_other_columns_untouched():
+    slices = make_slices(3, 20, torch.bfloat16, seed=3)
+    dest = mf.empty_input(20, 768, "cpu")
+    dest.values.view(torch.uint8).fill_(0xAB)
+    mf.quantize_input_slice(slices[1], dest, 128)  # width 256 at columns [128, 384)
+    v = dest.values.view(torch.uint8)
+    assert (v[:, :128] == 0xAB).all() and (v[:, 384:] == 0xAB).all()
+    assert not (v[:, 128:384] == 0xAB).all()
+
+
+def test_weight_from_checkpoint_matches_quantized_weight():
+    w = torch.randn(256, 512, dtype=torch.bfloat16)
+    packed = mf.pack_weight(w)
+    from mxfp8_fusion import reference
+
+    values, scale_rows = reference.quantize_rows(w)
+    for scales in (scale_rows, scale_rows.view(torch.float8_e8m0fnu)):
+        again = mf.pack_weight(values, scales)
+        assert torch.equal(bits(again.values), bits(packed.values))
+        assert torch.equal(bits(again.scales), bits(packed.scales))
+
+
+def test_empty_token_count():
+    weight = make_weight(256)
+    dest = mf.empty_input(8, 256)
+    out = mf.mm_quantized(dest, weight, tokens=0)
+    assert out.shape == (0, 128)
+    assert mf.mm(torch.empty(0, 256, dtype=torch.bfloat16), weight).shape == (0, 128)
+
+
+def test_compiled_eager_api_matches_eager():
+    weight = make_weight(512)
+    bias = torch.randn(128, dtype=torch.bfloat16)
+
+    def staged(a, b, out):
+        dest = mf.empty_input(a.shape[0], 512, a.device)
+        mf.quantize_input_slice(a, dest, 0)
+        mf.quantize_input_slice(b, dest, 256)
+        y = mf.mm_quantized(dest, weight, bias=bias)
+        mf.mm_quantized_into(dest, weight, out, tokens=a.shape[0])
+        return y
+
+    def one_shot(a, b):
+        return mf.mm_quantized(mf.quantize(torch.cat([a, b], -1)), weight, bias=bias)
+
+    a, b = (torch.randn(33, 256, dtype=torch.bfloat16) for _ in range(2))
+    out_eager = torch.zeros(40, 128, dtype=torch.bfloat16)
+    out_compiled = torch.zeros(40, 128, dtype=torch.bfloat16)
+    expected = staged(a, b, out_eager)
+    got = torch.compile(staged, fullgraph=True)(a, b, out_compiled)
+    assert torch.equal(bits(got), bits(expected))
+    assert torch.equal(bits(out_compiled), bits(out_eager))
+    assert torch.equal(bits(torch.compile(one_shot, fullgraph=True)(a, b)), bits(expected))
+
+
+# --- bad input ------------------------------------------------------------------------
+
+
+def _dest() -> mf.MXFP8Input:
+    dest = mf.empty_input(16, 512)
+    dest.values.view(torch.uint8).fill_(0x11)
+    dest.scales.view(torch.uint8).fill_(0x22)
+    return dest
+
+
+def _source(tokens=8, width=128, dtype=torch.bfloat16):
+    return torch.randn(tokens, width).to(dtype)
+
+
+BAD_SLICES = [
+    ("width not a multiple of 128", lambda: _source(width=96), 0, ValueError, "source"),
+    ("column not a multiple of 128", lambda: _source(), 64, ValueError, "destination_column"),
+    ("negative column", lambda: _source(), -128, ValueError, "destination_column"),
+    ("slice past in_features", lambda: _source(width=256), 384, ValueError, "source"),
+    ("tokens above capacity", lambda: _source(tokens=17), 0, ValueError, "source"),
+    ("float32 source", lambda: _source(dtype=torch.float32), 0, TypeError, "source"),
+    ("3-D source", lambda: torch.randn(2, 4, 128, dtype=torch.bfloat16), 0, ValueError, "source"),
+    ("not a tensor", lambda: [[1.0] * 128], 0, TypeError, "source"),
+    ("meta device", lambda: _source().to("meta"), 0, ValueError, "source"),
+    ("column not an int", lambda: _source(), 0.0, TypeError, "destination_column"),
+]
+
+
+@pytest.mark.parametrize(
+    "make_source,column,error,argument",
+    [case[1:] for case in BAD_SLICES],
+    ids=[case[0] for case in BAD_SLICES],
+)
+def test_bad_slice_raises_and_writes_nothing(make_source, column, error, argument):
+    dest = _dest()
+    before = (dest.values.view(torch.uint8).clone(), dest.scales.view(torch.uint8).clone())
+    with pytest.raises(error, match=f"^{argument}: expected"):
+        mf.quantize_input_slice(make_source(), dest, column)
+    assert torch.equal(dest.values.view(torch.uint8), before[0])
+    assert torch.equal(dest.scales.view(torch.uint8), before[1])
+
+
+def test_bad_gemm_arguments_raise_and_leave_out_unchanged():
+    dest = _dest()
+    weight = make_weight(512)
+    out = torch.full((16, 128), 3.0, dtype=torch.bfloat16)
+    cases = [
+        (dict(tokens=17), ValueError, "tokens"),
+        (dict(tokens=-1), ValueError, "tokens"),
+        (dict(tokens=2.0), TypeError, "tokens"),
+        (dict(out=torch.empty(16, 64, dtype=torch.bfloat16)), ValueError, "out"),
+        (dict(out=torch.empty(4, 128, dtype=torch.bfloat16), tokens=8), ValueError, "out"),
+        (dict(out=torch.empty(16, 128, dtype=torch.float32)), TypeError, "out"),
+        (dict(out=torch.empty(16, 128, dtype=torch.bfloat16, device="meta")), ValueError, "out"),
+        (dict(out=torch.empty(16 * 128, dtype=torch.bfloat16)), ValueError, "out"),
+        (dict(bias=torch.empty(64)), ValueError, "bias"),
+        (dict(bias=torch.empty(128, dtype=torch.int32)), TypeError, "bias"),
+        (dict(weight=make_weight(256)), ValueError, "weight"),
+        (dict(weight=torch.empty(128, 512)), TypeError, "weight"),
+    ]
+    for overrides, error, argument in cases:
+        kwargs = dict(inp=dest, weight=weight, out=out, tokens=8, bias=None) | overrides
+        with pytest.raises(error, match=f"^{argument}: expected"):
+            mf.mm_quantized_into(**kwargs)
+        assert (out == 3.0).all()
+    with pytest.raises(ValueError, match="^tokens: expected"):
+        mf.mm_quantized(dest, weight, tokens=100)
+
+
+@pytest.mark.parametrize(
+    "call,error,argument",
+    [
+        (lambda: mf.pack_weight(torch.randn(8, 100, dtype=torch.bfloat16)), ValueError, "weight"),
+        (lambda: mf.pack_weight(torch.randn(8, 128)), TypeError, "weight"),
+        (lambda: mf.pack_weight(torch.randn(128, dtype=torch.bfloat16)), ValueError, "weight"),
+        (
+            lambda: mf.pack_weight(
+                torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.zeros(8, 3, dtype=torch.uint8)
+            ),
+            ValueError,
+            "scales",
+        ),
+        (
+            lambda: mf.pack_weight(
+                torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.zeros(8, 4, dtype=torch.int32)
+            ),
+            TypeError,
+            "scales",
+        ),
+        (lambda: mf.empty_input(8, 100), ValueError, "in_features"),
+        (lambda: mf.empty_input(-1, 128), ValueError, "capacity"),
+        (lambda: mf.empty_input(8.0, 128), TypeError, "capacity"),
+        (lambda: mf.empty_input(8, 128, dtype=torch.float32), TypeError, "dtype"),
+        (lambda: mf.quantize(torch.randn(4, 100, dtype=torch.bfloat16)), ValueError, "x"),
+        (lambda: mf.quantize(torch.randn(4, 128)), TypeError, "x"),
+        (
+            lambda: mf.mm(torch.randn(4, 256, dtype=torch.bfloat16), make_weight(512)),
+            ValueError,
+            "x",
+        ),
+        (
+            lambda: mf.mm(torch.randn(2, 4, 512, dtype=torch.bfloat16), make_weight(512)),
+            ValueError,
+            "x",
+        ),
+        (lambda: mf.mm(torch.randn(4, 512, dtype=torch.bfloat16), "w"), TypeError, "weight"),
+    ],
+)
+def test_bad_arguments_name_the_argument(call, error, argument):
+    with pytest.raises(error, match=f"^{argument}: expected"):
+        call()

@@ -1,0 +1,69 @@
+"""torch.library.opcheck for every mxfp8:: custom op (schema, fake impl, dispatch)."""
+
+import pytest
+import torch
+
+from mxfp8_fusion import format as fmt
+from mxfp8_fusion import ops, reference
+
+
+def _operands(m=40, k=256, n=128, dtype=torch.bfloat16):
+    x = torch.randn(m, k).to(dtype)
+    a_values, a_scales = reference.quantize(x)
+    b_values, b_scales = reference.quantize(torch.randn(n, k).to(dtype))
+    return x, a_values, a_scales.view(torch.uint8), b_values, b_scales.view(torch.uint8)
+
+
+def _cases():
+    x, av, asc, bv, bsc = _operands()
+    bias = torch.randn(128, dtype=torch.bfloat16)
+    values = torch.empty(64, 512, dtype=fmt.VALUE_DTYPE)
+    scales = torch.empty(fmt.scale_bytes(64, 512), dtype=torch.uint8)
+    out = torch.empty(50, 128, dtype=torch.bfloat16)
+    return [
+        (ops.quantize, (x,)),
+        (ops.quantize_slice_, (x, values, scales, 128)),
+        (
+            ops.quantize_slice_,
+            (torch.randn(8, 512, dtype=torch.float16)[:, 128:384], values, scales, 256),
+        ),
+        (ops.mm, (av, asc, bv, bsc, None, torch.bfloat16)),
+        (ops.mm, (av, asc, bv, bsc, bias, torch.float16)),
+        (ops.mm_into, (av, asc, bv, bsc, bias, out)),
+        (ops.linear, (x, bv, bsc, None)),
+        (ops.linear, (x.half(), bv, bsc, bias)),
+    ]
+
+
+@pytest.mark.parametrize("op,args", _cases(), ids=lambda v: getattr(v, "_name", None))
+def test_opcheck(op, args):
+    utils = list(torch.library._OPCHECK_DEFAULT_UTILS)
+    if any(isinstance(a, torch.Tensor) and a.dtype == fmt.VALUE_DTYPE for a in args):
+        # opcheck's schema test compares tensors with torch.allclose, which CPU torch does not
+        # implement for float8_e4m3fn; test_inputs_not_declared_mutable_are_untouched checks
+        # the same contract bitwise.
+        utils.remove("test_schema")
+    torch.library.opcheck(op, args, test_utils=utils)
+
+
+@pytest.mark.parametrize("op,args", _cases(), ids=lambda v: getattr(v, "_name", None))
+def test_inputs_not_declared_mutable_are_untouched(op, args):
+    mutable = {a.name for a in op._opoverload._schema.arguments if a.is_write}
+    names = [a.name for a in op._opoverload._schema.arguments]
+    before = {
+        name: a.clone()
+        for name, a in zip(names, args, strict=False)
+        if isinstance(a, torch.Tensor) and name not in mutable
+    }
+    op(*args)
+    for name, saved in before.items():
+        now = args[names.index(name)]
+        assert torch.equal(now.view(torch.uint8), saved.view(torch.uint8)), name
+
+
+def test_mutating_ops_write_only_what_they_own():
+    _, av, asc, bv, bsc = _operands(m=40)
+    out = torch.full((64, 128), 5.0, dtype=torch.bfloat16)
+    ops.mm_into(av, asc, bv, bsc, None, out)
+    assert (out[40:] == 5.0).all()
+    assert torch.equal(out[:40], ops.mm(av, asc, bv, bsc, None, torch.bfloat16))
