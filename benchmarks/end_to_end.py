@@ -1,0 +1,297 @@
+"""End-to-end receipt: what staging buys a drafter-like projection, memory and time.
+
+Six ways to run ``fc(cat([h1, ..., hn], -1))`` (fc an MXFP8 linear), measured side by side,
+interleaved A B A B in one process:
+
+1. concatenated eager: ``torch.cat`` + one-shot ``mm``
+2. staged eager: ``empty_input`` + ``quantize_input_slice`` per slice + ``mm_quantized_into``
+3. the module compiled with ``backend="mxfp8_fusion"``
+4. the module compiled with plain Inductor (no pass)
+5. BF16 ``torch.cat`` + cuBLAS ``torch.mm`` (what a user without MXFP8 runs)
+6. CUDA Graph replay (``mode="reduce-overhead"``) of 3
+
+For each: transient peak bytes above what was allocated before the call, the median time,
+and ratios to (1) with their direction. Writes ``benchmarks/results/end_to_end.json`` and
+the allocation traces for the memory-timeline picture (``plot_memory.py``).
+
+    python benchmarks/end_to_end.py [--rounds 30] [--out benchmarks/results/end_to_end.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import mxfp8_fusion as mf
+from mxfp8_fusion.demo import DemoConfig, Drafter, make_drafter
+
+
+@dataclass(frozen=True)
+class Geometry:
+    name: str
+    tokens: int
+    hidden: int
+    slices: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.tokens * self.hidden * self.slices * self.hidden
+
+
+GEOMETRIES = [
+    Geometry("reference: 6 x 7168 -> 7168, tokens 4096", tokens=4096, hidden=7168, slices=6),
+    Geometry("drafter: 3 x 4096 -> 4096, tokens 16384", tokens=16384, hidden=4096, slices=3),
+]
+
+
+@dataclass
+class Measurement:
+    variant: str
+    mode: str
+    what: str
+    median_ms: float
+    transient_peak_bytes: int
+    resident_bytes: int = 0
+
+
+def staged_runner(model: Drafter):
+    fc = model.fc
+    weight = mf.MXFP8Weight(fc.weight_values, fc.weight_scales)
+
+    def run(*hidden):
+        tokens = hidden[0].shape[0]
+        dest = mf.empty_input(tokens, fc.in_features, hidden[0].device, hidden[0].dtype)
+        column = 0
+        for h in hidden:
+            mf.quantize_input_slice(h, dest, column)
+            column += h.shape[1]
+        out = torch.empty(tokens, fc.out_features, dtype=hidden[0].dtype, device=hidden[0].device)
+        return mf.mm_quantized_into(dest, weight, out, bias=fc.bias)
+
+    return run
+
+
+def bf16_runner(model: Drafter, weight_bf16: torch.Tensor):
+    bias = model.fc.bias
+
+    def run(*hidden):
+        return torch.addmm(bias, torch.cat(hidden, dim=-1), weight_bf16.t())
+
+    return run
+
+
+def transient_peak(fn, hidden) -> tuple[int, object]:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(*hidden)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, out
+
+
+def allocation_trace(fn, hidden) -> list[tuple[float, int]]:
+    """(time in µs from the first event, bytes allocated above the start) per allocator event."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        fn(*hidden)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    events = snapshot["device_traces"][torch.cuda.current_device()]
+    level, trace = 0, [(0.0, 0)]
+    t0 = events[0]["time_us"] if events else 0
+    for e in events:
+        if e["action"] == "alloc":
+            level += e["size"]
+        elif e["action"] == "free_completed":
+            level -= e["size"]
+        else:
+            continue
+        trace.append((float(e["time_us"] - t0), level))
+    return trace
+
+
+def time_interleaved(fns: dict, hidden, rounds: int) -> dict[str, float]:
+    """Median ms of each callable, timed A B A B with CUDA events."""
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*hidden)
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def bench_geometry(geo: Geometry, rounds: int) -> dict:
+    torch._dynamo.reset()
+    cfg = DemoConfig(tokens=geo.tokens, hidden=geo.hidden, slices=geo.slices)
+    model, hidden = make_drafter(cfg, torch.device("cuda"))
+    weight_bf16 = mf.reference.dequantize(model.fc.weight_values, model.fc.weight_scales).to(
+        torch.bfloat16
+    )
+    variants = {
+        "1_concatenated_eager": ("eager", "torch.cat + one-shot mxfp8_fusion.mm", model),
+        "2_staged_eager": (
+            "eager",
+            "empty_input + quantize_input_slice + mm_quantized_into",
+            staged_runner(model),
+        ),
+        "3_compiled_mxfp8_fusion": (
+            "compiled",
+            "torch.compile(backend='mxfp8_fusion')",
+            torch.compile(model, backend="mxfp8_fusion"),
+        ),
+        "4_compiled_inductor": (
+            "compiled",
+            "torch.compile(backend='inductor'), no pass",
+            torch.compile(model, backend="inductor"),
+        ),
+        "5_bf16_cat_cublas": (
+            "eager",
+            "BF16 torch.cat + cuBLAS addmm",
+            bf16_runner(model, weight_bf16),
+        ),
+        "6_graph_replay_mxfp8_fusion": (
+            "graph replay",
+            "torch.compile(backend='mxfp8_fusion', mode='reduce-overhead')",
+            torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead"),
+        ),
+    }
+    fns = {name: v[2] for name, v in variants.items()}
+    outputs = {}
+    with torch.no_grad():
+        base = torch.cuda.memory_allocated()
+        for fn in fns.values():  # warm-up: compiles, autotuning, graph capture
+            for _ in range(3):
+                fn(*hidden)
+        resident = torch.cuda.memory_allocated() - base
+        peaks = {}
+        for name, fn in fns.items():
+            peaks[name], out = transient_peak(fn, hidden)
+            outputs[name] = out.clone()
+        times = time_interleaved(fns, hidden, rounds)
+        traces = {
+            name: allocation_trace(fns[name], hidden)
+            for name in ("1_concatenated_eager", "2_staged_eager", "3_compiled_mxfp8_fusion")
+        }
+    ref = outputs["1_concatenated_eager"].view(torch.int16)
+    bitwise = {
+        name: bool(torch.equal(outputs[name].view(torch.int16), ref))
+        for name in ("2_staged_eager", "3_compiled_mxfp8_fusion", "6_graph_replay_mxfp8_fusion")
+    }
+    measurements = []
+    for name, (mode, what, _) in variants.items():
+        measurements.append(
+            Measurement(
+                name, mode, what, times[name], peaks[name], resident if name.startswith("6") else 0
+            )
+        )
+    t1, p1 = times["1_concatenated_eager"], peaks["1_concatenated_eager"]
+    ratios = {
+        f"{m.variant}_over_1_time (lower is faster)": m.median_ms / t1 for m in measurements
+    } | {
+        f"{m.variant}_over_1_transient_peak (lower is less memory)": m.transient_peak_bytes / p1
+        for m in measurements
+    }
+    ratios["3_over_2_time (lower is faster)"] = (
+        times["3_compiled_mxfp8_fusion"] / times["2_staged_eager"]
+    )
+    ratios["3_over_5_time (lower is faster)"] = (
+        times["3_compiled_mxfp8_fusion"] / times["5_bf16_cat_cublas"]
+    )
+    k = geo.hidden * geo.slices
+    return {
+        "geometry": asdict(geo)
+        | {"in_features": k, "out_features": geo.hidden, "tflop_per_call": geo.flops / 1e12},
+        "bytes": {
+            "bf16_concatenation": geo.tokens * k * 2,
+            "mxfp8_storage": geo.tokens * k + mf.format.scale_bytes(geo.tokens, k),
+            "output": geo.tokens * geo.hidden * 2,
+        },
+        "measurements": [asdict(m) for m in measurements],
+        "ratios": ratios,
+        "bitwise_equal_to_1": bitwise,
+        "memory_traces": traces,
+    }
+
+
+def environment(git_rev: str | None) -> dict:
+    import cutlass
+
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if git_rev is None:
+        git_rev = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or "unknown"
+        )
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": driver,
+        "torch": torch.__version__,
+        "nvidia_cutlass_dsl": getattr(cutlass, "__version__", "unknown"),
+        "git_revision": git_rev,
+    }
+
+
+def print_table(result: dict) -> None:
+    geo = result["geometry"]
+    print(f"\n{geo['name']}  ({geo['tflop_per_call']:.3f} TFLOP per call)")
+    t1 = result["measurements"][0]["median_ms"]
+    p1 = result["measurements"][0]["transient_peak_bytes"]
+    print(
+        f"{'variant':<30} {'mode':<13} {'median ms':>10} {'x (1) time':>10} {'transient peak':>16} {'x (1) mem':>10}"
+    )
+    for m in result["measurements"]:
+        print(
+            f"{m['variant']:<30} {m['mode']:<13} {m['median_ms']:>10.3f} {m['median_ms'] / t1:>10.3f} "
+            f"{m['transient_peak_bytes']:>16,} {m['transient_peak_bytes'] / p1:>10.3f}"
+        )
+    print("bitwise equal to (1):", result["bitwise_equal_to_1"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", default="benchmarks/results/end_to_end.json")
+    parser.add_argument("--git-rev", default=None)
+    args = parser.parse_args()
+    receipt = {
+        "benchmark": "end_to_end",
+        "environment": environment(args.git_rev),
+        "method": (
+            "median of CUDA-event timings of one call, variants interleaved A B A B per round; "
+            "transient peak = max_memory_allocated during the call minus memory_allocated "
+            "before it; ratios are variant / (1) concatenated eager"
+        ),
+        "rounds": args.rounds,
+        "results": [],
+    }
+    for geo in GEOMETRIES:
+        result = bench_geometry(geo, args.rounds)
+        print_table(result)
+        receipt["results"].append(result)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(receipt, indent=1))
+    print(f"\nreceipt: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
