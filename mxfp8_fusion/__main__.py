@@ -1,9 +1,17 @@
-"""``python -m mxfp8_fusion demo [--device DEV]``: the main job (see ``demo.py``)."""
+"""``python -m mxfp8_fusion demo|bench``.
+
+``demo`` is the main job (see ``demo.py``); ``bench`` runs the end-to-end benchmark of a
+repository checkout (``benchmarks/end_to_end.py``, CUDA only) and writes its receipt.
+"""
 
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
+from pathlib import Path
+
+_BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "end_to_end.py"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,12 +21,21 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="stage a drafter-like projection and compare it with the concatenated one"
     )
     demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    args = parser.parse_args(argv)
+    commands.add_parser(
+        "bench", help="end-to-end benchmark (CUDA); arguments go to benchmarks/end_to_end.py"
+    )
+    args, rest = parser.parse_known_args(argv)
     if args.command == "demo":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         from .demo import main as demo_main
 
         return demo_main(args.device)
-    return 2
+    if not _BENCH.exists():
+        parser.error(f"bench needs a repository checkout: {_BENCH} not found")
+    sys.argv = [str(_BENCH), *rest]
+    runpy.run_path(str(_BENCH), run_name="__main__")
+    return 0
 
 
 if __name__ == "__main__":
