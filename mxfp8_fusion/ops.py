@@ -71,13 +71,13 @@ def _(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
 def quantize(x: Tensor) -> tuple[Tensor, Tensor]:
     """Quantize ``x`` ``[rows, K]``: ``(values [rows, K] e4m3, blocked scales e8m0)``."""
     values, scales = _empty_storage(x.shape[0], x.shape[1], x.device)
-    if x.shape[0] > 0:
-        if kernels.quantize_slice_supported(x, values, 0):
-            kernels.quantize_slice(x, values, scales, 0)
-        else:
-            _fallback_warning("slice quantizer", x.device)
-            values, scales = reference.quantize(x)
-    return values, scales
+    if x.shape[0] == 0:
+        return values, scales
+    if kernels.quantize_slice_supported(x, values, 0):
+        kernels.quantize_slice(x, values, scales, 0)
+        return values, scales
+    _fallback_warning("slice quantizer", x.device)
+    return reference.quantize(x)
 
 
 @quantize.register_fake
