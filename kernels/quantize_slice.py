@@ -1,9 +1,260 @@
-"""CuTe DSL slice quantizer (placeholder until the kernel lands: serves no call)."""
+"""CuTe DSL slice quantizer: BF16/FP16 ``[tokens, width]`` -> MXFP8 columns of a destination.
+
+Layers: :class:`_SliceQuantizer` (the ``@cute.jit`` launcher and ``@cute.kernel`` body) ->
+:func:`_compiled` (one compile per :class:`_Config`, cached on compile-time facts only) ->
+:func:`run` (the in-place op the dispatcher calls) and :func:`supported` (its predicate).
+
+Work split. A CTA of 256 threads quantizes a tile of ``tile_rows`` rows x 128 columns
+(4 scale groups). 16 threads cover one row of the tile, each loading 8 halves with one
+16-byte load, so 4 threads share a 32-element group and combine their block maxima with two
+butterfly shuffles. Each thread issues all its loads (``tile_rows / 16`` rows) before it
+computes, to keep several 16-byte loads in flight, then writes 8 E4M3 bytes per row with one
+8-byte store; the first thread of each group writes the scale byte into the blocked layout.
+Rows past ``tokens`` (up to the next multiple of 128) only get the padding scale byte 127;
+they load the last live row instead of branching around the load.
+
+Everything the call can change (tokens, the source row stride, the destination width K, the
+column, the three addresses) is a runtime argument, so one compile serves every call of a
+(dtype, width, tile) combination, and a call neither syncs nor allocates (CUDA Graph safe).
+"""
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+_GROUP = 32
+_TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
+_THREADS = 256
+_THREADS_PER_ROW = _TILE_COLS // 8  # 16-byte loads of 8 halves
+_ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
+
+# Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
+# 4096 x 7168 slice. Measured on the H200 by benchmarks/quantize_slice.py (--tiles sweep);
+# see benchmarks/QUANTIZE_LOG.md.
+DEFAULT_TILE_ROWS = 64
 
 
-def supported(source, values, column) -> bool:
-    return False
+@dataclass(frozen=True)
+class _Config:
+    """Compile-time facts of one kernel: the source dtype, slice width and tile height."""
+
+    fp16: bool
+    width: int
+    tile_rows: int = DEFAULT_TILE_ROWS
 
 
-def run(source, values, scales, column) -> None:
-    raise NotImplementedError
+def _check_config(config: _Config) -> None:
+    if config.width % _TILE_COLS or config.width <= 0:
+        raise ValueError(f"width must be a positive multiple of 128, got {config.width}")
+    if config.tile_rows not in (16, 32, 64, 128):
+        raise ValueError(f"tile_rows must be one of 16, 32, 64, 128, got {config.tile_rows}")
+
+
+def _build(config: _Config):
+    """Define the kernel class (needs cutlass; imported here so the module never does)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64, Uint8, Uint32
+
+    from . import quantize_ptx as ptx
+
+    loads = config.tile_rows // _ROWS_PER_PASS
+    fp16 = config.fp16
+    width = config.width
+    tile_rows = config.tile_rows
+    gmem = cute.AddressSpace.gmem
+
+    class _SliceQuantizer:
+        @cute.jit
+        def __call__(
+            self,
+            src_addr: Int64,
+            dst_addr: Int64,
+            scale_addr: Int64,
+            tokens: Int32,
+            src_ld: Int32,
+            dst_ld: Int32,
+            column: Int32,
+            scale_g4: Int32,
+            stream,
+        ):
+            row_blocks = (tokens + 127) // 128
+            self.kernel(
+                src_addr, dst_addr, scale_addr, tokens, src_ld, dst_ld, column, scale_g4
+            ).launch(
+                grid=[width // _TILE_COLS, row_blocks * (128 // tile_rows), 1],
+                block=[_THREADS, 1, 1],
+                stream=stream,
+            )
+
+        @cute.kernel
+        def kernel(
+            self,
+            src_addr: Int64,
+            dst_addr: Int64,
+            scale_addr: Int64,
+            tokens: Int32,
+            src_ld: Int32,
+            dst_ld: Int32,
+            column: Int32,
+            scale_g4: Int32,
+        ):
+            tidx, _, _ = cute.arch.thread_idx()
+            bx, by, _ = cute.arch.block_idx()
+            tx = tidx % _THREADS_PER_ROW
+            ty = tidx // _THREADS_PER_ROW
+            col = bx * _TILE_COLS + tx * 8  # first of this thread's 8 columns in the slice
+            last = tokens - 1
+            # Source and destination row strides are multiples of 8 elements (checked by
+            # supported()), so every 16-byte load and 8-byte store below is aligned.
+            src_ld8 = cute.assume(Int64(src_ld), divby=8)
+            dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
+            dst_col = Int64(column + col)
+
+            words = []
+            for i in cutlass.range_constexpr(loads):
+                row = by * tile_rows + ty + i * _ROWS_PER_PASS
+                load_row = cutlass.min(row, last)
+                offset = Int64(load_row) * src_ld8 + Int64(col)
+                ptr = cute.make_ptr(Uint32, src_addr + offset * 2, gmem, assumed_align=16)
+                frag = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(cute.make_tensor(ptr, cute.make_layout(4)), frag)
+                words.append(frag)
+
+            # Blocked scale layout: this thread's group is g = column/32 + 4*bx + tx/4, so
+            # g % 4 = tx // 4 and g // 4 = column/128 + bx (column is a multiple of 128).
+            chunk_col = Int64(column // _TILE_COLS + bx) * 512
+            for i in cutlass.range_constexpr(loads):
+                row = by * tile_rows + ty + i * _ROWS_PER_PASS
+                w = words[i]
+                amax = ptx.magnitude_max4(w[0], w[1], w[2], w[3])
+                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
+                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2))
+                byte = ptx.scale_byte(amax, fp16)
+                out = cute.make_rmem_tensor((2,), Uint32)
+                if byte < ptx.BYTE_INF:
+                    recip = ptx.reciprocal_bits(byte)
+                    out[0] = Uint32(ptx.quantize4(w[0], w[1], recip, fp16))
+                    out[1] = Uint32(ptx.quantize4(w[2], w[3], recip, fp16))
+                else:
+                    out[0] = Uint32(ptx.quantize4_special(w[0], w[1], byte, fp16))
+                    out[1] = Uint32(ptx.quantize4_special(w[2], w[3], byte, fp16))
+                if row < tokens:
+                    doffset = Int64(row) * dst_ld8 + dst_col
+                    dptr = cute.make_ptr(Uint32, dst_addr + doffset, gmem, assumed_align=8)
+                    cute.autovec_copy(out, cute.make_tensor(dptr, cute.make_layout(2)))
+                if tx % 4 == 0:
+                    sbyte = cutlass.select_(row < tokens, byte, 127)
+                    soffset = (
+                        chunk_col
+                        + Int64(row // 128) * Int64(scale_g4) * 512
+                        + Int64((row % 32) * 16 + ((row // 32) % 4) * 4 + tx // 4)
+                    )
+                    sptr = cute.make_ptr(Uint8, scale_addr + soffset, gmem, assumed_align=1)
+                    stensor = cute.make_tensor(sptr, cute.make_layout(1))
+                    stensor[0] = Uint8(Int32(sbyte))
+
+    return _SliceQuantizer()
+
+
+_cache: dict[_Config, object] = {}
+_lock = threading.Lock()
+
+
+def _compiled(config: _Config):
+    """The compiled kernel for ``config``; compiles at most once per config per process."""
+    fn = _cache.get(config)
+    if fn is None:
+        with _lock:
+            fn = _cache.get(config)
+            if fn is None:
+                fn = compile_kernel(config)
+                _cache[config] = fn
+    return fn
+
+
+def compile_kernel(config: _Config):
+    """Compile the kernel for ``config`` (works without a GPU under ``CUTE_DSL_ARCH``).
+
+    Raises ``ValueError`` for an invalid config and ``ImportError`` without nvidia-cutlass-dsl.
+    """
+    _check_config(config)
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
+    kernel = _build(config)
+    i64, i32 = cutlass.Int64(0), cutlass.Int32(1)
+    return cute.compile(kernel, i64, i64, i64, i32, i32, i32, i32, i32, make_fake_stream())
+
+
+def config_for(source: torch.Tensor, tile_rows: int = DEFAULT_TILE_ROWS) -> _Config:
+    """The compile-time facts of a call."""
+    return _Config(source.dtype == torch.float16, source.shape[1], tile_rows)
+
+
+_SOURCE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
+    """Whether :func:`run` serves this call: layout and alignment facts only, no compile.
+
+    Needs a BF16/FP16 source with unit column stride, width a multiple of 128, 16-byte
+    aligned rows (data pointer and row stride), a contiguous E4M3 destination with 8-byte
+    aligned rows, and a column that is a multiple of 128 inside the destination.
+    """
+    if source.dtype not in _SOURCE_DTYPES or source.dim() != 2 or values.dim() != 2:
+        return False
+    if values.dtype != torch.float8_e4m3fn or not values.is_contiguous():
+        return False
+    tokens, width = source.shape
+    k = values.shape[1]
+    if width == 0 or width % _TILE_COLS or column % _TILE_COLS or column + width > k:
+        return False
+    if tokens > values.shape[0] or source.stride(1) != 1:
+        return False
+    if (tokens + 127) // 128 * (128 // DEFAULT_TILE_ROWS) > 65535:  # grid.y limit
+        return False
+    src_ld = source.stride(0) if tokens > 1 else width
+    if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
+        return False
+    if k % 8 or values.data_ptr() % 8:
+        return False
+    return source.device == values.device
+
+
+def _stream(device: torch.device):
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def run(
+    source: torch.Tensor,
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    column: int,
+    tile_rows: int = DEFAULT_TILE_ROWS,
+) -> None:
+    """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
+
+    Same contract and bytes as ``mxfp8_fusion.reference.quantize_slice_``; only where
+    :func:`supported` holds. Launches on the current stream; no sync, no allocation.
+    """
+    tokens, width = source.shape
+    k = values.shape[1]
+    src_ld = source.stride(0) if tokens > 1 else width
+    g4 = (k // _GROUP + 3) // 4
+    fn = _compiled(config_for(source, tile_rows))
+    fn(
+        source.data_ptr(),
+        values.data_ptr(),
+        scales.data_ptr(),
+        tokens,
+        src_ld,
+        k,
+        column,
+        g4,
+        _stream(source.device),
+    )

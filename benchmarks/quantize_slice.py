@@ -1,0 +1,260 @@
+"""Benchmark the CuTe DSL slice quantizer against the memory ceiling and Inductor.
+
+Measured side by side in one run, on one GPU:
+
+* ours: six 4096 x 7168 BF16 slices quantized into one [4096, 43008] MXFP8 destination
+  (six launches of the slice kernel, blocked scales);
+* copy: a device-to-device copy moving the same number of bytes (read + write), the ceiling;
+* inductor: ``torch.compile`` of ``cat`` + the plain-torch quantizer
+  (``reference.quantize_rows``: values and row-major scales), one fused Triton kernel;
+* latency at 1, 16 and 128 tokens for the six slices and for one slice, both ways, timed with
+  CUDA events (L2 flushed between runs) and as CUDA Graph replays (no host overhead);
+* host time per call at one token (Python launch overhead), both ways.
+
+Writes a JSON receipt (``--out``) and prints a table. Times are medians of
+``triton.testing.do_bench`` runs.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from mxfp8_fusion.kernels import quantize_slice as kernel
+
+from mxfp8_fusion import reference
+from mxfp8_fusion.format import scale_bytes
+
+SLICES = 6
+WIDTH = 7168
+TOKENS = 4096
+
+
+@dataclass
+class Measurement:
+    name: str
+    what: str
+    median_ms: float
+    bytes: int
+    tb_per_s: float
+    mode: str = "cuda-events, L2 flushed"
+    extra: dict = field(default_factory=dict)
+
+
+def _do_bench(fn, graph: bool = False) -> float:
+    import triton.testing
+
+    if graph:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def _traffic(tokens: int, width: int, slices: int) -> int:
+    """Bytes a quantizer must move: 2 B read + 1 B written per element + the scale bytes."""
+    elements = tokens * width * slices
+    return elements * 3 + elements // 32
+
+
+def _storage(tokens: int, k: int):
+    values = torch.empty(tokens, k, dtype=torch.float8_e4m3fn, device="cuda")
+    scales = torch.empty(scale_bytes(tokens, k), dtype=torch.float8_e8m0fnu, device="cuda")
+    return values, scales
+
+
+def _ours(slices, values, scales, tile_rows):
+    def fn():
+        for i, s in enumerate(slices):
+            kernel.run(s, values, scales, i * s.shape[1], tile_rows=tile_rows)
+
+    return fn
+
+
+def _inductor(slices):
+    compiled = torch.compile(
+        lambda *xs: reference.quantize_rows(torch.cat(xs, dim=1)), dynamic=False
+    )
+
+    def fn():
+        return compiled(*slices)
+
+    return fn
+
+
+def _host_us_per_call(fn, calls: int = 300) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def _git_revision() -> str:
+    if os.environ.get("MXFP8_GIT_REV"):
+        return os.environ["MXFP8_GIT_REV"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _measure(name, what, fn, nbytes, graph=False, **extra) -> Measurement:
+    ms = _do_bench(fn, graph=graph)
+    mode = "cuda-graph replay" if graph else "cuda-events, L2 flushed"
+    return Measurement(name, what, ms, nbytes, nbytes / ms / 1e9, mode, extra)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/quantize_slice.json")
+    parser.add_argument("--tiles", default="16,32,64,128", help="tile_rows values to sweep")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    k = SLICES * WIDTH
+    results: list[Measurement] = []
+
+    # --- the reference geometry -----------------------------------------------------------
+    slices = [torch.randn(TOKENS, WIDTH, dtype=torch.bfloat16, device="cuda") for _ in range(6)]
+    values, scales = _storage(TOKENS, k)
+    nbytes = _traffic(TOKENS, WIDTH, SLICES)
+
+    _ours(slices, values, scales, kernel.DEFAULT_TILE_ROWS)()
+    want_v, want_s = reference.quantize(torch.cat(slices, dim=1))
+    bitwise = bool(
+        torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+        and torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+    )
+    del want_v, want_s
+
+    copy_src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    copy = _measure(
+        "copy",
+        "device-to-device copy, same read+write bytes",
+        lambda: copy_dst.copy_(copy_src),
+        2 * (nbytes // 2),
+    )
+    results.append(copy)
+
+    ours_by_tile = {}
+    for tile_rows in [int(t) for t in args.tiles.split(",") if t]:
+        fn = _ours(slices, values, scales, tile_rows)
+        fn()
+        m = _measure(
+            f"ours_tile{tile_rows}",
+            f"CuTe DSL slice kernel, 6 launches, tile_rows={tile_rows}",
+            fn,
+            nbytes,
+            tile_rows=tile_rows,
+        )
+        ours_by_tile[tile_rows] = m
+        results.append(m)
+    ours = ours_by_tile.get(kernel.DEFAULT_TILE_ROWS) or min(
+        ours_by_tile.values(), key=lambda m: m.median_ms
+    )
+
+    ind_fn = _inductor(slices)
+    ind_fn()
+    inductor = _measure(
+        "inductor",
+        "torch.compile(cat + plain-torch quantize_rows), row-major scales",
+        ind_fn,
+        nbytes,
+    )
+    results.append(inductor)
+
+    # --- latency at small token counts -------------------------------------------------------
+    latency = []
+    for tokens in (1, 16, 128):
+        for count in (SLICES, 1):
+            small = [s[:tokens].contiguous() for s in slices[:count]]
+            v, sc = _storage(tokens, count * WIDTH)
+            ours_fn = _ours(small, v, sc, kernel.DEFAULT_TILE_ROWS)
+            ind = _inductor(small)
+            ours_fn()
+            ind()
+            b = _traffic(tokens, WIDTH, count)
+            row = {"tokens": tokens, "slices": count}
+            for graph in (False, True):
+                key = "graph" if graph else "events"
+                mo = _measure(f"ours_t{tokens}_s{count}_{key}", "ours", ours_fn, b, graph)
+                mi = _measure(f"inductor_t{tokens}_s{count}_{key}", "inductor", ind, b, graph)
+                results += [mo, mi]
+                row[f"ours_ms_{key}"] = mo.median_ms
+                row[f"inductor_ms_{key}"] = mi.median_ms
+                row[f"ours_over_inductor_time_{key}"] = mo.median_ms / mi.median_ms
+            if tokens == 1:
+                row["ours_host_us_per_call"] = _host_us_per_call(ours_fn)
+                row["inductor_host_us_per_call"] = _host_us_per_call(ind)
+            latency.append(row)
+
+    ratios = {
+        "ours_over_copy_bandwidth": ours.tb_per_s / copy.tb_per_s,
+        "inductor_time_over_ours_time": inductor.median_ms / ours.median_ms,
+        "inductor_over_copy_bandwidth": inductor.tb_per_s / copy.tb_per_s,
+    }
+    receipt = {
+        "benchmark": "quantize_slice",
+        "geometry": {
+            "slices": SLICES,
+            "tokens": TOKENS,
+            "width": WIDTH,
+            "dtype": "bfloat16",
+            "destination": [TOKENS, k],
+        },
+        "bytes_rule": "2 B read + 1 B written per element + 1 scale byte per 32 elements; "
+        "copy moves the same total (half read, half written)",
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl"),
+        "git_revision": _git_revision(),
+        "default_tile_rows": kernel.DEFAULT_TILE_ROWS,
+        "ours_bitwise_equal_to_reference": bitwise,
+        "headline": {"copy": asdict(copy), "ours": asdict(ours), "inductor": asdict(inductor)},
+        "ratios": ratios,
+        "ratio_directions": {
+            "ours_over_copy_bandwidth": "higher is better; target >= 0.85",
+            "inductor_time_over_ours_time": "> 1 means ours is faster",
+            "inductor_over_copy_bandwidth": "Inductor's fraction of the copy ceiling",
+        },
+        "latency": latency,
+        "latency_note": "ours_over_inductor_time < 1 means ours is faster; 'events' includes "
+        "host launch gaps the GPU cannot hide, 'graph' is GPU time only",
+        "measurements": [asdict(m) for m in results],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(receipt, f, indent=2)
+
+    print(f"{receipt['gpu']}  torch {receipt['torch']}  cutlass-dsl {receipt['cutlass_dsl']}")
+    print(f"bitwise equal to reference: {bitwise}")
+    print(f"{'what':<34}{'median ms':>12}{'TB/s':>10}")
+    for m in [copy, *ours_by_tile.values(), inductor]:
+        print(f"{m.name:<34}{m.median_ms:>12.4f}{m.tb_per_s:>10.3f}")
+    for name, value in ratios.items():
+        print(f"{name:<34}{value:>12.3f}")
+    print(f"{'tokens':>6}{'slices':>7}{'ours ev':>10}{'ind ev':>10}{'ours gr':>10}{'ind gr':>10}")
+    for row in latency:
+        print(
+            f"{row['tokens']:>6}{row['slices']:>7}{row['ours_ms_events']:>10.4f}"
+            f"{row['inductor_ms_events']:>10.4f}{row['ours_ms_graph']:>10.4f}"
+            f"{row['inductor_ms_graph']:>10.4f}"
+        )
+    for row in latency:
+        if "ours_host_us_per_call" in row:
+            print(
+                f"host us/call at 1 token, {row['slices']} slice(s): ours "
+                f"{row['ours_host_us_per_call']:.1f}, inductor "
+                f"{row['inductor_host_us_per_call']:.1f}"
+            )
+
+
+if __name__ == "__main__":
+    main()

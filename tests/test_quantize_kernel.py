@@ -1,0 +1,348 @@
+"""The CuTe DSL slice quantizer: compiles without a GPU, and is bitwise the reference on one.
+
+CPU tests compile the kernel for sm_90a (``CUTE_DSL_ARCH``) and check the cheap ``supported``
+predicate. GPU tests (marked ``gpu``) compare every byte of the destination buffers against
+``reference.quantize_slice_`` after poisoning them, so a write outside the slice fails too.
+"""
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mxfp8_fusion import reference
+from mxfp8_fusion.format import scale_bytes
+
+requires_cutlass = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
+)
+
+
+def _has_kernel_gpu() -> bool:
+    if not torch.cuda.is_available() or importlib.util.find_spec("cutlass") is None:
+        return False
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+requires_sm90 = pytest.mark.skipif(
+    not _has_kernel_gpu(), reason="needs an sm_90+ GPU and nvidia-cutlass-dsl"
+)
+
+DTYPES = (torch.bfloat16, torch.float16)
+POISON_VALUES = 0x5A
+POISON_SCALES = 0xA5
+
+
+# --- CPU: compile and predicate -----------------------------------------------------------
+
+
+@requires_cutlass
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("width", [128, 7168])
+def test_compiles_for_sm90a_without_gpu(dtype, width, monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    config = kernel._Config(fp16=dtype == torch.float16, width=width)
+    compiled = kernel.compile_kernel(config)
+    assert compiled is not None
+
+
+@requires_cutlass
+def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    a = torch.empty(5, 256, dtype=torch.bfloat16)
+    b = torch.empty(4097, 512, dtype=torch.bfloat16)[:, :256]  # other tokens, other stride
+    assert kernel.config_for(a) == kernel.config_for(b)
+    first = kernel._compiled(kernel.config_for(a))
+    assert kernel._compiled(kernel.config_for(b)) is first
+
+
+def test_import_does_not_import_cutlass():
+    code = (
+        "import sys; import mxfp8_fusion.kernels.quantize_slice; "
+        "sys.exit(1 if 'cutlass' in sys.modules else 0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+def test_supported_rejects_what_the_kernel_cannot_do():
+    from mxfp8_fusion.kernels.quantize_slice import supported
+
+    values = torch.empty(256, 1024, dtype=torch.float8_e4m3fn)
+    wide = torch.empty(256, 2048, dtype=torch.bfloat16)
+    assert supported(wide[:, 128:640], values, 512)
+    assert supported(wide[:1, 128:640], values, 0)
+    assert not supported(wide[:, 4:516], values, 0)  # data pointer not 16-byte aligned
+    assert not supported(wide[:, 124:636], values, 0)
+    assert not supported(wide[:, :512], values, 64)  # column not a multiple of 128
+    assert not supported(wide[:, :512], values, 768)  # past the destination
+    assert not supported(wide[:, :200], values, 0)  # width not a multiple of 128
+    assert not supported(wide[:, :512].float(), values, 0)  # dtype
+    assert not supported(wide.t()[:256, :512], values, 0)  # column stride
+    odd = torch.empty(256, 2052, dtype=torch.bfloat16)
+    assert not supported(odd[:, :512], values, 0)  # row stride not a multiple of 8
+    assert not supported(wide[:, :512], values[:, :1000], 0)  # destination not contiguous
+
+
+# --- GPU: bitwise equality ----------------------------------------------------------------
+
+
+def _poisoned(capacity: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    values = torch.full((capacity, k), POISON_VALUES, dtype=torch.uint8, device=device)
+    scales = torch.full(
+        (scale_bytes(capacity, k),), POISON_SCALES, dtype=torch.uint8, device=device
+    )
+    return values.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
+
+
+def _check_against_reference(source: torch.Tensor, k: int, column: int, capacity=None) -> None:
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    tokens = source.shape[0]
+    capacity = capacity or ((tokens + 127) // 128 * 128 + 128)
+    values, scales = _poisoned(capacity, k, source.device)
+    ref_values, ref_scales = _poisoned(capacity, k, source.device)
+    assert kernel.supported(source, values, column)
+    kernel.run(source, values, scales, column)
+    reference.quantize_slice_(source, ref_values, ref_scales, column)
+    got_v, want_v = values.view(torch.uint8), ref_values.view(torch.uint8)
+    got_s, want_s = scales.view(torch.uint8), ref_scales.view(torch.uint8)
+    if not torch.equal(got_v, want_v):
+        bad = (got_v != want_v).nonzero()[:5].tolist()
+        details = [(r, c, int(got_v[r, c]), int(want_v[r, c])) for r, c in bad]
+        pytest.fail(f"value bytes differ at (row, col, got, want): {details}")
+    if not torch.equal(got_s, want_s):
+        bad = (got_s != want_s).nonzero()[:5].flatten().tolist()
+        details = [(i, int(got_s[i]), int(want_s[i])) for i in bad]
+        pytest.fail(f"scale bytes differ at (offset, got, want): {details}")
+
+
+def _wide_range(tokens: int, width: int, dtype, device, generator) -> torch.Tensor:
+    """Random data whose per-element magnitudes span most of the dtype's exponent range."""
+    lo, hi = (-120, 120) if dtype == torch.bfloat16 else (-22, 13)
+    x = torch.randn(tokens, width, device=device, generator=generator)
+    exp = torch.randint(lo, hi, (tokens, width // 32, 1), device=device, generator=generator)
+    spread = torch.randint(-12, 1, (tokens, width), device=device, generator=generator)
+    x = x.view(tokens, width // 32, 32) * torch.exp2(exp.float())
+    x = x.view(tokens, width) * torch.exp2(spread.float())
+    x[torch.rand(tokens, width, device=device, generator=generator) < 0.02] = 0.0
+    return x.to(dtype)
+
+
+# (tokens, width) pairs: the requested token counts at a few widths, kept to a size that runs
+# in seconds; 16384 covers the widest slice.
+SHAPES = [
+    (1, 128),
+    (7, 128),
+    (128, 384),
+    (129, 128),
+    (4097, 128),
+    (1, 7168),
+    (7, 1024),
+    (128, 7168),
+    (129, 1024),
+    (4096, 384),
+    (4097, 1024),
+    (7, 16384),
+    (129, 16384),
+]
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("tokens", "width"), SHAPES)
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_bitwise_equal_to_reference(dtype, tokens, width, where):
+    gen = torch.Generator(device="cuda").manual_seed(tokens * 131 + width)
+    k = 3 * width if where == "middle" else 2 * width + 128
+    column = {"start": 0, "middle": width, "end": k - width}[where]
+    source = _wide_range(tokens, width, dtype, "cuda", gen)
+    _check_against_reference(source, k, column)
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tokens", [1, 7, 129, 4097])
+def test_strided_source_view(dtype, tokens):
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    wide = _wide_range(tokens, 3072, dtype, "cuda", gen)
+    source = wide[:, 1024:2048]  # row stride 3072, data pointer 2 KiB into each row
+    assert source.stride(0) == 3072
+    _check_against_reference(source, 4096, 2048)
+
+
+@pytest.mark.gpu
+@requires_sm90
+def test_six_slices_equal_quantize_of_the_concatenation():
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    slices = [_wide_range(300, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    values, scales = _poisoned(300, 6144, "cuda")
+    for i, s in enumerate(slices):
+        kernel.run(s, values, scales, i * 1024)
+    want_v, want_s = reference.quantize(torch.cat(slices, dim=1))
+    assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+# --- edge-case blocks ---------------------------------------------------------------------
+
+NAN, INF = math.nan, math.inf
+
+
+def _edge_blocks(dtype) -> dict[str, tuple[list[float], int | None]]:
+    """Named 32-element blocks and, where the rule pins it, their scale byte."""
+    big = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).smallest_normal
+    sub = tiny * 2.0**-3  # a subnormal of the dtype
+    blocks = {
+        "zeros": ([0.0], 0),
+        "negative_zeros": ([-0.0, -0.0], 0),
+        "e4m3_max": ([448.0, -448.0, 1.0], 127),
+        "just_above_448": ([450.0, -3.0], 128),
+        "ties": ([448.0, 1.0625, 3.125, -0.0087890625, 11.5, 13.0, 208.0, 232.0], 127),
+        "pow2_boundary": ([56.0, 1.0, -0.5], 124),
+        "above_boundary": ([57.0, 1.0], 125),
+        "dtype_max": ([big, -big, 1.0], None),
+        "dtype_min_normal": ([tiny, -tiny, sub], None),
+        "subnormals": ([sub, -sub, sub * 2, sub / 2], None),
+        "nan": ([1.0, NAN, 3.0], 255),
+        "negative_nan": ([1.0, -NAN, -2.0], 255),
+        "only_nan": ([NAN] * 32, 255),
+        "nan_and_inf": ([INF, NAN, -5.0], 255),
+        "inf": ([INF, 1.0, -7.0], 254),
+        "negative_inf": ([-INF, 5.0], 254),
+        "inf_with_big_finite": ([INF, big, -big / 3, 1.0], 254),
+        "ones": ([1.0] * 32, 119),
+    }
+    if dtype == torch.bfloat16:
+        # Byte 1 (recip 2**126): a BF16-subnormal neighbour scales to a normal E4M3 value,
+        # which a flush-to-zero multiply would lose.
+        blocks["byte_one"] = ([2.0**-118, 2.0**-127, -(2.0**-130), 2.0**-125], 1)
+        blocks["byte_zero_edge"] = ([448.0 * 2.0**-127, 2.0**-133], 0)
+        blocks["above_byte_zero_edge"] = ([450.0 * 2.0**-127, 2.0**-128], 1)
+        blocks["fp32_subnormal_descale"] = ([2.0**-125, 2.0**-126], None)
+    else:
+        blocks["fp16_449"] = ([449.0, -2.0], 128)
+        blocks["fp16_smallest"] = ([2.0**-24, -(2.0**-24)], None)
+    return blocks
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_edge_case_blocks(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    names, rows = [], []
+    for name, (head, _) in _edge_blocks(dtype).items():
+        block = torch.zeros(32, dtype=torch.float32)
+        block[: len(head)] = torch.tensor(head, dtype=torch.float32)
+        names.append(name)
+        rows.append(block)
+    blocks = torch.stack(rows)  # [n, 32]
+    # Every block at every group position of a 128-column tile, in shuffled element order.
+    n = blocks.shape[0]
+    perm = torch.stack([torch.randperm(32) for _ in range(4 * n)]).view(4 * n, 32)
+    tiled = blocks.repeat(4, 1).gather(1, perm).view(4, n, 32).permute(1, 0, 2).reshape(n, 128)
+    source = tiled.to(dtype).cuda()
+    _check_against_reference(source, 384, 128)
+    # And the scale bytes the rule pins down, independently of the reference.
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    from mxfp8_fusion.format import scale_offset
+
+    values, scales = _poisoned(128, 128, "cuda")
+    kernel.run(source, values, scales, 0)
+    scales_cpu = scales.view(torch.uint8).cpu()
+    for row, name in enumerate(names):
+        want = _edge_blocks(dtype)[name][1]
+        if want is None:
+            continue
+        got = [int(scales_cpu[scale_offset(row, g, 128)]) for g in range(4)]
+        assert got == [want] * 4, f"{name}: scale bytes {got}, expected {want}"
+    del gen
+
+
+# --- CUDA Graphs, the custom ops, the public API ------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_cuda_graph_capture_and_replay(dtype):
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    static = _wide_range(200, 1024, dtype, "cuda", gen)
+    values, scales = _poisoned(256, 2048, "cuda")
+    kernel.run(static, values, scales, 1024)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.run(static, values, scales, 1024)
+    for seed in (4, 5):
+        gen.manual_seed(seed)
+        static.copy_(_wide_range(200, 1024, dtype, "cuda", gen))
+        graph.replay()
+        want_v, want_s = _poisoned(256, 2048, "cuda")
+        reference.quantize_slice_(static, want_v, want_s, 1024)
+        torch.cuda.synchronize()
+        assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+        assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+def _count_kernel_runs(monkeypatch) -> list[int]:
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    calls = []
+    real = kernel.run
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counting)
+    return calls
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_public_quantize_uses_the_kernel(dtype, monkeypatch):
+    import mxfp8_fusion
+
+    calls = _count_kernel_runs(monkeypatch)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    x = _wide_range(300, 1024, dtype, "cuda", gen)
+    got = mxfp8_fusion.quantize(x)
+    want_v, want_s = reference.quantize(x)
+    assert calls, "mxfp8_fusion.quantize did not run the CuTe kernel"
+    assert torch.equal(got.values.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(got.scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
+def test_slice_op_uses_the_kernel(monkeypatch):
+    calls = _count_kernel_runs(monkeypatch)
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    source = _wide_range(129, 1024, torch.bfloat16, "cuda", gen)
+    values, scales = _poisoned(256, 2048, "cuda")
+    want_v, want_s = _poisoned(256, 2048, "cuda")
+    torch.ops.mxfp8.quantize_slice_(source, values, scales, 1024)
+    reference.quantize_slice_(source, want_v, want_s, 1024)
+    assert calls, "mxfp8::quantize_slice_ did not run the CuTe kernel"
+    assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
