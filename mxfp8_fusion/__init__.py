@@ -17,13 +17,17 @@ from .api import (
 )
 from .format import MXFP8Input, MXFP8Weight
 from .nn import MXFP8Linear, convert
+from .passes import FusionOptions, FusionPass, explain
 
 __all__ = [
+    "FusionOptions",
+    "FusionPass",
     "MXFP8Input",
     "MXFP8Linear",
     "MXFP8Weight",
     "convert",
     "empty_input",
+    "explain",
     "mm",
     "mm_quantized",
     "mm_quantized_into",

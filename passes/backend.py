@@ -1,0 +1,112 @@
+"""The ``mxfp8_fusion`` torch.compile backend: Inductor with the fusion pass installed.
+
+Registered only through the ``torch_dynamo_backends`` entry point (``pyproject.toml``);
+``torch.compile(model, backend="mxfp8_fusion")`` loads it without a prior import. Calling
+``register_backend`` for the same name as well would make Dynamo fail with "duplicate name".
+
+``torch.compile`` hands a non-Inductor backend its ``mode`` and ``options`` as keyword
+arguments (``torch._TorchCompileWrapper``; only when they are not the defaults, and never
+both at once). This backend applies them exactly as Inductor does: ``mode`` expands to
+``torch._inductor.list_mode_options(mode)``, ``options`` are Inductor config patches.
+Keys of ``options`` that start with ``"mxfp8_fusion."`` set :class:`FusionOptions` fields
+instead, for example ``options={"mxfp8_fusion.max_slices": 8}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .fusion import FusionOptions, FusionPass, install
+
+_PREFIX = "mxfp8_fusion."
+
+
+def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Inductor config patches for ``mode`` and ``options``, checked as Inductor checks them.
+
+    Raises:
+        RuntimeError: on an unknown mode or an unknown Inductor option (Inductor's errors).
+    """
+    from torch._inductor import config, list_mode_options
+
+    patches: dict[str, Any] = {}
+    if mode and mode != "default":
+        patches.update(list_mode_options(mode))
+    known = config.get_config_copy()
+    for key, value in (options or {}).items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise RuntimeError(
+                f"Unexpected optimization option {key} for backend mxfp8_fusion; known options "
+                f"are Inductor's config keys and {_PREFIX}<FusionOptions field>"
+            )
+        patches[name] = value
+    return patches
+
+
+def split_options(
+    options: dict[str, Any] | None,
+) -> tuple[dict[str, Any], FusionOptions]:
+    """Split ``options`` into Inductor options and :class:`FusionOptions`.
+
+    Raises:
+        TypeError: on an unknown ``mxfp8_fusion.`` key.
+    """
+    inductor, fusion = {}, {}
+    for key, value in (options or {}).items():
+        if key.startswith(_PREFIX):
+            fusion[key.removeprefix(_PREFIX)] = value
+        else:
+            inductor[key] = value
+    return inductor, FusionOptions(**fusion)
+
+
+def mxfp8_fusion_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    fusion: FusionPass | None = None,
+    **kwargs: Any,
+):
+    """Compile ``gm`` with Inductor and the MXFP8 fusion pass as ``post_grad_custom_post_pass``.
+
+    Args:
+        gm, example_inputs: what Dynamo passes to every backend.
+        mode: an Inductor mode (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ...).
+        options: Inductor config patches, plus ``"mxfp8_fusion.<field>"`` pass options.
+        fusion: a :class:`FusionPass` to use (to read its counters); a new one by default.
+        **kwargs: rejected; named so that the error says what was given.
+
+    A ``post_grad_custom_post_pass`` the user already configured (globally or in
+    ``options``) runs first and is kept; the composed pass's uuid covers both.
+
+    Raises:
+        TypeError, RuntimeError: on unknown arguments, modes or options.
+    """
+    if kwargs:
+        raise TypeError(f"mxfp8_fusion backend: unexpected arguments {sorted(kwargs)}")
+    from torch._inductor.compile_fx import compile_fx
+
+    inductor_options, fusion_options = split_options(options)
+    if fusion is not None and fusion_options != FusionOptions():
+        raise TypeError("mxfp8_fusion backend: pass fusion or mxfp8_fusion.* options, not both")
+    patches = inductor_patches(mode, inductor_options)
+    install(patches, fusion if fusion is not None else FusionPass(fusion_options))
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def _reset() -> None:
+    """Called by ``torch._dynamo.reset()``: drop CUDA graph trees as Inductor's reset does."""
+    if torch.cuda.is_available():
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+
+
+mxfp8_fusion_backend.reset = _reset  # type: ignore[attr-defined]

@@ -1,0 +1,99 @@
+"""What the pass decided about each candidate site, in words a user can act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    """One candidate site: a ``cat`` that reaches MXFP8 quantization.
+
+    Attributes:
+        graph: which compiled graph (1-based, in the order the pass saw them).
+        cat: the FX node name of the concatenation.
+        widths: the slices' widths (``None`` where symbolic).
+        dtype: the concatenation's dtype, as a string.
+        consumers: how many MXFP8 GEMMs read the concatenation.
+        rewritten: whether the site was rewritten.
+        reason: why not, when it was not.
+        source: the user code that made the cat, when known.
+    """
+
+    graph: int
+    cat: str
+    widths: tuple[int | None, ...]
+    dtype: str
+    consumers: int
+    rewritten: bool
+    reason: str | None = None
+    source: str | None = None
+
+    @classmethod
+    def from_site(cls, site, graph: int, reason: str | None) -> SiteReport:
+        source = _user_line(site.cat.meta.get("stack_trace") or "")
+        return cls(
+            graph=graph,
+            cat=site.cat.name,
+            widths=tuple(site.widths),
+            dtype=str(site.dtype).removeprefix("torch."),
+            consumers=site.gemms + len(site.linears),
+            rewritten=reason is None,
+            reason=reason,
+            source=source,
+        )
+
+    def __str__(self) -> str:
+        widths = ", ".join("?" if w is None else str(w) for w in self.widths)
+        what = (
+            f"graph {self.graph}, {self.cat}: cat of {len(self.widths)} {self.dtype} slices "
+            f"[{widths}] -> {self.consumers} MXFP8 GEMM(s): "
+        )
+        what += (
+            "rewritten (staged quantization)" if self.rewritten else f"not rewritten: {self.reason}"
+        )
+        if self.source:
+            what += f"\n    at: {self.source}"
+        return what
+
+
+@dataclass
+class FusionReport:
+    """Every candidate site of one compiled model; ``str()`` gives a readable summary."""
+
+    sites: list[SiteReport] = field(default_factory=list)
+    graphs: int = 0
+
+    @property
+    def rewritten(self) -> list[SiteReport]:
+        return [s for s in self.sites if s.rewritten]
+
+    @property
+    def skipped(self) -> list[SiteReport]:
+        return [s for s in self.sites if not s.rewritten]
+
+    def __str__(self) -> str:
+        head = (
+            f"mxfp8_fusion: {len(self.sites)} candidate site(s) in {self.graphs} graph(s), "
+            f"{len(self.rewritten)} rewritten, {len(self.skipped)} not rewritten"
+        )
+        if not self.sites:
+            head += (
+                "\n  (no torch.cat reaches an MXFP8 quantize or linear; the compiled program "
+                "is unchanged)"
+            )
+        return "\n".join([head, *(f"  - {s}" for s in self.sites)])
+
+
+def _user_line(trace: str) -> str | None:
+    """``file:line: code`` of the innermost frame of an FX ``stack_trace``."""
+    lines = trace.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        head = lines[i].strip()
+        if head.startswith("File "):
+            parts = head.split('"')
+            where = parts[1] if len(parts) > 2 else head
+            line = head.split("line ")[-1].split(",")[0] if "line " in head else "?"
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{where}:{line}: {code}"
+    return None

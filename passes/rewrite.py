@@ -1,0 +1,131 @@
+"""Rewrite one qualifying :class:`~.pattern.Site` into staged MXFP8 quantization.
+
+Before::
+
+    cat = aten.cat([s0, s1, ...], -1)          # [..., K] BF16, materialized
+    x = view(cat, [M, K])                      # only when slices have leading dims
+    values, scales = mxfp8.quantize(x)         # or y = mxfp8.linear(x, w, ws, bias)
+    y = mxfp8.mm(values, scales, w, ws, bias, dtype)
+
+After::
+
+    values = aten.empty([M, K], float8_e4m3fn)
+    scales = aten.empty([scale_bytes(M, K)], float8_e8m0fnu)
+    mxfp8.quantize_slice_(view(s0, [M, w0]), values, scales, 0)
+    mxfp8.quantize_slice_(view(s1, [M, w1]), values, scales, w0)
+    ...
+    y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every GEMM of the site
+
+``M`` stays symbolic: it is built from ``sym_size`` nodes of the first slice. Every new
+node gets ``meta["val"]`` from running its target on the fake values of its inputs, so the
+passes after this one (fake-tensor update, reinplacing, lowering) see consistent metadata.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch.fx.node import map_arg
+
+from ..format import CHUNK_BYTES, GROUP, GROUP_BLOCK, ROW_BLOCK, SCALE_DTYPE, VALUE_DTYPE
+from .pattern import Site
+
+aten = torch.ops.aten
+
+_COPIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "seq_nr")
+
+
+class _Builder:
+    """Creates nodes at the current insertion point, each with a fake ``meta["val"]``."""
+
+    def __init__(self, graph: fx.Graph, fake_mode, origin: fx.Node):
+        self.graph = graph
+        self.fake_mode = fake_mode
+        self.origin = origin
+
+    def call(self, target, *args, **kwargs) -> fx.Node:
+        node = self.graph.call_function(target, args, kwargs)
+        fake_args, fake_kwargs = map_arg((args, kwargs), lambda n: n.meta["val"])
+        with self.fake_mode:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        for key in _COPIED_META:
+            if key in self.origin.meta:
+                node.meta[key] = self.origin.meta[key]
+        return node
+
+    def mul(self, a, b):
+        if isinstance(a, int) and isinstance(b, int):
+            return a * b
+        if a == 1:
+            return b
+        if b == 1:
+            return a
+        return self.call(operator.mul, a, b)
+
+    def rows(self, source: fx.Node):
+        """Product of the leading dims of ``source``: an int, or a node holding a SymInt."""
+        rows = 1
+        for d, size in enumerate(source.meta["val"].shape[:-1]):
+            term = size if isinstance(size, int) else self.call(aten.sym_size.int, source, d)
+            rows = self.mul(rows, term)
+        return rows
+
+    def scale_bytes(self, rows, k: int):
+        """``format.scale_bytes(rows, k)`` as graph arithmetic when ``rows`` is symbolic."""
+        per_row_block = -(-(k // GROUP) // GROUP_BLOCK) * CHUNK_BYTES
+        if isinstance(rows, int):
+            return -(-rows // ROW_BLOCK) * per_row_block
+        padded = self.call(operator.add, rows, ROW_BLOCK - 1)
+        blocks = self.call(operator.floordiv, padded, ROW_BLOCK)
+        return self.call(operator.mul, blocks, per_row_block)
+
+    def empty(self, size: list, dtype: torch.dtype, device: torch.device) -> fx.Node:
+        return self.call(
+            aten.empty.memory_format, size, dtype=dtype, device=device, pin_memory=False
+        )
+
+
+def _fake_mode(site: Site):
+    return site.cat.meta["val"].fake_mode
+
+
+def rewrite(graph: fx.Graph, site: Site) -> None:
+    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true)."""
+    mx = torch.ops.mxfp8
+    cat_val = site.cat.meta["val"]
+    k = cat_val.shape[-1]
+    build = _Builder(graph, _fake_mode(site), site.cat)
+    with graph.inserting_before(site.cat):
+        rows = build.rows(site.slices[0])
+        values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
+        scales = build.empty([build.scale_bytes(rows, k)], SCALE_DTYPE, cat_val.device)
+        column = 0
+        for source, width in zip(site.slices, site.widths, strict=True):
+            if source.meta["val"].dim() != 2:
+                source = build.call(aten.reshape.default, source, [rows, width])
+            build.call(mx.quantize_slice_.default, source, values, scales, column)
+            column += width
+    for quantize in site.quantizes:
+        for item in list(quantize.users):
+            item.replace_all_uses_with(values if item.args[1] == 0 else scales)
+            graph.erase_node(item)
+        graph.erase_node(quantize)
+    for linear in site.linears:
+        build.origin = linear
+        with graph.inserting_before(linear):
+            x, b_values, b_scales, bias = linear.args
+            mm = build.call(
+                mx.mm.default, values, scales, b_values, b_scales, bias, x.meta["val"].dtype
+            )
+        linear.replace_all_uses_with(mm)
+        graph.erase_node(linear)
+    for view in reversed(_in_graph_order(graph, site.views)):
+        graph.erase_node(view)
+    graph.erase_node(site.cat)
+
+
+def _in_graph_order(graph: fx.Graph, nodes: list[fx.Node]) -> list[fx.Node]:
+    wanted = set(nodes)
+    return [n for n in graph.nodes if n in wanted]
