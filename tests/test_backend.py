@@ -1,0 +1,256 @@
+"""The ``mxfp8_fusion`` backend: entry point, mode/options, composition with a user pass,
+``install`` for Inductor setups the user owns, ``explain``, uuid and the FX graph cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
+from test_pass_support import NO_CACHE, CatLinear, assert_bitwise, randn
+from torch._dynamo.utils import counters
+from torch._inductor.compile_fx import compile_fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.utils import run_and_get_code
+
+import mxfp8_fusion as mf
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def inputs(widths=(128, 128), tokens=8):
+    return [randn(tokens, w, seed=i) for i, w in enumerate(widths)]
+
+
+def run_backend(model, xs, **compile_kwargs):
+    """Compile with ``backend="mxfp8_fusion"`` (caches off), check bitwise, return the code."""
+    with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
+        expected = model(*xs)
+        compiled = torch.compile(model, backend="mxfp8_fusion", **compile_kwargs)
+        got, codes = run_and_get_code(compiled, *xs)
+    assert_bitwise(got, expected)
+    return "\n".join(codes)
+
+
+class Recorder(CustomGraphPass):
+    """A user's own post-grad pass: records that it ran."""
+
+    def __init__(self, tag: str = "v1"):
+        self.tag = tag
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return f"recorder-{self.tag}"
+
+
+# --- backend arguments ----------------------------------------------------------------------
+
+
+def test_backend_by_name_rewrites():
+    code = run_backend(CatLinear(256), inputs())
+    assert "quantize_slice_" in code
+    assert counters["mxfp8_fusion"]["sites_rewritten"] == 1
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_backend_accepts_mode(mode):
+    code = run_backend(CatLinear(256), inputs(), mode=mode)
+    assert "quantize_slice_" in code
+
+
+def test_backend_accepts_inductor_options():
+    code = run_backend(CatLinear(256), inputs(), options={"epilogue_fusion": False})
+    assert "quantize_slice_" in code
+
+
+def test_backend_pass_options_through_torch_compile_options():
+    xs = inputs((128, 128, 128))
+    code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
+    assert "quantize_slice_" not in code
+    assert counters["mxfp8_fusion"]["sites_skipped"] == 1
+
+
+def test_backend_rejects_unknown_option():
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options={"no_such": 1})
+    with pytest.raises(Exception, match="Unexpected optimization option no_such"):
+        compiled(*inputs())
+
+
+def test_backend_keeps_user_post_pass():
+    user = Recorder()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=user):
+        code = run_backend(CatLinear(256), inputs())
+        assert torch._inductor.config.post_grad_custom_post_pass is user  # not replaced
+    assert user.calls == 1
+    assert "quantize_slice_" in code
+
+
+def test_backend_keeps_user_post_pass_given_in_options():
+    user = Recorder()
+    code = run_backend(CatLinear(256), inputs(), options={"post_grad_custom_post_pass": user})
+    assert user.calls == 1 and "quantize_slice_" in code
+
+
+# --- install / compose / uuid ---------------------------------------------------------------
+
+
+def test_install_into_config_dict_for_own_compile_fx():
+    user = Recorder()
+    config = {"post_grad_custom_post_pass": user, **NO_CACHE}
+    fusion = install(config)
+    install(config, fusion)  # installing again does not run the pass twice
+    composed = config["post_grad_custom_post_pass"]
+    assert isinstance(composed, ComposedPass) and composed.passes == (user, fusion)
+
+    model, xs = CatLinear(256), inputs()
+
+    def own_backend(gm, example_inputs):  # what a serving engine owning compile_fx does
+        return compile_fx(gm, example_inputs, config_patches=config)
+
+    with torch.no_grad():
+        assert_bitwise(torch.compile(model, backend=own_backend)(*xs), model(*xs))
+    assert fusion.matches == 1 and user.calls == 1
+
+
+def test_install_globally():
+    with torch._inductor.config.patch(post_grad_custom_post_pass=None, **NO_CACHE):
+        fusion = install(max_slices=8)
+        assert torch._inductor.config.post_grad_custom_post_pass is fusion
+        model, xs = CatLinear(256), inputs()
+        with torch.no_grad():
+            assert_bitwise(torch.compile(model)(*xs), model(*xs))
+    assert fusion.matches == 1
+
+
+def test_uuid_covers_options_and_composition():
+    default = FusionPass().uuid()
+    assert default == FusionPass(FusionOptions()).uuid()
+    assert FusionPass(max_slices=4).uuid() != default
+    assert FusionPass(enabled=False).uuid() != default
+    composed = compose(Recorder("v1"), FusionPass()).uuid()
+    assert composed not in (None, default)
+    assert compose(Recorder("v2"), FusionPass()).uuid() != composed
+    assert compose(lambda g: None, FusionPass()).uuid() is None  # a plain callable: no caching
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def test_explain_lists_every_site_with_reasons(caplog):
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.good = CatLinear(256)
+            self.bad = CatLinear(256)
+
+        def forward(self, a, b, c, d):
+            return self.good(a, b), self.bad(c, d)
+
+    xs = [*inputs(), randn(8, 96, seed=3), randn(8, 160, seed=4)]
+    with caplog.at_level(logging.DEBUG, logger="mxfp8_fusion"):
+        report = mf.explain(Two(), *xs)
+    assert [s.rewritten for s in report.sites] == [True, False]
+    assert report.sites[1].reason == "slice 0 has width 96, not a positive multiple of 128"
+    text = str(report)
+    assert "2 candidate site(s) in 1 graph(s), 1 rewritten, 1 not rewritten" in text
+    assert "rewritten (staged quantization)" in text
+    assert "not rewritten: slice 0 has width 96, not a positive multiple of 128" in text
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("mxfp8_fusion")]
+    assert sum("width 96" in m for m in logged) == 1
+    assert sum("rewritten (staged" in m for m in logged) == 1
+
+
+def test_explain_without_candidates():
+    report = mf.explain(torch.nn.Linear(8, 8), torch.randn(2, 8))
+    assert report.sites == [] and "0 candidate site(s)" in str(report)
+
+
+# --- fresh processes ------------------------------------------------------------------------
+
+_CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    from mxfp8_fusion.nn import MXFP8Linear
+
+    torch.manual_seed(0)
+    fc = MXFP8Linear.from_linear(nn.Linear(256, 64, dtype=torch.bfloat16))
+    def f(a, b):
+        return fc(torch.cat([a, b], -1))
+    a, b = (torch.randn(8, 128, dtype=torch.bfloat16) for _ in range(2))
+    options = json.loads(sys.argv[1]) or None
+    with torch.no_grad():
+        out, code = run_and_get_code(
+            torch.compile(f, backend="mxfp8_fusion", options=options), a, b
+        )
+        same = torch.equal(out.view(torch.int16), f(a, b).view(torch.int16))
+    print(json.dumps({
+        "rewritten": "quantize_slice_" in "".join(code),
+        "fx_hit": counters["inductor"]["fxgraph_cache_hit"]
+        + counters["aot_autograd"]["autograd_cache_hit"] > 0,
+        "pass_ran": counters["mxfp8_fusion"]["sites_rewritten"]
+        + counters["mxfp8_fusion"]["sites_skipped"],
+        "bitwise": same,
+    }))
+    """
+)
+
+
+def _run(script: str, *args: str, env: dict | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def test_fx_graph_cache_serves_rewritten_program_in_new_process(tmp_path):
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+    }
+    first = json.loads(_run(_CACHE_SCRIPT, "{}", env=env).splitlines()[-1])
+    second = json.loads(_run(_CACHE_SCRIPT, "{}", env=env).splitlines()[-1])
+    assert first == {"rewritten": True, "fx_hit": False, "pass_ran": 1, "bitwise": True}
+    assert second == {"rewritten": True, "fx_hit": True, "pass_ran": 0, "bitwise": True}
+    # Other pass options -> another uuid -> a cache miss; the pass runs and skips the site.
+    opts = json.dumps({"mxfp8_fusion.max_slices": 1})
+    third = json.loads(_run(_CACHE_SCRIPT, opts, env=env).splitlines()[-1])
+    assert third == {"rewritten": False, "fx_hit": False, "pass_ran": 1, "bitwise": True}
+
+
+def test_backend_by_name_without_importing_the_package():
+    script = textwrap.dedent(
+        """
+        import sys
+        import torch
+        assert "mxfp8_fusion" not in sys.modules
+        f = torch.compile(lambda a, b: (torch.cat([a, b], -1) * 2), backend="mxfp8_fusion")
+        a, b = torch.randn(4, 8), torch.randn(4, 8)
+        assert torch.equal(f(a, b), (torch.cat([a, b], -1) * 2))
+        print("ok", "mxfp8_fusion" in sys.modules)
+        """
+    )
+    assert _run(script).split() == ["ok", "True"]
