@@ -67,13 +67,25 @@ class FusionPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         self._graphs += 1
-        for site in pattern.find_sites(graph, self.options.max_slices):
+        # Sites are analyzed one at a time, after the previous rewrite: a later cat may read
+        # the output of an earlier site's GEMM, which the rewrite replaced.
+        cats = [n for n in graph.nodes if pattern.is_cat(n)]
+        for cat in cats:
+            site = pattern.analyze(cat, self.options.max_slices)
+            if site is None:
+                continue
             reason = site.reason
             if reason is None and not self.options.enabled:
                 reason = "the pass is disabled (FusionOptions.enabled=False)"
             report = SiteReport.from_site(site, self._graphs, reason)
             if reason is None:
-                rewrite.rewrite(graph, site)
+                try:
+                    rewrite.rewrite(graph, site)
+                except Exception as error:  # never fail a user's compile over an optimization
+                    reason = f"internal error while rewriting ({type(error).__name__}: {error})"
+                    log.warning("mxfp8_fusion pass: %s left unchanged: %s", cat.name, reason)
+                    report = SiteReport.from_site(site, self._graphs, reason)
+            if reason is None:
                 self.matches += 1
                 torch._dynamo.utils.counters["mxfp8_fusion"]["sites_rewritten"] += 1
             else:

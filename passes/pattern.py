@@ -170,7 +170,10 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
             return f"slice {i} is on {v.device}, the concatenation on {val.device}"
         width = site.widths[i]
         if width is None:
-            return f"slice {i} has a symbolic width ({v.shape[-1]}); it must be static"
+            return (
+                f"slice {i} has a symbolic width ({v.shape[-1]}); widths must be static "
+                "(mark only the token dim dynamic, e.g. torch._dynamo.mark_dynamic(x, 0))"
+            )
         if width <= 0 or width % STAGE_ALIGN:
             return f"slice {i} has width {width}, not a positive multiple of {STAGE_ALIGN}"
     return None
@@ -222,11 +225,15 @@ def _reaches(cat: fx.Node, targets) -> bool:
     return False
 
 
+def is_cat(node: fx.Node) -> bool:
+    return _is_call(node, aten.cat.default)
+
+
 def find_sites(graph: fx.Graph, max_slices: int | None = None) -> list[Site]:
     """Every cat in ``graph`` that reaches an MXFP8 quantize or linear, in graph order."""
     sites = []
     for node in graph.nodes:
-        if _is_call(node, aten.cat.default):
+        if is_cat(node):
             site = analyze(node, max_slices)
             if site is not None:
                 sites.append(site)

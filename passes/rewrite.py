@@ -44,9 +44,11 @@ class _Builder:
         self.graph = graph
         self.fake_mode = fake_mode
         self.origin = origin
+        self.created: list[fx.Node] = []
 
     def call(self, target, *args, **kwargs) -> fx.Node:
         node = self.graph.call_function(target, args, kwargs)
+        self.created.append(node)
         fake_args, fake_kwargs = map_arg((args, kwargs), lambda n: n.meta["val"])
         with self.fake_mode:
             node.meta["val"] = target(*fake_args, **fake_kwargs)
@@ -92,33 +94,45 @@ def _fake_mode(site: Site):
 
 
 def rewrite(graph: fx.Graph, site: Site) -> None:
-    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true)."""
+    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true).
+
+    All new nodes are built (and their fake values computed) before anything is replaced;
+    if that fails, they are removed again and the graph is exactly as it was.
+    """
     mx = torch.ops.mxfp8
     cat_val = site.cat.meta["val"]
     k = cat_val.shape[-1]
     build = _Builder(graph, _fake_mode(site), site.cat)
-    with graph.inserting_before(site.cat):
-        rows = build.rows(site.slices[0])
-        values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
-        scales = build.empty([build.scale_bytes(rows, k)], SCALE_DTYPE, cat_val.device)
-        column = 0
-        for source, width in zip(site.slices, site.widths, strict=True):
-            if source.meta["val"].dim() != 2:
-                source = build.call(aten.reshape.default, source, [rows, width])
-            build.call(mx.quantize_slice_.default, source, values, scales, column)
-            column += width
+    try:
+        with graph.inserting_before(site.cat):
+            rows = build.rows(site.slices[0])
+            values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
+            scales = build.empty([build.scale_bytes(rows, k)], SCALE_DTYPE, cat_val.device)
+            column = 0
+            for source, width in zip(site.slices, site.widths, strict=True):
+                if source.meta["val"].dim() != 2:
+                    source = build.call(aten.reshape.default, source, [rows, width])
+                build.call(mx.quantize_slice_.default, source, values, scales, column)
+                column += width
+        gemms = []
+        for linear in site.linears:
+            build.origin = linear
+            with graph.inserting_before(linear):
+                x, b_values, b_scales, bias = linear.args
+                dtype = x.meta["val"].dtype
+                gemms.append(
+                    build.call(mx.mm.default, values, scales, b_values, b_scales, bias, dtype)
+                )
+    except Exception:
+        for node in reversed(build.created):
+            graph.erase_node(node)
+        raise
     for quantize in site.quantizes:
         for item in list(quantize.users):
             item.replace_all_uses_with(values if item.args[1] == 0 else scales)
             graph.erase_node(item)
         graph.erase_node(quantize)
-    for linear in site.linears:
-        build.origin = linear
-        with graph.inserting_before(linear):
-            x, b_values, b_scales, bias = linear.args
-            mm = build.call(
-                mx.mm.default, values, scales, b_values, b_scales, bias, x.meta["val"].dtype
-            )
+    for linear, mm in zip(site.linears, gemms, strict=True):
         linear.replace_all_uses_with(mm)
         graph.erase_node(linear)
     for view in reversed(_in_graph_order(graph, site.views)):

@@ -343,3 +343,35 @@ def test_cuda_bitwise_and_transient_peak():
     storage = tokens * k + mf.format.scale_bytes(tokens, k)
     output = tokens * hidden * 2
     assert peak <= storage + output + 2**20, (peak, storage, output)
+
+
+class ChainedSites(nn.Module):
+    """The second cat reads the first site's GEMM output: sites are rewritten in turn."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = linear(256, 128, seed=1)
+        self.second = linear(256, 64, seed=2)
+
+    def forward(self, a, b, c):
+        return self.second(torch.cat([self.first(torch.cat([a, b], -1)), c], -1))
+
+
+def test_chained_sites():
+    xs = [randn(8, 128, seed=i) for i in range(3)]
+    cap = compile_and_check(ChainedSites(), *xs)
+    assert_rewritten(cap, sites=2, slices=4, gemms=2)
+
+
+def test_failed_rewrite_leaves_graph_unchanged(monkeypatch):
+    from mxfp8_fusion.passes import rewrite
+
+    def broken_empty(self, size, dtype, device):
+        if dtype == mf.format.SCALE_DTYPE:
+            raise RuntimeError("boom")
+        return self.call(torch.ops.aten.empty.memory_format, size, dtype=dtype, device=device)
+
+    monkeypatch.setattr(rewrite._Builder, "empty", broken_empty)
+    cap = compile_and_check(CatLinear(256), randn(8, 128), randn(8, 128, seed=1))
+    assert cap.unchanged and cap.fusion.matches == 0
+    assert "internal error while rewriting (RuntimeError: boom)" in cap.fusion.reports[0].reason
