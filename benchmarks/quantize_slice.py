@@ -160,8 +160,27 @@ def main() -> None:
         ours_by_tile.values(), key=lambda m: m.median_ms
     )
 
+    ours_graph = _measure(
+        "ours_graph",
+        "CuTe DSL slice kernel, 6 launches replayed from a CUDA graph",
+        _ours(slices, values, scales, kernel.DEFAULT_TILE_ROWS),
+        nbytes,
+        graph=True,
+    )
+    one_slice = _measure(
+        "ours_one_slice",
+        "CuTe DSL slice kernel, one 4096 x 7168 slice (one launch)",
+        _ours(slices[:1], values, scales, kernel.DEFAULT_TILE_ROWS),
+        _traffic(TOKENS, WIDTH, 1),
+    )
+    results += [ours_graph, one_slice]
+
     ind_fn = _inductor(slices)
     ind_fn()
+    inductor_graph = _measure(
+        "inductor_graph", "Inductor kernel replayed from a CUDA graph", ind_fn, nbytes, graph=True
+    )
+    results.append(inductor_graph)
     inductor = _measure(
         "inductor",
         "torch.compile(cat + plain-torch quantize_rows), row-major scales",
@@ -199,6 +218,9 @@ def main() -> None:
         "ours_over_copy_bandwidth": ours.tb_per_s / copy.tb_per_s,
         "inductor_time_over_ours_time": inductor.median_ms / ours.median_ms,
         "inductor_over_copy_bandwidth": inductor.tb_per_s / copy.tb_per_s,
+        "ours_graph_over_copy_bandwidth": ours_graph.tb_per_s / copy.tb_per_s,
+        "inductor_graph_time_over_ours_graph_time": inductor_graph.median_ms / ours_graph.median_ms,
+        "ours_one_slice_over_copy_bandwidth": one_slice.tb_per_s / copy.tb_per_s,
     }
     receipt = {
         "benchmark": "quantize_slice",
@@ -217,12 +239,21 @@ def main() -> None:
         "git_revision": _git_revision(),
         "default_tile_rows": kernel.DEFAULT_TILE_ROWS,
         "ours_bitwise_equal_to_reference": bitwise,
-        "headline": {"copy": asdict(copy), "ours": asdict(ours), "inductor": asdict(inductor)},
+        "headline": {
+            "copy": asdict(copy),
+            "ours": asdict(ours),
+            "inductor": asdict(inductor),
+            "ours_graph": asdict(ours_graph),
+            "inductor_graph": asdict(inductor_graph),
+        },
         "ratios": ratios,
         "ratio_directions": {
             "ours_over_copy_bandwidth": "higher is better; target >= 0.85",
             "inductor_time_over_ours_time": "> 1 means ours is faster",
             "inductor_over_copy_bandwidth": "Inductor's fraction of the copy ceiling",
+            "ours_graph_over_copy_bandwidth": "as ours_over_copy_bandwidth, graph replay",
+            "inductor_graph_time_over_ours_graph_time": "> 1 means ours is faster",
+            "ours_one_slice_over_copy_bandwidth": "one launch, no gaps between kernels",
         },
         "latency": latency,
         "latency_note": "ours_over_inductor_time < 1 means ours is faster; 'events' includes "
@@ -236,7 +267,7 @@ def main() -> None:
     print(f"{receipt['gpu']}  torch {receipt['torch']}  cutlass-dsl {receipt['cutlass_dsl']}")
     print(f"bitwise equal to reference: {bitwise}")
     print(f"{'what':<34}{'median ms':>12}{'TB/s':>10}")
-    for m in [copy, *ours_by_tile.values(), inductor]:
+    for m in [copy, *ours_by_tile.values(), ours_graph, one_slice, inductor, inductor_graph]:
         print(f"{m.name:<34}{m.median_ms:>12.4f}{m.tb_per_s:>10.3f}")
     for name, value in ratios.items():
         print(f"{name:<34}{value:>12.3f}")

@@ -66,6 +66,27 @@ def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
     assert kernel._compiled(kernel.config_for(b)) is first
 
 
+@requires_cutlass
+def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
+    """The reusable argument buffers of run() mirror the DSL's own marshalling."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    import cuda.bindings.driver as cuda
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    compiled = kernel._compiled(kernel._Config(fp16=False, width=256))
+    probe = (1 << 40, (1 << 40) + 4096, (1 << 41) + 512, 4097, 1024, 2048, 768, 16, 0xABC)
+    generic, _ = compiled.execution_args.generate_execution_args(
+        (*probe[:-1], cuda.CUstream(probe[-1])), {}
+    )
+    launcher = kernel._Launcher.__new__(kernel._Launcher)
+    launcher._slots = [kernel.ctypes.c_int64() for _ in range(3)]
+    launcher._slots += [kernel.ctypes.c_int32() for _ in range(5)]
+    launcher._args = [None] * 9
+    assert launcher._same_layout(generic, probe)
+    assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
+
+
 def test_import_does_not_import_cutlass():
     code = (
         "import sys; import mxfp8_fusion.kernels.quantize_slice; "
@@ -292,6 +313,7 @@ def test_cuda_graph_capture_and_replay(dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kernel.run(static, values, scales, 1024)
+    assert all(launcher._executor is not None for launcher in kernel._launchers.values())
     for seed in (4, 5):
         gen.manual_seed(seed)
         static.copy_(_wide_range(200, 1024, dtype, "cuda", gen))
