@@ -2,7 +2,9 @@
 
 Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice`,
 :func:`mm_quantized`, :func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`.
-Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``.
+Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``
+so the BF16 concatenation is never materialized; :func:`explain` reports what it did at
+every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
 """
 
 from . import ops  # noqa: F401  (registers the mxfp8:: custom ops)
@@ -17,7 +19,6 @@ from .api import (
 )
 from .format import MXFP8Input, MXFP8Weight
 from .nn import MXFP8Linear, convert
-from .passes import FusionOptions, FusionPass, explain
 
 __all__ = [
     "FusionOptions",
@@ -35,3 +36,14 @@ __all__ = [
     "quantize",
     "quantize_input_slice",
 ]
+
+_PASS_EXPORTS = ("FusionOptions", "FusionPass", "explain")
+
+
+def __getattr__(name: str):
+    # The pass needs torch._inductor (about a second to import): load it on first use only.
+    if name in _PASS_EXPORTS:
+        from . import passes
+
+        return getattr(passes, name)
+    raise AttributeError(f"module 'mxfp8_fusion' has no attribute {name!r}")

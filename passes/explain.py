@@ -46,4 +46,4 @@ def explain(
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch._inductor.config.patch(force_disable_caches=True):
         compiled(*inputs, **kwargs)
-    return FusionReport(sites=list(fusion.reports), graphs=fusion._graphs)
+    return FusionReport(sites=list(fusion.reports), graphs=fusion.graphs)

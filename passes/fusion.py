@@ -51,8 +51,8 @@ class FusionPass(CustomGraphPass):
 
     Put an instance in ``torch._inductor.config.post_grad_custom_post_pass`` (or use
     :func:`install`); the ``mxfp8_fusion`` backend does this for you. Counters: ``matches``
-    (sites rewritten) and ``skipped`` (candidate sites left unchanged), summed over every
-    graph the instance has run on; ``reports`` lists each candidate site seen, with its
+    (sites rewritten), ``skipped`` (candidate sites left unchanged) and ``graphs``, summed over
+    every graph the instance has run on; ``reports`` lists each candidate site seen, with its
     outcome. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger.
     """
 
@@ -63,10 +63,11 @@ class FusionPass(CustomGraphPass):
         self.matches = 0
         self.skipped = 0
         self.reports: list[SiteReport] = []
-        self._graphs = 0
+        self.graphs = 0
+        """Graphs the pass has run on."""
 
     def __call__(self, graph: fx.Graph) -> None:
-        self._graphs += 1
+        self.graphs += 1
         # Sites are analyzed one at a time, after the previous rewrite: a later cat may read
         # the output of an earlier site's GEMM, which the rewrite replaced.
         cats = [n for n in graph.nodes if pattern.is_cat(n)]
@@ -77,14 +78,14 @@ class FusionPass(CustomGraphPass):
             reason = site.reason
             if reason is None and not self.options.enabled:
                 reason = "the pass is disabled (FusionOptions.enabled=False)"
-            report = SiteReport.from_site(site, self._graphs, reason)
+            report = SiteReport.from_site(site, self.graphs, reason)
             if reason is None:
                 try:
                     rewrite.rewrite(graph, site)
                 except Exception as error:  # never fail a user's compile over an optimization
                     reason = f"internal error while rewriting ({type(error).__name__}: {error})"
                     log.warning("mxfp8_fusion pass: %s left unchanged: %s", cat.name, reason)
-                    report = SiteReport.from_site(site, self._graphs, reason)
+                    report = SiteReport.from_site(site, self.graphs, reason)
             if reason is None:
                 self.matches += 1
                 torch._dynamo.utils.counters["mxfp8_fusion"]["sites_rewritten"] += 1
