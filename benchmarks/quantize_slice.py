@@ -74,6 +74,15 @@ def _ours(slices, values, scales, tile_rows):
     return fn
 
 
+def _ours_many(slices, values, scales):
+    columns = [i * s.shape[1] for i, s in enumerate(slices)]
+
+    def fn():
+        kernel.run_many(slices, values, scales, columns)
+
+    return fn
+
+
 def _inductor(slices):
     compiled = torch.compile(
         lambda *xs: reference.quantize_rows(torch.cat(xs, dim=1)), dynamic=False
@@ -114,7 +123,7 @@ def _measure(name, what, fn, nbytes, graph=False, **extra) -> Measurement:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/quantize_slice.json")
-    parser.add_argument("--tiles", default="16,32,64,128", help="tile_rows values to sweep")
+    parser.add_argument("--tiles", default="32,64,128", help="tile_rows values to sweep")
     args = parser.parse_args()
     torch.manual_seed(0)
     k = SLICES * WIDTH
@@ -131,7 +140,6 @@ def main() -> None:
         torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
         and torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
     )
-    del want_v, want_s
 
     copy_src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     copy_dst = torch.empty_like(copy_src)
@@ -173,7 +181,22 @@ def main() -> None:
         _ours(slices[:1], values, scales, kernel.DEFAULT_TILE_ROWS),
         _traffic(TOKENS, WIDTH, 1),
     )
-    results += [ours_graph, one_slice]
+    many_fn = _ours_many(slices, values, scales)
+    values.view(torch.uint8).fill_(0x5A)  # poison: the check below must see run_many's bytes
+    scales.view(torch.uint8).fill_(0xA5)
+    many_fn()
+    many_ok = bool(
+        torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+        and torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+    )
+    ours_many = _measure(
+        "ours_many", "CuTe DSL kernel, all six slices in one launch (run_many)", many_fn, nbytes
+    )
+    ours_many_graph = _measure(
+        "ours_many_graph", "run_many replayed from a CUDA graph", many_fn, nbytes, graph=True
+    )
+    del want_v, want_s
+    results += [ours_graph, one_slice, ours_many, ours_many_graph]
 
     ind_fn = _inductor(slices)
     ind_fn()
@@ -209,6 +232,19 @@ def main() -> None:
                 row[f"ours_ms_{key}"] = mo.median_ms
                 row[f"inductor_ms_{key}"] = mi.median_ms
                 row[f"ours_over_inductor_time_{key}"] = mo.median_ms / mi.median_ms
+            if count > 1:
+                many_fn = _ours_many(small, v, sc)
+                many_fn()
+                for graph in (False, True):
+                    key = "graph" if graph else "events"
+                    mm = _measure(f"ours_many_t{tokens}_{key}", "run_many", many_fn, b, graph)
+                    results.append(mm)
+                    row[f"ours_many_ms_{key}"] = mm.median_ms
+                    row[f"ours_many_over_inductor_time_{key}"] = (
+                        mm.median_ms / row[f"inductor_ms_{key}"]
+                    )
+                if tokens == 1:
+                    row["ours_many_host_us_per_call"] = _host_us_per_call(many_fn)
             if tokens == 1:
                 row["ours_host_us_per_call"] = _host_us_per_call(ours_fn)
                 row["inductor_host_us_per_call"] = _host_us_per_call(ind)
@@ -221,6 +257,9 @@ def main() -> None:
         "ours_graph_over_copy_bandwidth": ours_graph.tb_per_s / copy.tb_per_s,
         "inductor_graph_time_over_ours_graph_time": inductor_graph.median_ms / ours_graph.median_ms,
         "ours_one_slice_over_copy_bandwidth": one_slice.tb_per_s / copy.tb_per_s,
+        "ours_many_over_copy_bandwidth": ours_many.tb_per_s / copy.tb_per_s,
+        "ours_many_graph_over_copy_bandwidth": ours_many_graph.tb_per_s / copy.tb_per_s,
+        "inductor_time_over_ours_many_time": inductor.median_ms / ours_many.median_ms,
     }
     receipt = {
         "benchmark": "quantize_slice",
@@ -239,12 +278,15 @@ def main() -> None:
         "git_revision": _git_revision(),
         "default_tile_rows": kernel.DEFAULT_TILE_ROWS,
         "ours_bitwise_equal_to_reference": bitwise,
+        "ours_many_bitwise_equal_to_reference": many_ok,
         "headline": {
             "copy": asdict(copy),
             "ours": asdict(ours),
             "inductor": asdict(inductor),
             "ours_graph": asdict(ours_graph),
             "inductor_graph": asdict(inductor_graph),
+            "ours_many": asdict(ours_many),
+            "ours_many_graph": asdict(ours_many_graph),
         },
         "ratios": ratios,
         "ratio_directions": {
@@ -254,6 +296,9 @@ def main() -> None:
             "ours_graph_over_copy_bandwidth": "as ours_over_copy_bandwidth, graph replay",
             "inductor_graph_time_over_ours_graph_time": "> 1 means ours is faster",
             "ours_one_slice_over_copy_bandwidth": "one launch, no gaps between kernels",
+            "ours_many_over_copy_bandwidth": "six slices in one launch; higher is better",
+            "ours_many_graph_over_copy_bandwidth": "same, graph replay",
+            "inductor_time_over_ours_many_time": "> 1 means ours (one launch) is faster",
         },
         "latency": latency,
         "latency_note": "ours_over_inductor_time < 1 means ours is faster; 'events' includes "
@@ -265,9 +310,10 @@ def main() -> None:
         json.dump(receipt, f, indent=2)
 
     print(f"{receipt['gpu']}  torch {receipt['torch']}  cutlass-dsl {receipt['cutlass_dsl']}")
-    print(f"bitwise equal to reference: {bitwise}")
+    print(f"bitwise equal to reference: 6 launches {bitwise}, one launch {many_ok}")
     print(f"{'what':<34}{'median ms':>12}{'TB/s':>10}")
-    for m in [copy, *ours_by_tile.values(), ours_graph, one_slice, inductor, inductor_graph]:
+    table = [copy, *ours_by_tile.values(), ours_graph, one_slice, ours_many, ours_many_graph]
+    for m in [*table, inductor, inductor_graph]:
         print(f"{m.name:<34}{m.median_ms:>12.4f}{m.tb_per_s:>10.3f}")
     for name, value in ratios.items():
         print(f"{name:<34}{value:>12.3f}")
@@ -279,11 +325,18 @@ def main() -> None:
             f"{row['inductor_ms_graph']:>10.4f}"
         )
     for row in latency:
+        if "ours_many_ms_events" in row:
+            print(
+                f"tokens {row['tokens']:>4} six slices in one launch: events "
+                f"{row['ours_many_ms_events']:.4f} ms, graph {row['ours_many_ms_graph']:.4f} ms"
+            )
+    for row in latency:
         if "ours_host_us_per_call" in row:
             print(
                 f"host us/call at 1 token, {row['slices']} slice(s): ours "
                 f"{row['ours_host_us_per_call']:.1f}, inductor "
-                f"{row['inductor_host_us_per_call']:.1f}"
+                f"{row['inductor_host_us_per_call']:.1f}, one launch "
+                f"{row.get('ours_many_host_us_per_call', float('nan')):.1f}"
             )
 
 

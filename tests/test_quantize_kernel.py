@@ -79,12 +79,18 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = kernel._Launcher.__new__(kernel._Launcher)
-    launcher._slots = [kernel.ctypes.c_int64() for _ in range(3)]
-    launcher._slots += [kernel.ctypes.c_int32() for _ in range(5)]
-    launcher._args = [None] * 9
+    launcher = kernel._Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
     assert launcher._same_layout(generic, probe)
     assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
+
+    many = kernel._compiled(kernel._Config(fp16=False, width=256, slices=3))
+    probe = (1 << 40, 1 << 41, 300, 768, 6, *range(1 << 42, (1 << 42) + 8))
+    probe += (*range(256, 264), *range(0, 1024, 128), 0x5)
+    generic, _ = many.execution_args.generate_execution_args(
+        (*probe[:-1], cuda.CUstream(probe[-1])), {}
+    )
+    launcher = kernel._Launcher(many, kernel._MANY_KINDS, probe)
+    assert launcher._same_layout(generic, probe)
 
 
 def test_import_does_not_import_cutlass():
@@ -216,6 +222,71 @@ def test_six_slices_equal_quantize_of_the_concatenation():
     want_v, want_s = reference.quantize(torch.cat(slices, dim=1))
     assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
     assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tokens", [1, 129, 300])
+def test_run_many_equals_per_slice_reference(dtype, tokens):
+    """One launch for several slices: views with their own strides, columns out of order and
+    with gaps (the gap columns must stay poisoned)."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens + 77)
+    wide = _wide_range(tokens, 2048, dtype, "cuda", gen)
+    sources = [
+        _wide_range(tokens, 512, dtype, "cuda", gen),
+        wide[:, 512:1024],
+        wide[:, 1536:2048],
+        _wide_range(tokens, 512, dtype, "cuda", gen),
+        _wide_range(tokens, 512, dtype, "cuda", gen),
+    ]
+    columns = [2560, 0, 1024, 3584, 512]  # [1536, 2560) and [3072, 3584) stay untouched
+    capacity, k = 512, 4096
+    values, scales = _poisoned(capacity, k, "cuda")
+    want_v, want_s = _poisoned(capacity, k, "cuda")
+    assert kernel.supported_many(sources, values, columns)
+    kernel.run_many(sources, values, scales, columns)
+    for source, column in zip(sources, columns, strict=True):
+        reference.quantize_slice_(source, want_v, want_s, column)
+    assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
+def test_run_many_cuda_graph_replay():
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    sources = [_wide_range(64, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    columns = [i * 1024 for i in range(6)]
+    values, scales = _poisoned(128, 6144, "cuda")
+    kernel.run_many(sources, values, scales, columns)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernel.run_many(sources, values, scales, columns)
+    for s in sources:
+        s.copy_(_wide_range(64, 1024, torch.bfloat16, "cuda", gen))
+    graph.replay()
+    want_v, want_s = reference.quantize(torch.cat(sources, dim=1))
+    torch.cuda.synchronize()
+    assert torch.equal(values.view(torch.uint8)[:64], want_v.view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+def test_supported_many_needs_equal_shapes():
+    from mxfp8_fusion.kernels.quantize_slice import supported_many
+
+    values = torch.empty(256, 4096, dtype=torch.float8_e4m3fn)
+    a = torch.empty(100, 512, dtype=torch.bfloat16)
+    assert supported_many([a, a.clone()], values, [0, 512])
+    assert not supported_many([a, a[:, :256]], values, [0, 512])
+    assert not supported_many([a, a.half()], values, [0, 512])
+    assert not supported_many([a] * 9, values, list(range(0, 4608, 512)))
+    assert not supported_many([a, a], values, [0, 64])
 
 
 # --- edge-case blocks ---------------------------------------------------------------------
