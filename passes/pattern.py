@@ -64,8 +64,12 @@ def _val(node) -> torch.Tensor | None:
 def _describe_user(user: fx.Node) -> str:
     if user.op == "output":
         return "the graph output (it is returned)"
-    target = getattr(user.target, "__name__", str(user.target))
-    return f"{target} (node {user.name})"
+    target = user.target
+    if isinstance(target, torch._ops.OpOverload):
+        name = f"{target.namespace}.{target._opname}"
+    else:
+        name = getattr(target, "__name__", str(target))
+    return f"{name} (node {user.name})"
 
 
 def _is_call(node: fx.Node, target) -> bool:

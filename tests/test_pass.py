@@ -308,6 +308,13 @@ def test_max_slices_option_leaves_site_unchanged():
     assert "3 slices exceed the pass option max_slices=2" in cap.fusion.reports[0].reason
 
 
+def test_disabled_pass_reports_but_leaves_graph_unchanged():
+    xs = [randn(8, 128, seed=i) for i in range(2)]
+    cap = compile_and_check(CatLinear(256), *xs, options=mf.FusionOptions(enabled=False))
+    assert cap.unchanged and cap.fusion.matches == 0
+    assert "disabled" in cap.fusion.reports[0].reason
+
+
 def test_graph_without_candidates_untouched():
     model = nn.Sequential(linear(256))
     cap = compile_and_check(model, randn(8, 256))
