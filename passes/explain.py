@@ -21,9 +21,10 @@ def explain(
     report what the pass did at every candidate site (a ``torch.cat`` that reaches an MXFP8
     quantize or linear): rewritten, or why not.
 
-    Inductor's caches are bypassed for this compile so that the pass really runs. The
-    model's own compiled state (if any) is not used or changed. The same lines are logged
-    at DEBUG on the ``mxfp8_fusion`` logger by every compile with the pass.
+    Inductor's caches are bypassed for this compile so that the pass really runs, and the
+    model is compiled afresh (a program compiled earlier with another backend is not
+    reused). The same lines are logged at DEBUG on the ``mxfp8_fusion`` logger by every
+    compile with the pass.
 
     Args:
         model: a module or function.
