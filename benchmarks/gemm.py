@@ -1,0 +1,189 @@
+"""GEMM receipt: the SM90 MXFP8 kernel vs cuBLAS BF16 vs dequantize-then-cuBLAS.
+
+At N = 7168, K = 43008 (the reference geometry: six 7168-wide slices) and several token
+counts, measured side by side in one process, interleaved per round:
+
+* ours: ``kernels.gemm_sm90.run`` on MXFP8 values + blocked scales, into a BF16 output
+* cublas_bf16: ``torch.mm`` on the BF16 tensors (``x @ w.T``), what a user without MXFP8 runs
+* dequant_cublas: dequantize both MXFP8 operands to BF16, then ``torch.mm`` (emulation)
+
+Medians of CUDA-event timings; TFLOP/s uses 2*M*N*K. Writes benchmarks/results/gemm.json.
+
+    python benchmarks/gemm.py [--tokens 16 128 512 4096 16384] [--rounds 20] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from mxfp8_fusion import reference
+
+
+@dataclass
+class Row:
+    tokens: int
+    n: int
+    k: int
+    config: str
+    ours_ms: float
+    cublas_bf16_ms: float
+    dequant_cublas_ms: float
+    ours_tflops: float
+    cublas_bf16_tflops: float
+    dequant_cublas_tflops: float
+    ours_over_cublas_bf16_time: float
+    ours_over_dequant_cublas_time: float
+    ours_speedup_over_vllm_triton_211: float
+
+
+def _time(fn, rounds: int, inner: int) -> float:
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    return statistics.median(times)
+
+
+def _dequant_bf16(values, scales):
+    return reference.dequantize(values, scales).to(torch.bfloat16)
+
+
+def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
+    from mxfp8_fusion.kernels import gemm_sm90
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    xv, xs = reference.quantize(x)
+    wv, ws = reference.quantize(w)
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    cfg = gemm_sm90.choose_config(tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+
+    def ours():
+        gemm_sm90.run(xv, xs, wv, ws, None, out)
+
+    def cublas():
+        torch.mm(x, w.t(), out=out)
+
+    def dequant():
+        torch.mm(_dequant_bf16(xv, xs), _dequant_bf16(wv, ws).t(), out=out)
+
+    flops = 2.0 * tokens * n * k
+    inner = max(1, min(50, int(2e13 // flops)))
+    for fn in (ours, cublas, dequant):
+        fn()
+    torch.cuda.synchronize()
+    t_ours, t_cub, t_deq = [], [], []
+    for _ in range(rounds):  # interleaved: machine drift hits all three alike
+        t_ours.append(_time(ours, 1, inner))
+        t_cub.append(_time(cublas, 1, inner))
+        t_deq.append(_time(dequant, 1, max(1, inner // 4)))
+    mo, mc, md = (statistics.median(t) for t in (t_ours, t_cub, t_deq))
+    tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
+    return Row(
+        tokens=tokens, n=n, k=k, config=str(cfg),
+        ours_ms=mo, cublas_bf16_ms=mc, dequant_cublas_ms=md,
+        ours_tflops=tf(mo), cublas_bf16_tflops=tf(mc), dequant_cublas_tflops=tf(md),
+        ours_over_cublas_bf16_time=mo / mc, ours_over_dequant_cublas_time=mo / md,
+        ours_speedup_over_vllm_triton_211=tf(mo) / 211.0,
+    )
+
+
+def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
+    """Median ms of each mainloop variant (diagnostic ones compute wrong results on purpose)."""
+    import dataclasses
+
+    from mxfp8_fusion.kernels import gemm_sm90
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
+    wv, ws = reference.quantize(torch.randn(n, k, device="cuda", generator=gen))
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    base = gemm_sm90.choose_config(tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    result = {}
+    for name in names:
+        spec = dict(item.split("=") for item in name.split(",")[1:])
+        cfg = dataclasses.replace(base, variant=name.split(",")[0],
+                                  **{key: int(v) for key, v in spec.items()})
+        fn = lambda: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
+        fn()
+        ms = _time(fn, rounds, 3)
+        result[name] = ms
+        print(f"variant {name:28s} tokens {tokens}: {ms:.3f} ms "
+              f"{2.0 * tokens * n * k / ms / 1e9:.1f} TF/s", flush=True)
+    return result
+
+
+def _git_rev() -> str:
+    try:
+        rev = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
+        dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
+        return rev + ("-dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - the device copy may have no .git
+        return "unknown"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 512, 4096, 16384])
+    p.add_argument("--n", type=int, default=7168)
+    p.add_argument("--k", type=int, default=43008)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", default="benchmarks/results/gemm.json")
+    p.add_argument("--git-rev", default=None)
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="also time these mainloop variants (ours only) at the first token count")
+    args = p.parse_args()
+    import importlib.metadata as md
+
+    variants = {}
+    if args.variants:
+        variants = bench_variants(args.tokens[0], args.n, args.k, args.variants, args.rounds)
+    rows = []
+    for t in args.tokens:
+        row = bench(t, args.n, args.k, args.rounds)
+        rows.append(row)
+        print(
+            f"tokens {t:6d}: ours {row.ours_ms:8.3f} ms {row.ours_tflops:7.1f} TF/s | "
+            f"cuBLAS bf16 {row.cublas_bf16_ms:8.3f} ms {row.cublas_bf16_tflops:7.1f} | "
+            f"dequant+cuBLAS {row.dequant_cublas_ms:8.3f} ms | "
+            f"ours/cublas time {row.ours_over_cublas_bf16_time:.3f}",
+            flush=True,
+        )
+    try:
+        dsl = md.version("nvidia-cutlass-dsl")
+    except md.PackageNotFoundError:
+        import cutlass
+
+        dsl = getattr(cutlass, "__version__", "unknown")
+    receipt = {
+        "what": "MXFP8 GEMM (SM90 CuTe DSL, per-32-K FP32 promotion) vs cuBLAS BF16 torch.mm "
+        "vs dequantize-to-BF16 + cuBLAS; BF16 output, no bias",
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cutlass_dsl": dsl,
+        "git_revision": args.git_rev or _git_rev(),
+        "timing": "median of CUDA-event timings, interleaved rounds",
+        "ratio_direction": "ours_over_X_time < 1 means ours is faster",
+        "rows": [asdict(r) for r in rows],
+        "variants_ms": variants,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(receipt, indent=2) + "\n")
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""The SM90 MXFP8 GEMM kernel (kernels/gemm_sm90.py) against reference.mm_into.
+
+Tolerance, and why: the E4M3 x E4M3 products times power-of-two scales are exact in FP32,
+and the kernel promotes each 32-wide K group into an FP32 accumulator with FP32 FMAs. But
+the group's own sum comes from the Hopper FP8 tensor core, whose internal accumulation is
+not IEEE FP32 (it keeps fewer mantissa bits: the reason DeepSeek/DeepGEMM promote to FP32
+at all). Measured on the H200: per-output differences up to ~2**-14 * sum_k |a*b| in
+adversarial data (scales spanning 2**+-20 per operand, so heavy cancellation), beyond the
+FP32 recursive-summation bound. Hence per output
+``|ours - ref| <= ulp_out(|ref|) + 2**-12 * sum_k |a*b|``, plus aggregate checks that catch
+real bugs: relative Frobenius error below half an output ulp, and most outputs bitwise
+equal (~96% for BF16, ~75% for FP16, whose finer ulp exposes the tensor-core rounding).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mxfp8_fusion import reference
+from mxfp8_fusion.format import GROUP, scale_bytes, scale_offset
+
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+requires_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl not installed")
+
+
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+requires_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU")
+
+
+@requires_cutlass
+def test_compiles_for_sm90a_without_gpu():
+    """CI proof: the kernel compiles for Hopper on a CPU-only machine (CUTE_DSL_ARCH)."""
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from mxfp8_fusion.kernels import gemm_sm90 as g
+        assert "cutlass" not in sys.modules  # importing the module must not import cutlass
+        for cfg, n, k, out, bias in [
+            (g.GemmConfig(tile_n=128, stages=5), 384, 1056, torch.bfloat16, None),
+            (g.GemmConfig(tile_n=64, stages=6), 200, 512, torch.float16, torch.float32),
+        ]:
+            g._compiled(cfg, n, k, n, out, bias)
+        print("compiled")
+        """
+    )
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "compiled" in res.stdout
+
+
+def test_supported_rejects_unaligned_shapes():
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    a = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
+    assert g.supported(a, b, torch.zeros(4, 16, dtype=torch.bfloat16))
+    assert not g.supported(a, b, torch.zeros(4, 16, dtype=torch.float32))
+    odd = torch.zeros(4, 12, dtype=torch.bfloat16)[:, :12]
+    assert not g.supported(a, torch.zeros(12, 64, dtype=torch.float8_e4m3fn), odd)
+    assert not g.supported(a[:, :48], b[:, :48], torch.zeros(4, 16, dtype=torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------
+# GPU
+
+
+def _random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, device="cuda"):
+    """Random E4M3 values (no NaN encodings) and blocked scales, bytes in center +- spread."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    capacity = capacity or rows
+    raw = torch.randint(0, 256, (capacity, k), generator=gen, dtype=torch.uint8)
+    raw = torch.where((raw & 0x7F) == 0x7F, raw ^ 0x01, raw)  # avoid the NaN encoding
+    values = raw.view(torch.float8_e4m3fn).to(device)
+    exps = torch.randint(center - spread, center + spread + 1, (capacity, k // GROUP), generator=gen)
+    scales = reference.to_blocked(exps.to(torch.uint8)).view(torch.float8_e8m0fnu).to(device)
+    assert scales.numel() == scale_bytes(capacity, k)
+    return values, scales
+
+
+def _run_kernel(a, sa, b, sb, bias, out):
+    from mxfp8_fusion.kernels import gemm_sm90
+
+    assert gemm_sm90.supported(a, b, out)
+    gemm_sm90.run(a, sa, b, sb, bias, out)
+
+
+def _check_close(ours, ref, a, sa, b, sb):
+    """Per-output bound |ours-ref| <= ulp(|ref|) + 2**-16 * sum|a*b| (see module docstring)."""
+    m, n = ref.shape
+    absdot = torch.empty(m, n, dtype=torch.float32, device=ref.device)
+    abs_a = (a.view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn)
+    abs_b = (b.view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn)
+    reference.mm_into(abs_a, sa, abs_b, sb, None, absdot)
+    o, r = ours.float(), ref.float()
+    finite = torch.isfinite(r)
+    assert torch.equal(torch.isnan(o), torch.isnan(r))
+    assert torch.equal(o[~finite & ~torch.isnan(r)], r[~finite & ~torch.isnan(r)])
+    o, r, absdot = o[finite], r[finite], absdot[finite]
+    finfo = torch.finfo(ref.dtype)
+    ulp = torch.clamp(r.abs(), min=finfo.tiny) * finfo.eps
+    bound = ulp + 2.0**-12 * absdot  # FP8 tensor-core group sums: see the module docstring
+    excess = ((o - r).abs() - bound).max().item()
+    rel = ((o - r).norm() / r.norm().clamp(min=1e-30)).item()
+    same = (o == r).float().mean().item()
+    worst = ((o - r).abs() / absdot.clamp(min=1e-30)).max().item()
+    stats = (f"excess {excess:.3g}, max|d|/sum|ab| {worst:.3g}, rel {rel:.3g} "
+             f"(eps {finfo.eps:.3g}), bitwise-equal {same:.4f}")
+    print("STATS", ref.shape, ref.dtype, stats)
+    assert excess <= 0, stats
+    assert rel < finfo.eps / 2, stats
+    assert same > (0.9 if ref.dtype == torch.bfloat16 else 0.6), stats
+
+
+SHAPES = [  # (tokens, N, K)
+    (1, 128, 128),
+    (17, 256, 512),
+    (128, 7168, 1024),
+    (1000, 384, 2048),
+    (4096, 1024, 1024),
+    (17, 512, 43008),
+    (1000, 7168, 7168),
+]
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens,n,k", SHAPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_reference(tokens, n, k, out_dtype, with_bias):
+    # FP16 overflows past 65504: a narrow, low scale range keeps its outputs finite
+    spread, center = (20, 127) if out_dtype == torch.bfloat16 else (4, 119)
+    capacity = tokens + 37
+    a_full, sa = _random_operand(tokens, k, capacity, spread, center, seed=tokens + k)
+    b, sb = _random_operand(n, k, None, spread, center, seed=n)
+    a = a_full[:tokens]
+    bias = torch.randn(n, device="cuda", dtype=torch.float32) * 4 if with_bias else None
+    out = torch.full((capacity, n), 1234.0, device="cuda", dtype=out_dtype)
+    poison = out.clone()
+    ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
+    reference.mm_into(a, sa, b, sb, bias, ref)
+    _run_kernel(a, sa, b, sb, bias, out)
+    torch.cuda.synchronize()
+    assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
+    _check_close(out[:tokens], ref, a, sa, b, sb)
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens", [5, 300])
+def test_tile_configs_agree(tokens):
+    """Tile widths and mainloop schedules give the same bytes (same summation order)."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    a, sa = _random_operand(tokens, 1024, seed=1)
+    b, sb = _random_operand(640, 1024, seed=2)
+    outs = []
+    configs = (
+        g.GemmConfig(tile_n=64, stages=6),
+        g.GemmConfig(tile_n=128, stages=5),
+        g.GemmConfig(tile_n=128, stages=5, variant="overlap"),
+    )
+    for cfg in configs:
+        out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
+        g.run(a, sa, b, sb, None, out, config=cfg)
+        outs.append(out)
+    for other in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens", [1, 200])
+def test_nan_scale_propagates(tokens):
+    k, n = 512, 256
+    a, sa = _random_operand(tokens, k, seed=3)
+    b, sb = _random_operand(n, k, seed=4)
+    sa_bytes, sb_bytes = sa.view(torch.uint8), sb.view(torch.uint8)
+    row = tokens - 1
+    sa_bytes[scale_offset(row, 1, k)] = 0xFF
+    col = 77
+    sb_bytes[scale_offset(col, 6, k)] = 0xFF
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.empty_like(out)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    _run_kernel(a, sa, b, sb, None, out)
+    assert ref[row].isnan().all() and ref[:, col].isnan().all()
+    assert torch.equal(out.isnan(), ref.isnan())
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_cuda_graph_capture_and_replay():
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, n, k = 300, 512, 1024
+    a, sa = _random_operand(tokens, k, seed=5)
+    b, sb = _random_operand(n, k, seed=6)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    g.run(a, sa, b, sb, bias, out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.run(a, sa, b, sb, bias, out)
+    a2, sa2 = _random_operand(tokens, k, seed=7)
+    a.copy_(a2)
+    sa.copy_(sa2)
+    out.zero_()
+    graph.replay()
+    eager = torch.empty_like(out)
+    g.run(a, sa, b, sb, bias, eager)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_staged_and_one_shot_inputs_give_equal_bytes():
+    """Slices quantized into their columns vs the concatenation quantized at once."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, width, n = 200, 256, 384
+    slices = [torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16) * 10**i
+              for i in range(-2, 3)]
+    k = width * len(slices)
+    one_values, one_scales = reference.quantize(torch.cat(slices, dim=-1))
+    capacity = 256
+    st_values = torch.zeros(capacity, k, device="cuda", dtype=torch.float8_e4m3fn)
+    st_scales = torch.full((scale_bytes(capacity, k),), 127, device="cuda",
+                           dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    for i, s in enumerate(slices):
+        reference.quantize_slice_(s, st_values, st_scales, i * width)
+    w_values, w_scales = reference.quantize(torch.randn(n, k, device="cuda"))
+    out_one = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    out_st = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    g.run(one_values, one_scales, w_values, w_scales, None, out_one)
+    g.run(st_values[:tokens], st_scales, w_values, w_scales, None, out_st)
+    torch.cuda.synchronize()
+    assert torch.equal(out_one.view(torch.int16), out_st.view(torch.int16))
