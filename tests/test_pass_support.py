@@ -211,4 +211,4 @@ class TwoSites(nn.Module):
         self.b = linear(k2, 64, seed=2)
 
     def forward(self, x, y, z):
-        return self.a(torch.cat([x, y], -1)) + self.b(torch.cat([y, z, x], -1))
+        return self.a(torch.cat([x, y], -1)), self.b(torch.cat([y, z, x], -1))
