@@ -62,6 +62,22 @@ def quantize_slice(source, values, scales, column) -> None:
     kernel.run(source, values, scales, column)
 
 
+def quantize_slices_supported(sources, values: torch.Tensor, columns) -> bool:
+    """Whether one kernel launch serves all these slices (equal shapes, at most 8)."""
+    if not sources or not _sm90_or_newer(sources[0].device):
+        return False
+    from . import quantize_slice
+
+    return quantize_slice.supported_many(sources, values, columns)
+
+
+def quantize_slices(sources, values, scales, columns) -> None:
+    """Run the multi-slice quantizer kernel (only where :func:`quantize_slices_supported`)."""
+    from . import quantize_slice as kernel
+
+    kernel.run_many(sources, values, scales, columns)
+
+
 def mm_supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether the MXFP8 GEMM kernel serves this call (wgmma: exactly sm_90)."""
     if _device_capability(a_values.device) != (9, 0) or not cute_dsl_installed():

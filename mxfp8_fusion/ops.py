@@ -64,6 +64,26 @@ def _(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
     return None
 
 
+@torch.library.custom_op("mxfp8::quantize_slices_", mutates_args=("values", "scales"))
+def quantize_slices_(
+    sources: list[Tensor], values: Tensor, scales: Tensor, columns: list[int]
+) -> None:
+    """Quantize each ``sources[i]`` into columns starting at ``columns[i]``: the bytes of
+    calling :func:`quantize_slice_` per slice, in as few kernel launches as possible."""
+    if not sources or sources[0].shape[0] == 0:
+        return
+    if kernels.quantize_slices_supported(sources, values, columns):
+        kernels.quantize_slices(sources, values, scales, columns)
+        return
+    for source, column in zip(sources, columns, strict=True):
+        quantize_slice_(source, values, scales, column)
+
+
+@quantize_slices_.register_fake
+def _(sources: list[Tensor], values: Tensor, scales: Tensor, columns: list[int]) -> None:
+    return None
+
+
 # --- one-shot quantize (functional) ----------------------------------------------------
 
 

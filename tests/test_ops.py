@@ -67,3 +67,25 @@ def test_mutating_ops_write_only_what_they_own():
     ops.mm_into(av, asc, bv, bsc, None, out)
     assert (out[40:] == 5.0).all()
     assert torch.equal(out[:40], ops.mm(av, asc, bv, bsc, None, torch.bfloat16))
+
+
+def test_multi_slice_op_equals_one_op_per_slice():
+    sources = [torch.randn(9, w, dtype=torch.bfloat16) for w in (256, 128, 128)]
+    wide = torch.randn(9, 1024, dtype=torch.bfloat16)
+    sources.append(wide[:, 384:640])  # a strided view
+    columns = [0, 256, 384, 512]
+    one = (
+        torch.empty(16, 768, dtype=fmt.VALUE_DTYPE),
+        torch.empty(fmt.scale_bytes(16, 768), dtype=torch.uint8),
+    )
+    many = (one[0].clone(), one[1].clone())
+    for source, column in zip(sources, columns, strict=True):
+        ops.quantize_slice_(source, *one, column)
+    ops.quantize_slices_(sources, *many, columns)
+    assert torch.equal(one[0].view(torch.uint8), many[0].view(torch.uint8))
+    assert torch.equal(one[1], many[1])
+    torch.library.opcheck(
+        ops.quantize_slices_,
+        (sources, *many, columns),
+        test_utils=["test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"],
+    )
