@@ -11,9 +11,8 @@ After::
 
     values = aten.empty([M, K], float8_e4m3fn)
     scales = aten.empty([scale_bytes(M, K)], float8_e8m0fnu)
-    mxfp8.quantize_slice_(view(s0, [M, w0]), values, scales, 0)
-    mxfp8.quantize_slice_(view(s1, [M, w1]), values, scales, w0)
-    ...
+    mxfp8.quantize_slices_([view(s0, [M, w0]), view(s1, [M, w1]), ...],
+                           values, scales, [0, w0, ...])   # one launch for equal slices
     y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every GEMM of the site
 
 ``M`` stays symbolic: it is built from ``sym_size`` nodes of the first slice. Every new
@@ -108,12 +107,14 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
             rows = build.rows(site.slices[0])
             values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
             scales = build.empty([build.scale_bytes(rows, k)], SCALE_DTYPE, cat_val.device)
-            column = 0
+            sources, columns, column = [], [], 0
             for source, width in zip(site.slices, site.widths, strict=True):
                 if source.meta["val"].dim() != 2:
                     source = build.call(aten.reshape.default, source, [rows, width])
-                build.call(mx.quantize_slice_.default, source, values, scales, column)
+                sources.append(source)
+                columns.append(column)
                 column += width
+            build.call(mx.quantize_slices_.default, sources, values, scales, columns)
         gemms = []
         for linear in site.linears:
             build.origin = linear

@@ -63,25 +63,25 @@ class Recorder(CustomGraphPass):
 
 def test_backend_by_name_rewrites():
     code = run_backend(CatLinear(256), inputs())
-    assert "quantize_slice_" in code
+    assert "quantize_slices_" in code
     assert counters["mxfp8_fusion"]["sites_rewritten"] == 1
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
 def test_backend_accepts_mode(mode):
     code = run_backend(CatLinear(256), inputs(), mode=mode)
-    assert "quantize_slice_" in code
+    assert "quantize_slices_" in code
 
 
 def test_backend_accepts_inductor_options():
     code = run_backend(CatLinear(256), inputs(), options={"epilogue_fusion": False})
-    assert "quantize_slice_" in code
+    assert "quantize_slices_" in code
 
 
 def test_backend_pass_options_through_torch_compile_options():
     xs = inputs((128, 128, 128))
     code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
-    assert "quantize_slice_" not in code
+    assert "quantize_slices_" not in code
     assert counters["mxfp8_fusion"]["sites_skipped"] == 1
 
 
@@ -97,13 +97,13 @@ def test_backend_keeps_user_post_pass():
         code = run_backend(CatLinear(256), inputs())
         assert torch._inductor.config.post_grad_custom_post_pass is user  # not replaced
     assert user.calls == 1
-    assert "quantize_slice_" in code
+    assert "quantize_slices_" in code
 
 
 def test_backend_keeps_user_post_pass_given_in_options():
     user = Recorder()
     code = run_backend(CatLinear(256), inputs(), options={"post_grad_custom_post_pass": user})
-    assert user.calls == 1 and "quantize_slice_" in code
+    assert user.calls == 1 and "quantize_slices_" in code
 
 
 # --- install / compose / uuid ---------------------------------------------------------------
@@ -210,7 +210,7 @@ _CACHE_SCRIPT = textwrap.dedent(
         )
         same = torch.equal(out.view(torch.int16), f(a, b).view(torch.int16))
     print(json.dumps({
-        "rewritten": "quantize_slice_" in "".join(code),
+        "rewritten": "quantize_slices_" in "".join(code),
         "fx_hit": counters["inductor"]["fxgraph_cache_hit"]
         + counters["aot_autograd"]["autograd_cache_hit"] > 0,
         "pass_ran": counters["mxfp8_fusion"]["sites_rewritten"]

@@ -51,7 +51,8 @@ def assert_rewritten(cap: Capture, sites: int, slices: int, gemms: int) -> None:
     counts = cap.counts_after
     for op in REWRITTEN_ABSENT:
         assert counts[op] == 0, (op, cap.graph_after)
-    assert counts["mxfp8.quantize_slice_"] == slices
+    assert counts["mxfp8.quantize_slices_"] == sites
+    assert counts["staged slices"] == slices
     assert counts["mxfp8.mm"] == gemms
     assert counts["aten.empty"] == 2 * sites
 
@@ -88,8 +89,7 @@ return [linear0]""",
         """\
 empty0 = aten.empty([8, 256], dtype=float8_e4m3fn, device=device(type='cpu'))
 empty1 = aten.empty([1024], dtype=float8_e8m0fnu, device=device(type='cpu'))
-quantize_slice0 = mxfp8.quantize_slice_(in0, empty0, empty1, 0)
-quantize_slice1 = mxfp8.quantize_slice_(in1, empty0, empty1, 128)
+quantize_slices0 = mxfp8.quantize_slices_([in0, in1], empty0, empty1, [0, 128])
 mm0 = mxfp8.mm(empty0, empty1, in2, in3, in4, bfloat16)
 return [mm0]""",
     )
@@ -118,11 +118,9 @@ floordiv0 = floordiv(add0, 128)
 mul1 = mul(floordiv0, 1536)
 empty1 = aten.empty([mul1], dtype=float8_e8m0fnu, device=device(type='cpu'))
 reshape0 = aten.reshape(in0, [mul0, 128])
-quantize_slice0 = mxfp8.quantize_slice_(reshape0, empty0, empty1, 0)
 reshape1 = aten.reshape(in1, [mul0, 128])
-quantize_slice1 = mxfp8.quantize_slice_(reshape1, empty0, empty1, 128)
 reshape2 = aten.reshape(in2, [mul0, 128])
-quantize_slice2 = mxfp8.quantize_slice_(reshape2, empty0, empty1, 256)
+quantize_slices0 = mxfp8.quantize_slices_([reshape0, reshape1, reshape2], empty0, empty1, [0, 128, 256])
 mm0 = mxfp8.mm(empty0, empty1, in3, in4, in5, bfloat16)
 reshape3 = aten.reshape(mm0, [in6, in7, 64])
 return [reshape3]""",
@@ -138,9 +136,7 @@ def test_two_step_quantize_once_feeds_all_gemms():
         """\
 empty0 = aten.empty([8, 384], dtype=float8_e4m3fn, device=device(type='cpu'))
 empty1 = aten.empty([1536], dtype=float8_e8m0fnu, device=device(type='cpu'))
-quantize_slice0 = mxfp8.quantize_slice_(in0, empty0, empty1, 0)
-quantize_slice1 = mxfp8.quantize_slice_(in1, empty0, empty1, 128)
-quantize_slice2 = mxfp8.quantize_slice_(in2, empty0, empty1, 256)
+quantize_slices0 = mxfp8.quantize_slices_([in0, in1, in2], empty0, empty1, [0, 128, 256])
 view0 = aten.view(empty1, uint8)
 view1 = aten.view(in3, uint8)
 mm0 = mxfp8.mm(empty0, view0, in4, view1, in5, bfloat16)
@@ -190,7 +186,7 @@ def test_no_bf16_concatenation_buffer_in_generated_code():
         got, codes = run_and_get_code(torch.compile(model, backend="mxfp8_fusion"), *xs)
     assert_bitwise(got, expected)
     code = "\n".join(codes)
-    assert "quantize_slice_" in code
+    assert "quantize_slices_" in code
     assert "mxfp8.linear" not in code and "mxfp8.quantize.default" not in code
     bf16_buffers = re.findall(r"empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.bfloat16\)", code)
     cat_shape = f"{tokens}, {sum(widths)}"

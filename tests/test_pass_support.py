@@ -63,7 +63,12 @@ def op_name(node: fx.Node) -> str:
 
 
 def op_counts(graph: fx.Graph) -> Counter:
-    return Counter(op_name(n) for n in graph.nodes if n.op == "call_function")
+    """Call nodes per op, plus ``"staged slices"``: the sources of all slice quantizers."""
+    counts = Counter(op_name(n) for n in graph.nodes if n.op == "call_function")
+    counts["staged slices"] = sum(
+        len(n.args[0]) for n in graph.nodes if op_name(n) == "mxfp8.quantize_slices_"
+    )
+    return counts
 
 
 def render(graph: fx.Graph) -> str:
