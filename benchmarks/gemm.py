@@ -69,7 +69,9 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     xv, xs = reference.quantize(x)
     wv, ws = reference.quantize(w)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    cfg = gemm_sm90.choose_config(tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    cfg = gemm_sm90.choose_config(
+        tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
+    )
 
     def ours():
         gemm_sm90.run(xv, xs, wv, ws, None, out)
@@ -93,10 +95,18 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     mo, mc, md = (statistics.median(t) for t in (t_ours, t_cub, t_deq))
     tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
     return Row(
-        tokens=tokens, n=n, k=k, config=str(cfg),
-        ours_ms=mo, cublas_bf16_ms=mc, dequant_cublas_ms=md,
-        ours_tflops=tf(mo), cublas_bf16_tflops=tf(mc), dequant_cublas_tflops=tf(md),
-        ours_over_cublas_bf16_time=mo / mc, ours_over_dequant_cublas_time=mo / md,
+        tokens=tokens,
+        n=n,
+        k=k,
+        config=str(cfg),
+        ours_ms=mo,
+        cublas_bf16_ms=mc,
+        dequant_cublas_ms=md,
+        ours_tflops=tf(mo),
+        cublas_bf16_tflops=tf(mc),
+        dequant_cublas_tflops=tf(md),
+        ours_over_cublas_bf16_time=mo / mc,
+        ours_over_dequant_cublas_time=mo / md,
         ours_speedup_over_vllm_triton_211=tf(mo) / 211.0,
     )
 
@@ -111,18 +121,24 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
     wv, ws = reference.quantize(torch.randn(n, k, device="cuda", generator=gen))
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    base = gemm_sm90.choose_config(tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    base = gemm_sm90.choose_config(
+        tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
+    )
     result = {}
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
-        cfg = dataclasses.replace(base, variant=name.split(",")[0],
-                                  **{key: int(v) for key, v in spec.items()})
-        fn = lambda: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
+        cfg = dataclasses.replace(
+            base, variant=name.split(",")[0], **{key: int(v) for key, v in spec.items()}
+        )
+        fn = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
         fn()
         ms = _time(fn, rounds, 3)
         result[name] = ms
-        print(f"variant {name:28s} tokens {tokens}: {ms:.3f} ms "
-              f"{2.0 * tokens * n * k / ms / 1e9:.1f} TF/s", flush=True)
+        print(
+            f"variant {name:28s} tokens {tokens}: {ms:.3f} ms "
+            f"{2.0 * tokens * n * k / ms / 1e9:.1f} TF/s",
+            flush=True,
+        )
     return result
 
 
@@ -131,7 +147,7 @@ def _git_rev() -> str:
         rev = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
         dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
         return rev + ("-dirty" if dirty else "")
-    except Exception:  # noqa: BLE001 - the device copy may have no .git
+    except Exception:  # the device copy may have no .git
         return "unknown"
 
 
@@ -143,8 +159,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out", default="benchmarks/results/gemm.json")
     p.add_argument("--git-rev", default=None)
-    p.add_argument("--variants", nargs="*", default=[],
-                   help="also time these mainloop variants (ours only) at the first token count")
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="also time these mainloop variants (ours only) at the first token count",
+    )
     args = p.parse_args()
     import importlib.metadata as md
 

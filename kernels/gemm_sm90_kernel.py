@@ -18,6 +18,8 @@ WG_THREADS = 128
 NUM_CONSUMER_WG = 2
 CONVERT_WARP0 = 2  # warps 2 and 3 of the producer warpgroup decode the scales
 CONVERT_THREADS = 64
+TURN_BAR_WG0 = 1  # named barriers of the "pingpong" promotion turns (0 is __syncthreads)
+TURN_BAR_WG1 = 2
 
 
 class MXFP8GemmSm90:
@@ -113,8 +115,22 @@ class MXFP8GemmSm90:
         self.storage = Storage
 
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, mD, mBias, m, tiled_mma,
-            a_layout, b_layout, s_layout, sched,
+            tma_a,
+            gA,
+            tma_b,
+            gB,
+            tma_sa,
+            gSA,
+            tma_sb,
+            gSB,
+            mD,
+            mBias,
+            m,
+            tiled_mma,
+            a_layout,
+            b_layout,
+            s_layout,
+            sched,
         ).launch(
             grid=grid,
             block=[WG_THREADS * (1 + NUM_CONSUMER_WG), 1, 1],
@@ -169,9 +185,7 @@ class MXFP8GemmSm90:
             barrier_storage=st.load_bar.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, NUM_CONSUMER_WG * 4
-            ),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_WG * 4),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
@@ -236,14 +250,22 @@ class MXFP8GemmSm90:
                     for kt in range(k_tiles):
                         load_pipe.producer_acquire(ps)
                         bar = load_pipe.producer_get_barrier(ps)
-                        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
                         cute.copy(
-                            tma_sa, tSAg[(None, 0, a_chunk0 + kt)], tSAs[(None, ps.index)],
+                            tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar
+                        )
+                        cute.copy(
+                            tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar
+                        )
+                        cute.copy(
+                            tma_sa,
+                            tSAg[(None, 0, a_chunk0 + kt)],
+                            tSAs[(None, ps.index)],
                             tma_bar_ptr=bar,
                         )
                         cute.copy(
-                            tma_sb, tSBg[(None, 0, b_chunk0 + kt)], tSBs[(None, ps.index)],
+                            tma_sb,
+                            tSBg[(None, 0, b_chunk0 + kt)],
+                            tSBs[(None, ps.index)],
                             tma_bar_ptr=bar,
                         )
                         load_pipe.producer_commit(ps)
@@ -263,7 +285,7 @@ class MXFP8GemmSm90:
                 sFA_i = cute.recast_tensor(sFA, cutlass.Int32)
                 sFB_i = cute.recast_tensor(sFB, cutlass.Int32)
                 while work.is_valid_tile:
-                    for kt in range(k_tiles):
+                    for _kt in range(k_tiles):
                         scale_pipe.producer_acquire(ps)
                         load_pipe.consumer_wait(cs)
                         for i in cutlass.range_constexpr(4):
@@ -290,13 +312,34 @@ class MXFP8GemmSm90:
         else:
             cute.arch.setmaxregister_increase(232)
             self._consumer(
-                tidx, tiled_mma, sA, sB, sFA, sFB, mD, mBias, m, load_pipe, scale_pipe,
+                tidx,
+                tiled_mma,
+                sA,
+                sB,
+                sFA,
+                sFB,
+                mD,
+                mBias,
+                m,
+                load_pipe,
+                scale_pipe,
                 sched_params,
             )
 
     @cute.jit
     def _consumer(
-        self, tidx, tiled_mma, sA, sB, sFA, sFB, mD, mBias, m, load_pipe, scale_pipe,
+        self,
+        tidx,
+        tiled_mma,
+        sA,
+        sB,
+        sFA,
+        sFB,
+        mD,
+        mBias,
+        m,
+        load_pipe,
+        scale_pipe,
         sched_params,
     ):
         ct = tidx - WG_THREADS
@@ -325,6 +368,10 @@ class MXFP8GemmSm90:
         work = sched.initial_work_tile_info()
         rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        pingpong = self.cfg.variant == "pingpong"
+        if cutlass.const_expr(pingpong):
+            if cwg == 1:
+                self._turn_pass(cwg)  # warpgroup 0 promotes first
 
         while work.is_valid_tile:
             tm = work.tile_idx[0]
@@ -334,24 +381,58 @@ class MXFP8GemmSm90:
             cb = (tn * self.tile_n) % 128 + c0
             warp_live = wg_row0 + warp_in_wg * 16 < m
             if wg_row0 < m:
-                for kt in range(self.k_tiles):
+                for _kt in range(self.k_tiles):
                     load_pipe.consumer_wait(rs)
                     scale_pipe.consumer_wait(rs)
-                    self._k_tile(tiled_mma, acc, tmp, tmp2, tCrA, tCrB, sFA, sFB, r0, cb,
-                                 rs.index, warp_live)
+                    self._k_tile(
+                        tiled_mma,
+                        acc,
+                        tmp,
+                        tmp2,
+                        tCrA,
+                        tCrB,
+                        sFA,
+                        sFB,
+                        r0,
+                        cb,
+                        rs.index,
+                        warp_live,
+                        cwg,
+                    )
                     load_pipe.consumer_release(rs)
                     scale_pipe.consumer_release(rs)
                     rs.advance()
                 self._epilogue(acc, thr, gD_tiles, mBias, m, tm, tn)
             else:
-                for kt in range(self.k_tiles):
+                for _kt in range(self.k_tiles):
                     load_pipe.consumer_wait(rs)
                     scale_pipe.consumer_wait(rs)
+                    if cutlass.const_expr(pingpong):
+                        for _g in cutlass.range_constexpr(GROUPS_PER_TILE):
+                            self._turn_wait(cwg)
+                            self._turn_pass(cwg)
                     load_pipe.consumer_release(rs)
                     scale_pipe.consumer_release(rs)
                     rs.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(pingpong):
+            if cwg == 0:
+                self._turn_wait(cwg)  # consume warpgroup 1's last pass
+
+    @cute.jit
+    def _turn_wait(self, cwg):
+        if cwg == 0:
+            cute.arch.barrier(barrier_id=TURN_BAR_WG0, number_of_threads=2 * WG_THREADS)
+        else:
+            cute.arch.barrier(barrier_id=TURN_BAR_WG1, number_of_threads=2 * WG_THREADS)
+
+    @cute.jit
+    def _turn_pass(self, cwg):
+        if cwg == 0:
+            cute.arch.barrier_arrive(barrier_id=TURN_BAR_WG1, number_of_threads=2 * WG_THREADS)
+        else:
+            cute.arch.barrier_arrive(barrier_id=TURN_BAR_WG0, number_of_threads=2 * WG_THREADS)
 
     @cute.jit
     def _wgmma(self, tiled_mma, tmp, tCrA, tCrB, g, stage):
@@ -360,7 +441,7 @@ class MXFP8GemmSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _k_tile(self, tiled_mma, acc, tmp, tmp2, tCrA, tCrB, sFA, sFB, r0, cb, stage, live):
+    def _k_tile(self, tiled_mma, acc, tmp, tmp2, tCrA, tCrB, sFA, sFB, r0, cb, stage, live, cwg):
         """The 4 groups of one 128-wide K tile: wgmma each into a temporary, promote it."""
         variant = self.cfg.variant
         if cutlass.const_expr(variant == "serial"):
@@ -371,6 +452,28 @@ class MXFP8GemmSm90:
                 warpgroup.wait_group(0)
                 if live:
                     self._promote(acc, tmp, sFA, sFB, r0, cb, g, stage)
+        if cutlass.const_expr(variant == "early"):
+            # As "serial", but the scale loads and the 64 products sa*sb (tmp2) are computed
+            # while the group's wgmma runs; after the wait only the FFMAs remain.
+            for g in cutlass.range_constexpr(GROUPS_PER_TILE):
+                self._wgmma(tiled_mma, tmp, tCrA, tCrB, g, stage)
+                self._scale_products(tmp2, sFA, sFB, r0, cb, g, stage)
+                warpgroup.wait_group(0)
+                # no `if live` here: a branch would let the compiler sink the products
+                # below the wait; rows past M are computed and never stored
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] + tmp[i] * tmp2[i]
+        if cutlass.const_expr(variant == "pingpong"):
+            # As "serial", but the two consumer warpgroups take turns promoting (a token
+            # passed through two named barriers): one promotes on the FP32 pipe while the
+            # other's wgmma runs, instead of both promoting at once and then both waiting.
+            for g in cutlass.range_constexpr(GROUPS_PER_TILE):
+                self._wgmma(tiled_mma, tmp, tCrA, tCrB, g, stage)
+                warpgroup.wait_group(0)
+                self._turn_wait(cwg)
+                if live:
+                    self._promote(acc, tmp, sFA, sFB, r0, cb, g, stage)
+                self._turn_pass(cwg)
         if cutlass.const_expr(variant == "overlap"):
             # Two temporaries: group g+1's wgmma is in flight while group g is promoted.
             # Drained once per K tile, so no wgmma is in flight across the loop back-edge
@@ -380,8 +483,7 @@ class MXFP8GemmSm90:
                 self._wgmma(tiled_mma, tmp2 if g % 2 == 1 else tmp, tCrA, tCrB, g, stage)
                 warpgroup.wait_group(1)
                 if live:
-                    self._promote(acc, tmp if g % 2 == 1 else tmp2, sFA, sFB, r0, cb, g - 1,
-                                  stage)
+                    self._promote(acc, tmp if g % 2 == 1 else tmp2, sFA, sFB, r0, cb, g - 1, stage)
             warpgroup.wait_group(0)
             if live:
                 self._promote(acc, tmp2, sFA, sFB, r0, cb, GROUPS_PER_TILE - 1, stage)
@@ -412,6 +514,17 @@ class MXFP8GemmSm90:
                 i0 = v + 4 * j
                 acc[i0] = acc[i0] + tmp[i0] * (fa0 * fb)
                 acc[i0 + 2] = acc[i0 + 2] + tmp[i0 + 2] * (fa1 * fb)
+
+    @cute.jit
+    def _scale_products(self, prod, sFA, sFB, r0, cb, g, stage):
+        """prod[i] = sa[row(i), g] * sb[col(i), g] for this thread's accumulator elements."""
+        fa0 = sFA[r0, g, stage]
+        fa1 = sFA[r0 + 8, g, stage]
+        for j in cutlass.range_constexpr(self.tile_n // 8):
+            for v in cutlass.range_constexpr(2):
+                fb = sFB[cb + 8 * j + v, g, stage]
+                prod[v + 4 * j] = fa0 * fb
+                prod[v + 4 * j + 2] = fa1 * fb
 
     @cute.jit
     def _epilogue(self, acc, thr, gD_tiles, mBias, m, tm, tn):

@@ -3,13 +3,14 @@
 Tolerance, and why: the E4M3 x E4M3 products times power-of-two scales are exact in FP32,
 and the kernel promotes each 32-wide K group into an FP32 accumulator with FP32 FMAs. But
 the group's own sum comes from the Hopper FP8 tensor core, whose internal accumulation is
-not IEEE FP32 (it keeps fewer mantissa bits: the reason DeepSeek/DeepGEMM promote to FP32
-at all). Measured on the H200: per-output differences up to ~2**-14 * sum_k |a*b| in
-adversarial data (scales spanning 2**+-20 per operand, so heavy cancellation), beyond the
-FP32 recursive-summation bound. Hence per output
-``|ours - ref| <= ulp_out(|ref|) + 2**-12 * sum_k |a*b|``, plus aggregate checks that catch
+not IEEE FP32: products are aligned to the group's largest and truncated (the reason
+DeepSeek-V3 / DeepGEMM promote to FP32 at all; test_fp8_tensor_core_group_sum_probe shows
+30 * 2**-9 next to 448*448 vanishing on the H200). With ~14 bits kept, a group's error is at
+most 32 * 2**-14 * max|a*b| <= 2**-9 * sum|a*b|. Hence per output
+``|ours - ref| <= ulp_out(|ref|) + 2**-9 * sum_k |a*b|``, plus aggregate checks that catch
 real bugs: relative Frobenius error below half an output ulp, and most outputs bitwise
-equal (~96% for BF16, ~75% for FP16, whose finer ulp exposes the tensor-core rounding).
+equal (measured ~96% for BF16, ~75% for FP16, whose finer ulp exposes the tensor-core
+truncation more often), on data whose scales span 2**+-20 per operand.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def _random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, devic
     raw = torch.randint(0, 256, (capacity, k), generator=gen, dtype=torch.uint8)
     raw = torch.where((raw & 0x7F) == 0x7F, raw ^ 0x01, raw)  # avoid the NaN encoding
     values = raw.view(torch.float8_e4m3fn).to(device)
-    exps = torch.randint(center - spread, center + spread + 1, (capacity, k // GROUP), generator=gen)
+    exps = torch.randint(
+        center - spread, center + spread + 1, (capacity, k // GROUP), generator=gen
+    )
     scales = reference.to_blocked(exps.to(torch.uint8)).view(torch.float8_e8m0fnu).to(device)
     assert scales.numel() == scale_bytes(capacity, k)
     return values, scales
@@ -111,13 +114,15 @@ def _check_close(ours, ref, a, sa, b, sb):
     o, r, absdot = o[finite], r[finite], absdot[finite]
     finfo = torch.finfo(ref.dtype)
     ulp = torch.clamp(r.abs(), min=finfo.tiny) * finfo.eps
-    bound = ulp + 2.0**-12 * absdot  # FP8 tensor-core group sums: see the module docstring
+    bound = ulp + 2.0**-9 * absdot  # FP8 tensor-core group sums: see the module docstring
     excess = ((o - r).abs() - bound).max().item()
     rel = ((o - r).norm() / r.norm().clamp(min=1e-30)).item()
     same = (o == r).float().mean().item()
     worst = ((o - r).abs() / absdot.clamp(min=1e-30)).max().item()
-    stats = (f"excess {excess:.3g}, max|d|/sum|ab| {worst:.3g}, rel {rel:.3g} "
-             f"(eps {finfo.eps:.3g}), bitwise-equal {same:.4f}")
+    stats = (
+        f"excess {excess:.3g}, max|d|/sum|ab| {worst:.3g}, rel {rel:.3g} "
+        f"(eps {finfo.eps:.3g}), bitwise-equal {same:.4f}"
+    )
     print("STATS", ref.shape, ref.dtype, stats)
     assert excess <= 0, stats
     assert rel < finfo.eps / 2, stats
@@ -174,6 +179,8 @@ def test_tile_configs_agree(tokens):
         g.GemmConfig(tile_n=64, stages=6),
         g.GemmConfig(tile_n=128, stages=5),
         g.GemmConfig(tile_n=128, stages=5, variant="overlap"),
+        g.GemmConfig(tile_n=128, stages=5, variant="pingpong"),
+        g.GemmConfig(tile_n=128, stages=5, variant="serial"),
     )
     for cfg in configs:
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
@@ -181,6 +188,30 @@ def test_tile_configs_agree(tokens):
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_fp8_tensor_core_group_sum_probe():
+    """Documents why the tolerance is not FP32-exact: in one 32-wide group, 448*448 -
+    448*448 + 30 * 2**-9 is 0.0586 exactly; the FP8 wgmma's internal sum may drop the small
+    terms. Prints what this GPU gives; asserts only the stated bound."""
+    k = 128
+    a = torch.zeros(1, k, dtype=torch.uint8)
+    a[0, 0], a[0, 1], a[0, 2:32] = 0x7E, 0xFE, 0x01  # 448, -448, 2**-9
+    b = torch.zeros(16, k, dtype=torch.uint8)
+    b[:, 0], b[:, 1], b[:, 2:32] = 0x7E, 0x7E, 0x38  # 448, 448, 1.0
+    ones = lambda rows: reference.to_blocked(torch.full((rows, k // GROUP), 127, dtype=torch.uint8))  # noqa: E731
+    av, bv = a.view(torch.float8_e4m3fn).cuda(), b.view(torch.float8_e4m3fn).cuda()
+    sa, sb = ones(1).view(torch.float8_e8m0fnu).cuda(), ones(16).view(torch.float8_e8m0fnu).cuda()
+    out = torch.empty(1, 16, device="cuda", dtype=torch.bfloat16)
+    ref = torch.empty_like(out)
+    reference.mm_into(av, sa, bv, sb, None, ref)
+    _run_kernel(av, sa, bv, sb, None, out)
+    print("PROBE exact 0.0586:", "reference", ref[0, 0].item(), "kernel", out[0, 0].item())
+    assert ref[0, 0].item() == pytest.approx(30 * 2.0**-9, rel=2**-7)
+    assert abs(out[0, 0].item() - ref[0, 0].item()) <= 2.0**-8 * 2 * 448 * 448
 
 
 @pytest.mark.gpu
@@ -239,14 +270,17 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     tokens, width, n = 200, 256, 384
-    slices = [torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16) * 10**i
-              for i in range(-2, 3)]
+    slices = [
+        torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16) * 10**i
+        for i in range(-2, 3)
+    ]
     k = width * len(slices)
     one_values, one_scales = reference.quantize(torch.cat(slices, dim=-1))
     capacity = 256
     st_values = torch.zeros(capacity, k, device="cuda", dtype=torch.float8_e4m3fn)
-    st_scales = torch.full((scale_bytes(capacity, k),), 127, device="cuda",
-                           dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    st_scales = torch.full((scale_bytes(capacity, k),), 127, device="cuda", dtype=torch.uint8).view(
+        torch.float8_e8m0fnu
+    )
     for i, s in enumerate(slices):
         reference.quantize_slice_(s, st_values, st_scales, i * width)
     w_values, w_scales = reference.quantize(torch.randn(n, k, device="cuda"))
