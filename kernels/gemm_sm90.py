@@ -14,9 +14,8 @@ Structure (one CTA = 3 warpgroups, persistent over output tiles):
 * warps 2-3: convert the raw scale bytes of each stage into FP32 (``2**(b-127)``, 0xFF ->
   NaN) in shared memory once, so the consumers read ready floats instead of decoding each
   byte 16 times over.
-* warpgroups 1-2: wgmma consumers, 64 rows each. Per group: issue the wgmma, load the
-  group's scales and form the 64 products sa*sb while it runs, wait, then 64 FFMAs. Each
-  waits for its own group's wgmma before promoting (reading an accumulator while another
+* warpgroups 1-2: wgmma consumers, 64 rows each. Per group: issue the wgmma, wait, then
+  64 FMULs (sa*sb) and 64 FFMAs from FP32 scales in shared memory. Each waits for its own group's wgmma before promoting (reading an accumulator while another
   wgmma of the same warpgroup is in flight makes ptxas serialize all wgmmas: C7514), so
   tensor-core / FP32 overlap comes from the two warpgroups interleaving. A warpgroup whose
   rows all lie past M skips the math (small token counts). Measured variants and their
@@ -45,7 +44,9 @@ class GemmConfig:
     tile_n: int = 128
     stages: int = 5
     num_ctas: int = 132
-    variant: str = "early"  # mainloop schedule, see gemm_sm90_kernel.MXFP8GemmSm90._k_tile
+    # mainloop schedule (gemm_sm90_kernel.MXFP8GemmSm90._k_tile); "serial" measured fastest
+    # at tokens 4096: 6.47 ms vs early 7.49, overlap 6.71, pingpong 7.65 (GEMM_LOG.md)
+    variant: str = "serial"
 
 
 def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
