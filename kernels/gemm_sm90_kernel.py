@@ -487,21 +487,6 @@ class MXFP8GemmSm90:
             warpgroup.wait_group(0)
             if live:
                 self._promote(acc, tmp2, sFA, sFB, r0, cb, GROUPS_PER_TILE - 1, stage)
-        if cutlass.const_expr(variant == "serial_add"):
-            # diagnostic, wrong results: no scales, plain add per group
-            for g in cutlass.range_constexpr(GROUPS_PER_TILE):
-                self._wgmma(tiled_mma, tmp, tCrA, tCrB, g, stage)
-                warpgroup.wait_group(0)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] + tmp[i]
-        if cutlass.const_expr(variant == "batched"):
-            # diagnostic, wrong results: two wgmmas per wait, plain adds (near a plain GEMM)
-            for h in cutlass.range_constexpr(2):
-                self._wgmma(tiled_mma, tmp, tCrA, tCrB, 2 * h, stage)
-                self._wgmma(tiled_mma, tmp2, tCrA, tCrB, 2 * h + 1, stage)
-                warpgroup.wait_group(0)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] + tmp[i] + tmp2[i]
 
     @cute.jit
     def _promote(self, acc, tmp, sFA, sFB, r0, cb, g, stage):
