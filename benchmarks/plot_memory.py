@@ -49,10 +49,10 @@ def main() -> None:
             color="grey",
         )
         ax.set_title(result["geometry"]["name"], fontsize=10)
-        ax.set_xlabel("time within the call (ms)")
+        ax.set_xlabel("host time of allocator events within the call (ms)")
         ax.set_ylabel("MiB allocated above the start of the call")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper right")
+        ax.legend(fontsize=8, loc="lower center")
     env = receipt["environment"]
     fig.suptitle(
         f"mxfp8_fusion: transient memory of one projection call ({env['gpu']}, torch {env['torch']})",
