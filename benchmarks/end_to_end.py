@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import mxfp8_fusion as mf
-from mxfp8_fusion.demo import DemoConfig, Drafter, make_drafter
+from mxfp8_fusion.demo import DemoConfig, Drafter, make_drafter, run_staged
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,7 @@ class Measurement:
 
 
 def staged_runner(model: Drafter):
-    fc = model.fc
-    weight = mf.MXFP8Weight(fc.weight_values, fc.weight_scales)
-
-    def run(*hidden):
-        tokens = hidden[0].shape[0]
-        dest = mf.empty_input(tokens, fc.in_features, hidden[0].device, hidden[0].dtype)
-        column = 0
-        for h in hidden:
-            mf.quantize_input_slice(h, dest, column)
-            column += h.shape[1]
-        out = torch.empty(tokens, fc.out_features, dtype=hidden[0].dtype, device=hidden[0].device)
-        return mf.mm_quantized_into(dest, weight, out, bias=fc.bias)
-
-    return run
+    return lambda *hidden: run_staged(model, list(hidden))
 
 
 def bf16_runner(model: Drafter, weight_bf16: torch.Tensor):
