@@ -3,8 +3,10 @@
 Hopper's FP8 wgmma has no block scales, so every 32-wide K group is issued as its own
 wgmma (K = 32) into a temporary FP32 accumulator, which is then promoted into the main
 accumulator with the group's scales: ``acc += tmp * (sa[m, g] * sb[n, g])``. Scales are
-powers of two, so each promoted term is exact in FP32 and only the summation order differs
-from the reference.
+powers of two, so the promotion itself is exact; the FP8 wgmma's 32-wide group sum is not
+IEEE FP32 (it aligns products to the group's largest and truncates, measured on the H200),
+so results differ from the exact-FP32 reference by that and by summation order (the
+tolerance and its derivation: tests/test_gemm_kernel.py).
 
 Structure (one CTA = 3 warpgroups, persistent over output tiles):
 
