@@ -6,13 +6,13 @@ predicate. GPU tests (marked ``gpu``) compare every byte of the destination buff
 """
 
 import importlib.util
-import math
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes
@@ -291,46 +291,6 @@ def test_supported_many_needs_equal_shapes():
 
 # --- edge-case blocks ---------------------------------------------------------------------
 
-NAN, INF = math.nan, math.inf
-
-
-def _edge_blocks(dtype) -> dict[str, tuple[list[float], int | None]]:
-    """Named 32-element blocks and, where the rule pins it, their scale byte."""
-    big = torch.finfo(dtype).max
-    tiny = torch.finfo(dtype).smallest_normal
-    sub = tiny * 2.0**-3  # a subnormal of the dtype
-    blocks = {
-        "zeros": ([0.0], 0),
-        "negative_zeros": ([-0.0, -0.0], 0),
-        "e4m3_max": ([448.0, -448.0, 1.0], 127),
-        "just_above_448": ([450.0, -3.0], 128),
-        "ties": ([448.0, 1.0625, 3.125, -0.0087890625, 11.5, 13.0, 208.0, 232.0], 127),
-        "pow2_boundary": ([56.0, 1.0, -0.5], 124),
-        "above_boundary": ([57.0, 1.0], 125),
-        "dtype_max": ([big, -big, 1.0], None),
-        "dtype_min_normal": ([tiny, -tiny, sub], None),
-        "subnormals": ([sub, -sub, sub * 2, sub / 2], None),
-        "nan": ([1.0, NAN, 3.0], 255),
-        "negative_nan": ([1.0, -NAN, -2.0], 255),
-        "only_nan": ([NAN] * 32, 255),
-        "nan_and_inf": ([INF, NAN, -5.0], 255),
-        "inf": ([INF, 1.0, -7.0], 254),
-        "negative_inf": ([-INF, 5.0], 254),
-        "inf_with_big_finite": ([INF, big, -big / 3, 1.0], 254),
-        "ones": ([1.0] * 32, 119),
-    }
-    if dtype == torch.bfloat16:
-        # Byte 1 (recip 2**126): a BF16-subnormal neighbour scales to a normal E4M3 value,
-        # which a flush-to-zero multiply would lose.
-        blocks["byte_one"] = ([2.0**-118, 2.0**-127, -(2.0**-130), 2.0**-125], 1)
-        blocks["byte_zero_edge"] = ([448.0 * 2.0**-127, 2.0**-133], 0)
-        blocks["above_byte_zero_edge"] = ([450.0 * 2.0**-127, 2.0**-128], 1)
-        blocks["fp32_subnormal_descale"] = ([2.0**-125, 2.0**-126], None)
-    else:
-        blocks["fp16_449"] = ([449.0, -2.0], 128)
-        blocks["fp16_smallest"] = ([2.0**-24, -(2.0**-24)], None)
-    return blocks
-
 
 @pytest.mark.gpu
 @requires_sm90
@@ -338,11 +298,9 @@ def _edge_blocks(dtype) -> dict[str, tuple[list[float], int | None]]:
 def test_edge_case_blocks(dtype):
     gen = torch.Generator(device="cuda").manual_seed(1)
     names, rows = [], []
-    for name, (head, _) in _edge_blocks(dtype).items():
-        block = torch.zeros(32, dtype=torch.float32)
-        block[: len(head)] = torch.tensor(head, dtype=torch.float32)
+    for name in EDGE_BLOCK_NAMES:
         names.append(name)
-        rows.append(block)
+        rows.append(edge_block_tensor(name, dtype).float()[0])
     blocks = torch.stack(rows)  # [n, 32]
     # Every block at every group position of a 128-column tile, in shuffled element order.
     n = blocks.shape[0]
@@ -359,9 +317,7 @@ def test_edge_case_blocks(dtype):
     kernel.run(source, values, scales, 0)
     scales_cpu = scales.view(torch.uint8).cpu()
     for row, name in enumerate(names):
-        want = _edge_blocks(dtype)[name][1]
-        if want is None:
-            continue
+        want = expected_byte(name, dtype)
         got = [int(scales_cpu[scale_offset(row, g, 128)]) for g in range(4)]
         assert got == [want] * 4, f"{name}: scale bytes {got}, expected {want}"
     del gen
