@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from machine import environment
 
 import mxfp8_fusion as mf
 from mxfp8_fusion.demo import DemoConfig, Drafter, make_drafter, run_staged
@@ -210,31 +210,6 @@ def bench_geometry(geo: Geometry, rounds: int) -> dict:
         "ratios": ratios,
         "bitwise_equal_to_1": bitwise,
         "memory_traces": traces,
-    }
-
-
-def environment(git_rev: str | None) -> dict:
-    import cutlass
-
-    driver = subprocess.run(
-        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    if git_rev is None:
-        git_rev = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-            ).stdout.strip()
-            or "unknown"
-        )
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "driver": driver,
-        "torch": torch.__version__,
-        "nvidia_cutlass_dsl": getattr(cutlass, "__version__", "unknown"),
-        "git_revision": git_rev,
     }
 
 

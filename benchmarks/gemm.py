@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from machine import cutlass_dsl_version, git_revision
 
 from mxfp8_fusion import reference
 
@@ -142,15 +142,6 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     return result
 
 
-def _git_rev() -> str:
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
-        return rev + ("-dirty" if dirty else "")
-    except Exception:  # the device copy may have no .git
-        return "unknown"
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 512, 4096, 16384])
@@ -166,8 +157,6 @@ def main() -> None:
         help="also time these mainloop variants (ours only) at the first token count",
     )
     args = p.parse_args()
-    import importlib.metadata as md
-
     variants = {}
     if args.variants:
         variants = bench_variants(args.tokens[0], args.n, args.k, args.variants, args.rounds)
@@ -182,19 +171,13 @@ def main() -> None:
             f"ours/cublas time {row.ours_over_cublas_bf16_time:.3f}",
             flush=True,
         )
-    try:
-        dsl = md.version("nvidia-cutlass-dsl")
-    except md.PackageNotFoundError:
-        import cutlass
-
-        dsl = getattr(cutlass, "__version__", "unknown")
     receipt = {
         "what": "MXFP8 GEMM (SM90 CuTe DSL, per-32-K FP32 promotion) vs cuBLAS BF16 torch.mm "
         "vs dequantize-to-BF16 + cuBLAS; BF16 output, no bias",
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "cutlass_dsl": dsl,
-        "git_revision": args.git_rev or _git_rev(),
+        "cutlass_dsl": cutlass_dsl_version(),
+        "git_revision": git_revision(args.git_rev),
         "timing": "median of CUDA-event timings, interleaved rounds",
         "ratio_direction": "ours_over_X_time < 1 means ours is faster",
         "rows": [asdict(r) for r in rows],

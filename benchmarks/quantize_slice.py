@@ -16,14 +16,13 @@ Writes a JSON receipt (``--out``) and prints a table. Times are medians of
 """
 
 import argparse
-import importlib.metadata
 import json
 import os
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from machine import cutlass_dsl_version, git_revision
 from mxfp8_fusion.kernels import quantize_slice as kernel
 
 from mxfp8_fusion import reference
@@ -103,15 +102,6 @@ def _host_us_per_call(fn, calls: int = 300) -> float:
     elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
     return elapsed / calls * 1e6
-
-
-def _git_revision() -> str:
-    if os.environ.get("MXFP8_GIT_REV"):
-        return os.environ["MXFP8_GIT_REV"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _measure(name, what, fn, nbytes, graph=False, **extra) -> Measurement:
@@ -274,8 +264,8 @@ def main() -> None:
         "copy moves the same total (half read, half written)",
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "cutlass_dsl": importlib.metadata.version("nvidia-cutlass-dsl"),
-        "git_revision": _git_revision(),
+        "cutlass_dsl": cutlass_dsl_version(),
+        "git_revision": git_revision(),
         "default_tile_rows": kernel.DEFAULT_TILE_ROWS,
         "ours_bitwise_equal_to_reference": bitwise,
         "ours_many_bitwise_equal_to_reference": many_ok,

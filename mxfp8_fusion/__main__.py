@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if not _BENCH.exists():
         parser.error(f"bench needs a repository checkout: {_BENCH} not found")
     sys.argv = [str(_BENCH), *rest]
+    sys.path.insert(0, str(_BENCH.parent))  # as `python benchmarks/end_to_end.py` would
     runpy.run_path(str(_BENCH), run_name="__main__")
     return 0
 
