@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import main as demo_main
 
         return demo_main(args.device)
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error("bench measures GPU kernels and needs a CUDA device")
     if not _BENCH.exists():
         parser.error(f"bench needs a repository checkout: {_BENCH} not found")
     sys.argv = [str(_BENCH), *rest]
