@@ -128,7 +128,9 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
         cfg = dataclasses.replace(
-            base, variant=name.split(",")[0], **{key: int(v) for key, v in spec.items()}
+            base,
+            variant=name.split(",")[0],
+            **{key: int(v) for key, v in spec.items()},
         )
         fn = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
         fn()
@@ -172,8 +174,9 @@ def main() -> None:
             flush=True,
         )
     receipt = {
-        "what": "MXFP8 GEMM (SM90 CuTe DSL, per-32-K FP32 promotion) vs cuBLAS BF16 torch.mm "
-        "vs dequantize-to-BF16 + cuBLAS; BF16 output, no bias",
+        "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row, variant 'dequant' = FP8 tiles scaled "
+        "to BF16 in shared memory + BF16 wgmma) vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
+        "+ cuBLAS; BF16 output, no bias",
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "cutlass_dsl": cutlass_dsl_version(),

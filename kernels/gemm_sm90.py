@@ -1,27 +1,15 @@
 """CuTe DSL MXFP8 GEMM for sm_90a: ``out[:M] = dequant(A) @ dequant(B).T (+ bias)``.
 
-Hopper's FP8 wgmma has no block scales, so every 32-wide K group is issued as its own
-wgmma (K = 32) into a temporary FP32 accumulator, which is then promoted into the main
-accumulator with the group's scales: ``acc += tmp * (sa[m, g] * sb[n, g])``. Scales are
-powers of two, so the promotion itself is exact; the FP8 wgmma's 32-wide group sum is not
-IEEE FP32 (it aligns products to the group's largest and truncates, measured on the H200),
-so results differ from the exact-FP32 reference by that and by summation order (the
-tolerance and its derivation: tests/test_gemm_kernel.py).
+Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
+exactly a BF16 value, so the kernel (gemm_sm90_dequant) scales each FP8 tile into a BF16 tile
+in shared memory and runs BF16 wgmma with FP32 accumulation: the result differs from the
+exact-FP32 reference only by summation order. (The alternative, FP8 wgmma per 32-K group
+plus an FP32 promotion ``acc += tmp * sa * sb``, measured the same speed at 4096 tokens but
+its FP8 tensor-core group sums truncate small products; benchmarks/GEMM_LOG.md.)
 
-Structure (one CTA = 3 warpgroups, persistent over output tiles):
-
-* warp 0: TMA producer for the A/B value tiles and the raw E8M0 scale chunks. A K-tile is
-  128 wide (4 groups), so one 128-row x 4-group scale chunk of the blocked layout (512
-  contiguous bytes) covers a whole tile's rows: one 1-D TMA box per operand per stage.
-* warps 2-3: convert the raw scale bytes of each stage into FP32 (``2**(b-127)``, 0xFF ->
-  NaN) in shared memory once, so the consumers read ready floats instead of decoding each
-  byte 16 times over.
-* warpgroups 1-2: wgmma consumers, 64 rows each. Per group: issue the wgmma, wait, then
-  64 FMULs (sa*sb) and 64 FFMAs from FP32 scales in shared memory. Each waits for its own group's wgmma before promoting (reading an accumulator while another
-  wgmma of the same warpgroup is in flight makes ptxas serialize all wgmmas: C7514), so
-  tensor-core / FP32 overlap comes from the two warpgroups interleaving. A warpgroup whose
-  rows all lie past M skips the math (small token counts). Measured variants and their
-  numbers: benchmarks/GEMM_LOG.md.
+This module holds the host side: the tile config and its heuristic, the support predicate,
+the compile cache (keyed on compile-time facts; the token count M is a runtime value) and
+the launch.
 """
 
 from __future__ import annotations
@@ -34,35 +22,38 @@ import torch
 from mxfp8_fusion.format import GROUP
 
 _TILE_M = 128  # two consumer warpgroups x 64 rows (one wgmma M)
-_TILE_K = 128  # 4 scale groups: exactly one 512-byte scale chunk per operand per stage
 _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 words
-_THREADS = 384
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Compile-time tiling: output tile N width, pipeline depth and persistent CTA count."""
+    """Compile-time tiling: output tile N (128 or 64), ``stages`` FP8 stages of K 128,
+    ``bf16_stages`` BF16 stages of K 64, and the persistent CTA count."""
 
     tile_n: int = 128
-    stages: int = 5
+    stages: int = 2
+    bf16_stages: int = 4
     num_ctas: int = 132
-    # mainloop schedule (gemm_sm90_kernel.MXFP8GemmSm90._k_tile); "serial" measured fastest
-    # at tokens 4096: 6.47 ms vs early 7.49, overlap 6.71, pingpong 7.65 (GEMM_LOG.md)
-    variant: str = "serial"
+
+
+# Shared memory per stage (bytes) of the dequant variant: FP8 (128 + tile_n) x 128 plus scale
+# chunks, BF16 (128 + tile_n) x 64 x 2: 2 + 4 stages (tile N 128) or 4 + 4 (64) fill the
+# 227 KB a CTA may use. Tile N 256 would need a 128-register accumulator per consumer thread,
+# past the 96 registers ptxas gives each of the kernel's 640 threads. Measured at 4096 tokens
+# (N 7168, K 43008): 2 + 4 stages 6.21 ms, 3 + 3 stages 6.69 ms.
+_DEQUANT_STAGES = {128: (2, 4), 64: (4, 4)}
 
 
 def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
     """Tile heuristic by (tokens, N, K).
 
-    Few tokens (fewer 128 x 128 tiles than SMs): tile N 64 doubles the CTAs working on the
-    weight (tokens 16: 0.275 ms vs 0.306 ms with tile N 128). Otherwise 128 x 128 (tokens
-    4096: 6.7 ms vs 8.2 ms with tile N 64). Tile N 256 would need 128 main + 128 temporary
-    accumulator registers per thread, past the 232 a consumer thread gets. Stages fill
-    shared memory: 5 x 37 KB (tile N 128) or 6 x 29 KB (tile N 64).
+    Tile N 128 converts fewer FP8 bytes per FLOP than 64 (the A tile is shared by more
+    columns); with fewer 128 x 128 tiles than SMs the GEMM streams the weight and needs CTAs
+    on every SM, so 64 (tokens 16, N 7168: 112 CTAs).
     """
-    tiles_128 = -(-tokens // _TILE_M) * -(-n // 128)
-    tile_n = 64 if tiles_128 < num_sms else 128
-    return GemmConfig(tile_n=tile_n, stages=6 if tile_n == 64 else 5, num_ctas=num_sms)
+    tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
+    stages, bf16_stages = _DEQUANT_STAGES[tile_n]
+    return GemmConfig(tile_n=tile_n, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms)
 
 
 def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
@@ -101,11 +92,11 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    from . import gemm_sm90_kernel
-
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else out_ty
-    kernel = gemm_sm90_kernel.MXFP8GemmSm90(cfg, n, k, ld_out, bias_dtype is not None, out_ty)
+    from .gemm_sm90_dequant import MXFP8DequantGemmSm90
+
+    kernel = MXFP8DequantGemmSm90(cfg, n, k, ld_out, bias_dtype is not None, out_ty)
     gmem = cute.AddressSpace.gmem
     fake = 1 << 20
     args = (

@@ -1,16 +1,15 @@
 """The SM90 MXFP8 GEMM kernel (kernels/gemm_sm90.py) against reference.mm_into.
 
-Tolerance, and why: the E4M3 x E4M3 products times power-of-two scales are exact in FP32,
-and the kernel promotes each 32-wide K group into an FP32 accumulator with FP32 FMAs. But
-the group's own sum comes from the Hopper FP8 tensor core, whose internal accumulation is
-not IEEE FP32: products are aligned to the group's largest and truncated (the reason
-DeepSeek-V3 / DeepGEMM promote to FP32 at all; test_fp8_tensor_core_group_sum_probe shows
-30 * 2**-9 next to 448*448 vanishing on the H200). With ~14 bits kept, a group's error is at
-most 32 * 2**-14 * max|a*b| <= 2**-9 * sum|a*b|. Hence per output
-``|ours - ref| <= ulp_out(|ref|) + 2**-9 * sum_k |a*b|``, plus aggregate checks that catch
-real bugs: relative Frobenius error below half an output ulp, and most outputs bitwise
-equal (measured ~96% for BF16, ~75% for FP16, whose finer ulp exposes the tensor-core
-truncation more often), on data whose scales span 2**+-20 per operand.
+Tolerance, and why: E4M3 x E4M3 products times power-of-two scales are exact in FP32, and
+every operand element times its scale is an exact BF16 value, which the kernel feeds to
+BF16 wgmma with FP32 accumulation. So the result differs from the reference by summation
+order, plus whatever the tensor core's internal K-16 sum keeps less than IEEE FP32 does
+(test_tensor_core_group_sum_probe: 30 * 2**-9 next to 448*448 survives). Bound per output:
+``|ours - ref| <= ulp_out(|ref|) + 2**-14 * sum_k |a*b|`` (FP32 accumulation over K <=
+43008 stays far below it: ~sqrt(K) * 2**-24 on random data), plus aggregate checks that
+catch real bugs: relative Frobenius error below half an output ulp, and most outputs bitwise
+equal (measured >= 99.5% for BF16, >= 87% for FP16), on data whose scales span 2**+-20 per
+operand, which also exercises the kernel's two-step scaling of E8M0 bytes above 134.
 """
 
 from __future__ import annotations
@@ -47,8 +46,8 @@ def test_compiles_for_sm90a_without_gpu():
         from mxfp8_fusion.kernels import gemm_sm90 as g
         assert "cutlass" not in sys.modules  # importing the module must not import cutlass
         for cfg, n, k, out, bias in [
-            (g.GemmConfig(tile_n=128, stages=5), 384, 1056, torch.bfloat16, None),
-            (g.GemmConfig(tile_n=64, stages=6), 200, 512, torch.float16, torch.float32),
+            (g.GemmConfig(), 384, 1056, torch.bfloat16, None),
+            (g.GemmConfig(tile_n=64, stages=4, bf16_stages=4), 200, 512, torch.float16, torch.float32),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         print("compiled")
@@ -100,8 +99,8 @@ def _run_kernel(a, sa, b, sb, bias, out):
     gemm_sm90.run(a, sa, b, sb, bias, out)
 
 
-def _check_close(ours, ref, a, sa, b, sb):
-    """Per-output bound |ours-ref| <= ulp(|ref|) + 2**-16 * sum|a*b| (see module docstring)."""
+def _check_close(ours, ref, a, sa, b, sb, slack=2.0**-14):
+    """Per-output bound |ours-ref| <= ulp(|ref|) + slack * sum|a*b| (see module docstring)."""
     m, n = ref.shape
     absdot = torch.empty(m, n, dtype=torch.float32, device=ref.device)
     abs_a = (a.view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn)
@@ -114,7 +113,7 @@ def _check_close(ours, ref, a, sa, b, sb):
     o, r, absdot = o[finite], r[finite], absdot[finite]
     finfo = torch.finfo(ref.dtype)
     ulp = torch.clamp(r.abs(), min=finfo.tiny) * finfo.eps
-    bound = ulp + 2.0**-9 * absdot  # FP8 tensor-core group sums: see the module docstring
+    bound = ulp + slack * absdot  # tensor-core sums: see the module docstring
     excess = ((o - r).abs() - bound).max().item()
     rel = ((o - r).norm() / r.norm().clamp(min=1e-30)).item()
     same = (o == r).float().mean().item()
@@ -126,7 +125,7 @@ def _check_close(ours, ref, a, sa, b, sb):
     print("STATS", ref.shape, ref.dtype, stats)
     assert excess <= 0, stats
     assert rel < finfo.eps / 2, stats
-    assert same > (0.9 if ref.dtype == torch.bfloat16 else 0.6), stats
+    assert same > (0.99 if ref.dtype == torch.bfloat16 else 0.8), stats
 
 
 SHAPES = [  # (tokens, N, K)
@@ -169,20 +168,17 @@ def test_matches_reference(tokens, n, k, out_dtype, with_bias):
 @requires_sm90
 @pytest.mark.parametrize("tokens", [5, 300])
 def test_tile_configs_agree(tokens):
-    """Tile widths and mainloop schedules give the same bytes (same summation order)."""
+    """Tile widths and pipeline depths give the same bytes (same K order per output)."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     a, sa = _random_operand(tokens, 1024, seed=1)
     b, sb = _random_operand(640, 1024, seed=2)
     outs = []
-    configs = (
-        g.GemmConfig(tile_n=64, stages=6),
-        g.GemmConfig(tile_n=128, stages=5),
-        g.GemmConfig(tile_n=128, stages=5, variant="overlap"),
-        g.GemmConfig(tile_n=128, stages=5, variant="pingpong"),
-        g.GemmConfig(tile_n=128, stages=5, variant="serial"),
-    )
-    for cfg in configs:
+    for cfg in (
+        g.GemmConfig(tile_n=64, stages=4, bf16_stages=4),
+        g.GemmConfig(tile_n=128, stages=2, bf16_stages=4),
+        g.GemmConfig(tile_n=128, stages=3, bf16_stages=3),
+    ):
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
         g.run(a, sa, b, sb, None, out, config=cfg)
         outs.append(out)
@@ -193,10 +189,12 @@ def test_tile_configs_agree(tokens):
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-def test_fp8_tensor_core_group_sum_probe():
-    """Documents why the tolerance is not FP32-exact: in one 32-wide group, 448*448 -
-    448*448 + 30 * 2**-9 is 0.0586 exactly; the FP8 wgmma's internal sum may drop the small
-    terms. Prints what this GPU gives; asserts only the stated bound."""
+def test_tensor_core_group_sum_probe():
+    """448*448 - 448*448 + 30 * 2**-9 in one 32-wide group is 0.0586 exactly. The H200's FP8
+    wgmma returned 0.0 (products aligned to the largest and truncated); the BF16 wgmma that
+    this kernel feeds with exactly scaled operands keeps them: bitwise the reference."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
     k = 128
     a = torch.zeros(1, k, dtype=torch.uint8)
     a[0, 0], a[0, 1], a[0, 2:32] = 0x7E, 0xFE, 0x01  # 448, -448, 2**-9
@@ -208,10 +206,9 @@ def test_fp8_tensor_core_group_sum_probe():
     out = torch.empty(1, 16, device="cuda", dtype=torch.bfloat16)
     ref = torch.empty_like(out)
     reference.mm_into(av, sa, bv, sb, None, ref)
-    _run_kernel(av, sa, bv, sb, None, out)
-    print("PROBE exact 0.0586:", "reference", ref[0, 0].item(), "kernel", out[0, 0].item())
-    assert ref[0, 0].item() == pytest.approx(30 * 2.0**-9, rel=2**-7)
-    assert abs(out[0, 0].item() - ref[0, 0].item()) <= 2.0**-8 * 2 * 448 * 448
+    g.run(av, sa, bv, sb, None, out)
+    assert ref[0, 0].item() == 30 * 2.0**-9
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
 @pytest.mark.gpu
