@@ -8,7 +8,10 @@ Measured side by side in one run, on one GPU:
 * inductor: ``torch.compile`` of ``cat`` + the plain-torch quantizer
   (``reference.quantize_rows``: values and row-major scales), one fused Triton kernel;
 * latency at 1, 16 and 128 tokens for the six slices and for one slice, both ways, timed with
-  CUDA events (L2 flushed between runs) and as CUDA Graph replays (no host overhead);
+  CUDA events (L2 flushed between runs) and as CUDA Graph replays (no host overhead); for the
+  six slices also ``run_many`` (one launch, checked bitwise against the reference at each
+  token count) and, as a graph replay, ``run_many`` with the few-token tile turned off
+  (``small_tokens=0``: the 64-row tile at every token count);
 * host time per call at one token (Python launch overhead), both ways.
 
 Writes a JSON receipt (``--out``) and prints a table. Times are medians of
@@ -73,11 +76,11 @@ def _ours(slices, values, scales, tile_rows):
     return fn
 
 
-def _ours_many(slices, values, scales):
+def _ours_many(slices, values, scales, **launch):
     columns = [i * s.shape[1] for i, s in enumerate(slices)]
 
     def fn():
-        kernel.run_many(slices, values, scales, columns)
+        kernel.run_many(slices, values, scales, columns, **launch)
 
     return fn
 
@@ -224,7 +227,26 @@ def main() -> None:
                 row[f"ours_over_inductor_time_{key}"] = mo.median_ms / mi.median_ms
             if count > 1:
                 many_fn = _ours_many(small, v, sc)
+                want_v, want_s = reference.quantize(torch.cat(small, dim=1))
+                v.view(torch.uint8).fill_(0x5A)  # poison: the check must see run_many's bytes
+                sc.view(torch.uint8).fill_(0xA5)
                 many_fn()
+                row["ours_many_bitwise_equal_to_reference"] = bool(
+                    torch.equal(v.view(torch.uint8), want_v.view(torch.uint8))
+                    and torch.equal(sc.view(torch.uint8), want_s.view(torch.uint8))
+                )
+                del want_v, want_s
+                default_tile = _ours_many(small, v, sc, small_tokens=0)
+                default_tile()
+                md = _measure(
+                    f"ours_many_default_tile_t{tokens}_graph",
+                    "run_many, few-token tile off (small_tokens=0)",
+                    default_tile,
+                    b,
+                    True,
+                )
+                results.append(md)
+                row["ours_many_default_tile_ms_graph"] = md.median_ms
                 for graph in (False, True):
                     key = "graph" if graph else "events"
                     mm = _measure(f"ours_many_t{tokens}_{key}", "run_many", many_fn, b, graph)
@@ -267,6 +289,7 @@ def main() -> None:
         "cutlass_dsl": cutlass_dsl_version(),
         "git_revision": git_revision(),
         "default_tile_rows": kernel.DEFAULT_TILE_ROWS,
+        "small_tokens": kernel.SMALL_TOKENS,
         "ours_bitwise_equal_to_reference": bitwise,
         "ours_many_bitwise_equal_to_reference": many_ok,
         "headline": {
@@ -292,7 +315,8 @@ def main() -> None:
         },
         "latency": latency,
         "latency_note": "ours_over_inductor_time < 1 means ours is faster; 'events' includes "
-        "host launch gaps the GPU cannot hide, 'graph' is GPU time only",
+        "host launch gaps the GPU cannot hide, 'graph' is GPU time only; "
+        "ours_many_default_tile_ms_graph is run_many with the few-token tile turned off",
         "measurements": [asdict(m) for m in results],
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -318,7 +342,10 @@ def main() -> None:
         if "ours_many_ms_events" in row:
             print(
                 f"tokens {row['tokens']:>4} six slices in one launch: events "
-                f"{row['ours_many_ms_events']:.4f} ms, graph {row['ours_many_ms_graph']:.4f} ms"
+                f"{row['ours_many_ms_events']:.4f} ms, graph {row['ours_many_ms_graph']:.4f} ms "
+                f"(few-token tile off {row['ours_many_default_tile_ms_graph']:.4f} ms; "
+                f"inductor graph {row['inductor_ms_graph']:.4f} ms); bitwise "
+                f"{row['ours_many_bitwise_equal_to_reference']}"
             )
     for row in latency:
         if "ours_host_us_per_call" in row:

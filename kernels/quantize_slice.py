@@ -6,18 +6,30 @@ Layers: :class:`_SliceQuantizer` (the ``@cute.jit`` launcher and ``@cute.kernel`
 :func:`run_many` / :func:`supported_many` quantize up to 8 equal-shape slices in one launch
 (the same tile code; one launch instead of six removes the gaps between kernels).
 
-Work split. A CTA of 256 threads quantizes a tile of ``tile_rows`` rows x 128 columns
-(4 scale groups). 16 threads cover one row of the tile, each loading 8 halves with one
-16-byte load, so 4 threads share a 32-element group and combine their block maxima with two
-butterfly shuffles. Each thread issues all its loads (``tile_rows / 16`` rows) before it
-computes, to keep several 16-byte loads in flight, then writes 8 E4M3 bytes per row with one
-8-byte store; the first thread of each group writes the scale byte into the blocked layout.
-Rows past ``tokens`` (up to the next multiple of 128) only get the padding scale byte 127;
-they load the last live row instead of branching around the load.
+Work split. A CTA of 256 threads quantizes a tile of ``rows`` rows x ``blocks`` column tiles
+of 128 columns (4 scale groups each). 16 threads cover 128 columns of one row, each loading
+8 halves with one 16-byte load, so 4 threads share a 32-element group and combine their
+block maxima with two butterfly shuffles. Each thread issues all its loads (``rows / 16``
+rows x ``blocks`` column tiles) before it computes, to keep several 16-byte loads in flight,
+then writes 8 E4M3 bytes per row and column tile with one 8-byte store; the first thread of
+each group writes the scale byte into the blocked layout.
+
+Only tiles holding live rows (``< tokens``) are launched. Every tile but the last row tile is
+all live and runs without guards. The last row tile skips the 16-row passes whose warp holds
+no live row (the condition is warp-uniform, so the shuffles stay convergent) and writes the
+padding scale bytes: 127 for every row in ``[tokens, roundup(tokens, 128))`` of its column
+tiles' 512-byte chunks, as coalesced byte stores; values of padding rows are not written
+(the reference writes none either). So a call's loads and conversions grow with its live
+rows (in steps of a warp's two rows), not with the 128-row boundary.
+
+Two tile shapes are compiled into one kernel and chosen per launch from ``tokens`` (a
+CTA-uniform branch): up to ``small_tokens`` tokens, a 16-row tile over 4 column tiles (a
+quarter of the CTAs, each thread still 4 loads deep), otherwise ``tile_rows`` x 1.
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
 column, the three addresses) is a runtime argument, so one compile serves every call of a
-(dtype, width, tile) combination, and a call neither syncs nor allocates (CUDA Graph safe).
+(dtype, width, tile, slices) combination, and a call neither syncs nor allocates (CUDA Graph
+safe).
 """
 
 import ctypes
@@ -28,9 +40,11 @@ import torch
 
 _GROUP = 32
 _TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
+_CHUNK = 512  # scale bytes of one 128-row x 128-column tile
 _THREADS = 256
 _THREADS_PER_ROW = _TILE_COLS // 8  # 16-byte loads of 8 halves
 _ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
+_PADDING_BYTE = 127  # E8M0 1.0: what the layout holds for rows past the live ones
 
 # Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
 # 4096 x 7168 slice. H200, six such slices, six launches (benchmarks/quantize_slice.py --tiles):
@@ -38,17 +52,37 @@ _ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
 # within run-to-run noise (see benchmarks/QUANTIZE_LOG.md).
 DEFAULT_TILE_ROWS = 64
 
+# Calls with at most this many tokens use the few-token tile (16 rows x up to 4 column tiles).
+# At one token the 64-row tile launches one CTA per column tile with a single live warp; the
+# wide tile gives the same per-thread load depth (4) with a quarter of the CTAs, and the
+# per-thread pass count (register use) is the same as the 64-row tile's, so the kernel that
+# holds both keeps its occupancy. 0 turns the few-token tile off.
+SMALL_TOKENS = 16
+
+# Loads in flight per thread (passes of one tile): the few-token tile is kept at the default
+# tile's depth so that compiling both shapes into one kernel costs no registers.
+_MAX_PASSES = DEFAULT_TILE_ROWS // _ROWS_PER_PASS
+
 
 @dataclass(frozen=True)
 class _Config:
-    """Compile-time facts of one kernel: source dtype, slice width, tile height, and how many
+    """Compile-time facts of one kernel: source dtype, slice width, tile height, how many
     equal-width slices one launch quantizes (1 for :func:`run`, up to 8 for
-    :func:`run_many`)."""
+    :func:`run_many`), and the token count up to which the few-token tile is used."""
 
     fp16: bool
     width: int
     tile_rows: int = DEFAULT_TILE_ROWS
     slices: int = 1
+    small_tokens: int = SMALL_TOKENS
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """One CTA tile: ``rows`` rows (a multiple of 16) x ``blocks`` column tiles of 128."""
+
+    rows: int
+    blocks: int
 
 
 MAX_SLICES = 8
@@ -71,83 +105,258 @@ def _check_config(config: _Config) -> None:
         raise ValueError(f"tile_rows must be one of 16, 32, 64, 128, got {config.tile_rows}")
     if not 1 <= config.slices <= MAX_SLICES:
         raise ValueError(f"slices must be in [1, {MAX_SLICES}], got {config.slices}")
+    if config.small_tokens not in (0, 16, 32):
+        raise ValueError(f"small_tokens must be one of 0, 16, 32, got {config.small_tokens}")
+
+
+def _big_shape(config: _Config) -> _Shape:
+    return _Shape(config.tile_rows, 1)
+
+
+def _small_shape(config: _Config) -> _Shape | None:
+    """The few-token tile: ``small_tokens`` rows (so the call is one row tile) and as many
+    column tiles as keep a thread at most ``_MAX_PASSES`` loads deep and divide the width."""
+    if not config.small_tokens:
+        return None
+    passes_per_block = config.small_tokens // _ROWS_PER_PASS
+    blocks = config.width // _TILE_COLS
+    for tile_blocks in (4, 2, 1):
+        if tile_blocks * passes_per_block <= _MAX_PASSES and blocks % tile_blocks == 0:
+            return _Shape(config.small_tokens, tile_blocks)
+    return _Shape(config.small_tokens, 1)
+
+
+def _shape_for(config: _Config, tokens: int) -> _Shape:
+    """The tile shape a launch with ``tokens`` rows uses (the kernel decides the same way)."""
+    small = _small_shape(config)
+    return small if small is not None and tokens <= small.rows else _big_shape(config)
+
+
+def _grid(config: _Config, tokens: int) -> tuple[int, int]:
+    """(grid.x, grid.y) of a launch: (slice, column tile group) x live row tiles."""
+    shape = _shape_for(config, tokens)
+    blocks = config.width // _TILE_COLS
+    return config.slices * (blocks // shape.blocks), -(-tokens // shape.rows)
+
+
+def _padding_row(row_block, ty, tx, half):
+    """Row of the scale byte at chunk offset ``ty * 16 + tx + 256 * half`` of row block
+    ``row_block`` (inverse of the blocked layout's ``(r%32)*16 + ((r//32)%4)*4 + g``, with
+    ``g = tx % 4``). Works on ints and on kernel integers."""
+    return row_block * 128 + ty + 16 * half + 32 * (tx // 4)
 
 
 def _build(config: _Config):
     """Define the kernel class (needs cutlass; imported here so the module never does)."""
     import cutlass
     import cutlass.cute as cute
-    from cutlass import Int32, Int64, Uint8, Uint32
+    from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
     from . import quantize_ptx as ptx
 
-    loads = config.tile_rows // _ROWS_PER_PASS
     fp16 = config.fp16
-    width = config.width
-    tile_rows = config.tile_rows
     slices = config.slices
-    blocks = width // _TILE_COLS  # column tiles per slice
+    blocks = config.width // _TILE_COLS  # column tiles per slice
+    big = _big_shape(config)
+    small = _small_shape(config)
     gmem = cute.AddressSpace.gmem
 
-    @cute.jit
-    def quantize_tile(src_addr, src_ld, column, bx, by, dst_addr, scale_addr, tokens, dst_ld, g4):
-        """One tile_rows x 128 tile: column tile ``bx`` of the slice, row tile ``by``."""
-        tidx, _, _ = cute.arch.thread_idx()
-        tx = tidx % _THREADS_PER_ROW
-        ty = tidx // _THREADS_PER_ROW
-        col = bx * _TILE_COLS + tx * 8  # first of this thread's 8 columns in the slice
-        last = tokens - 1
-        # Source and destination row strides are multiples of 8 elements (checked by
-        # supported()), so every 16-byte load and 8-byte store below is aligned.
-        src_ld8 = cute.assume(Int64(src_ld), divby=8)
-        dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
-        dst_col = Int64(column + col)
+    # Plain helpers (no control flow): the bodies of the guarded regions below are single
+    # calls, so the DSL's if-regions neither carry nor yield any local variable.
+    def store_values(out, addr):
+        ptr = cute.make_ptr(Uint32, addr, gmem, assumed_align=8)
+        cute.autovec_copy(out, cute.make_tensor(ptr, cute.make_layout(2)))
 
-        words = []
-        for i in cutlass.range_constexpr(loads):
-            row = by * tile_rows + ty + i * _ROWS_PER_PASS
-            load_row = cutlass.min(row, last)
-            offset = Int64(load_row) * src_ld8 + Int64(col)
-            ptr = cute.make_ptr(Uint32, src_addr + offset * 2, gmem, assumed_align=16)
-            frag = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(cute.make_tensor(ptr, cute.make_layout(4)), frag)
-            words.append(frag)
+    def store_byte(addr, value):
+        ptr = cute.make_ptr(Uint8, addr, gmem, assumed_align=1)
+        tensor = cute.make_tensor(ptr, cute.make_layout(1))
+        tensor[0] = Uint8(Int32(value))
 
-        # Blocked scale layout: this thread's group is g = column/32 + 4*bx + tx/4, so
-        # g % 4 = tx // 4 and g // 4 = column/128 + bx (column is a multiple of 128).
-        chunk_col = Int64(column // _TILE_COLS + bx) * 512
-        for i in cutlass.range_constexpr(loads):
-            row = by * tile_rows + ty + i * _ROWS_PER_PASS
-            w = words[i]
-            amax = ptx.magnitude_max4(w[0], w[1], w[2], w[3])
-            amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
-            amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2))
-            byte = ptx.scale_byte(amax, fp16)
-            out = cute.make_rmem_tensor((2,), Uint32)
-            if byte < ptx.BYTE_INF:
-                recip = ptx.reciprocal_bits(byte)
-                out[0] = Uint32(ptx.quantize4(w[0], w[1], recip, fp16))
-                out[1] = Uint32(ptx.quantize4(w[2], w[3], recip, fp16))
-            else:
-                out[0] = Uint32(ptx.quantize4_special(w[0], w[1], byte, fp16))
-                out[1] = Uint32(ptx.quantize4_special(w[2], w[3], byte, fp16))
-            if row < tokens:
-                doffset = Int64(row) * dst_ld8 + dst_col
-                dptr = cute.make_ptr(Uint32, dst_addr + doffset, gmem, assumed_align=8)
-                cute.autovec_copy(out, cute.make_tensor(dptr, cute.make_layout(2)))
-            if tx % 4 == 0:
-                sbyte = cutlass.select_(row < tokens, byte, 127)
-                soffset = (
-                    chunk_col
-                    + Int64(row // 128) * Int64(g4) * 512
-                    + Int64((row % 32) * 16 + ((row // 32) % 4) * 4 + tx // 4)
+    def make_tile(shape: _Shape, partial: bool):
+        """The tile body for ``shape``; ``partial`` for the last row tile (guards, padding)."""
+        passes = shape.rows // _ROWS_PER_PASS
+        tile_blocks = shape.blocks
+
+        @cute.jit
+        def load_pass(frags, row, col0, src_addr, src_ld8):
+            """One 16-byte load per column tile of the tile, all from source row ``row``."""
+            for c in cutlass.range_constexpr(tile_blocks):
+                # 64-bit constant offsets per column tile fold into the load's immediate.
+                offset = Int64(row) * src_ld8 + Int64(col0)
+                ptr = cute.make_ptr(
+                    Uint32, src_addr + offset * 2 + c * _TILE_COLS * 2, gmem, assumed_align=16
                 )
-                sptr = cute.make_ptr(Uint8, scale_addr + soffset, gmem, assumed_align=1)
-                stensor = cute.make_tensor(sptr, cute.make_layout(1))
-                stensor[0] = Uint8(Int32(sbyte))
+                cute.autovec_copy(cute.make_tensor(ptr, cute.make_layout(4)), frags[c])
+
+        @cute.jit
+        def quantize_pass(
+            frags, row, tx, chunk0, dst_addr, dst_col0, dst_ld8, scale_addr, tokens, g4
+        ):
+            """Block max, scale byte, E4M3 values of row ``row`` for each column tile; stores
+            (only for a live row when the tile is partial)."""
+            # Blocked scale layout: this thread's group is g = column/32 + 4*ct + tx/4 for
+            # column tile ct, so g % 4 = tx // 4 and g // 4 = column/128 + ct (column is a
+            # multiple of 128); chunk0 is the byte offset of the first column tile's chunk.
+            scale_row = chunk0 + (
+                Int64(row // 128) * Int64(g4) * _CHUNK
+                + Int64((row % 32) * 16 + ((row // 32) % 4) * 4 + tx // 4)
+            )
+            dst_row = Int64(row) * dst_ld8 + dst_col0
+            # Scale bytes of all column tiles first: their shuffle round trips overlap
+            # instead of queuing behind each tile's branches and stores.
+            scale_bytes = []
+            for c in cutlass.range_constexpr(tile_blocks):
+                w = frags[c]
+                amax = ptx.magnitude_max4(w[0], w[1], w[2], w[3])
+                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
+                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2))
+                scale_bytes.append(ptx.scale_byte(amax, fp16))
+            for c in cutlass.range_constexpr(tile_blocks):
+                w = frags[c]
+                byte = scale_bytes[c]
+                out = cute.make_rmem_tensor((2,), Uint32)
+                if byte < ptx.BYTE_INF:
+                    recip = ptx.reciprocal_bits(byte)
+                    out[0] = Uint32(ptx.quantize4(w[0], w[1], recip, fp16))
+                    out[1] = Uint32(ptx.quantize4(w[2], w[3], recip, fp16))
+                else:
+                    out[0] = Uint32(ptx.quantize4_special(w[0], w[1], byte, fp16))
+                    out[1] = Uint32(ptx.quantize4_special(w[2], w[3], byte, fp16))
+                value_addr = dst_addr + dst_row + c * _TILE_COLS
+                scale_addr_c = scale_addr + scale_row + c * _CHUNK
+                if const_expr(partial):
+                    if row < tokens:
+                        store_values(out, value_addr)
+                        if tx % 4 == 0:
+                            store_byte(scale_addr_c, byte)
+                else:
+                    store_values(out, value_addr)
+                    if tx % 4 == 0:
+                        store_byte(scale_addr_c, byte)
+
+        @cute.jit
+        def write_padding(tidx, chunk0, scale_addr, tokens, g4):
+            """Scale byte 127 for the rows ``[tokens, roundup(tokens, 128))`` of this tile's
+            chunks. The 256 threads walk each 512-byte chunk in address order (two bytes
+            per thread and chunk), so every warp store covers 32 consecutive bytes."""
+            row_block = (tokens - 1) // 128
+            base = scale_addr + chunk0 + Int64(row_block) * Int64(g4) * _CHUNK
+            ty = tidx // _THREADS_PER_ROW
+            tx = tidx % _THREADS_PER_ROW
+            for k in cutlass.range_constexpr(2 * tile_blocks):
+                padding_row = _padding_row(row_block, ty, tx, k % 2)
+                if padding_row >= tokens:
+                    store_byte(base + (k // 2) * _CHUNK + (k % 2) * _THREADS + tidx, _PADDING_BYTE)
+
+        @cute.jit
+        def tile(src_addr, src_ld, column, ct0, by, dst_addr, scale_addr, tokens, dst_ld, g4):
+            """Row tile ``by``, column tiles ``ct0 .. ct0 + blocks - 1`` of one slice."""
+            tidx, _, _ = cute.arch.thread_idx()
+            tx = tidx % _THREADS_PER_ROW
+            ty = tidx // _THREADS_PER_ROW
+            row0 = by * shape.rows + ty  # this thread's row in pass 0
+            col0 = ct0 * _TILE_COLS + tx * 8  # first of its 8 columns in the first column tile
+            # Source and destination row strides are multiples of 8 elements (checked by
+            # supported()), so every 16-byte load and 8-byte store below is aligned.
+            src_ld8 = cute.assume(Int64(src_ld), divby=8)
+            dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
+            dst_col0 = Int64(column + col0)
+            chunk0 = Int64(column // _TILE_COLS + ct0) * _CHUNK
+            # First row of this thread's warp in pass 0: a warp covers rows 2w and 2w + 1 of
+            # a pass, so "the warp holds a live row" is the same test in all its lanes.
+            warp_row0 = by * shape.rows + (tidx // 32) * 2
+            last = tokens - 1
+
+            words = []
+            for _i in cutlass.range_constexpr(passes):
+                frags = []
+                for _c in cutlass.range_constexpr(tile_blocks):
+                    frags.append(cute.make_rmem_tensor((4,), Uint32))
+                words.append(frags)
+            for i in cutlass.range_constexpr(passes):
+                if const_expr(partial):
+                    # A lane past the last row (upper row of a half-live warp) loads the
+                    # last live row instead: in bounds, never stored, and the block max
+                    # only combines the 4 lanes of one row.
+                    if warp_row0 + i * _ROWS_PER_PASS < tokens:
+                        load_pass(
+                            words[i],
+                            cutlass.min(row0 + i * _ROWS_PER_PASS, last),
+                            col0,
+                            src_addr,
+                            src_ld8,
+                        )
+                else:
+                    load_pass(words[i], row0 + i * _ROWS_PER_PASS, col0, src_addr, src_ld8)
+            if const_expr(partial):
+                # Independent of the loads: issued while they are in flight.
+                write_padding(tidx, chunk0, scale_addr, tokens, g4)
+            for i in cutlass.range_constexpr(passes):
+                if const_expr(partial):
+                    if warp_row0 + i * _ROWS_PER_PASS < tokens:
+                        quantize_pass(
+                            words[i], row0 + i * _ROWS_PER_PASS, tx, chunk0,
+                            dst_addr, dst_col0, dst_ld8, scale_addr, tokens, g4,
+                        )  # fmt: skip
+                else:
+                    quantize_pass(
+                        words[i], row0 + i * _ROWS_PER_PASS, tx, chunk0,
+                        dst_addr, dst_col0, dst_ld8, scale_addr, tokens, g4,
+                    )  # fmt: skip
+
+        return tile
+
+    big_full = make_tile(big, partial=False)
+    big_last = make_tile(big, partial=True)
+    small_last = make_tile(small, partial=True) if small is not None else None
+
+    @cute.jit
+    def dispatch(tokens, dst_addr, scale_addr, dst_ld, g4, addrs, lds, cols):
+        """CTA-uniform choice of the tile (must agree with ``grid``): the few-token tile (one
+        row tile, so always the last one), else the default tile, with guards and padding
+        only in the last row tile. The slice is picked once, before the branch: with one
+        copy of the selects per tile variant the kernel needed 48 registers instead of 40."""
+        bx, by, _ = cute.arch.block_idx()
+        # grid.x = slices x (blocks / tile blocks): the slice and its first column tile.
+        s = bx // blocks
+        ct0 = bx - s * blocks
+        if const_expr(small is not None):
+            few = tokens <= small.rows
+            per_slice = blocks // small.blocks
+            small_s = bx // per_slice
+            s = Int32(cutlass.select_(few, small_s, s))
+            ct0 = Int32(cutlass.select_(few, (bx - small_s * per_slice) * small.blocks, ct0))
+        src_addr, src_ld, column = addrs[0], lds[0], cols[0]
+        for j in cutlass.range_constexpr(1, slices):
+            pick = s == j
+            src_addr = Int64(cutlass.select_(pick, addrs[j], src_addr))
+            src_ld = Int32(cutlass.select_(pick, lds[j], src_ld))
+            column = Int32(cutlass.select_(pick, cols[j], column))
+        args = (src_addr, src_ld, column, ct0, by, dst_addr, scale_addr, tokens, dst_ld, g4)
+        last_tile = by == (tokens - 1) // big.rows
+        if const_expr(small is not None):
+            if few:
+                small_last(*args)
+            elif last_tile:
+                big_last(*args)
+            else:
+                big_full(*args)
+        else:
+            if last_tile:
+                big_last(*args)
+            else:
+                big_full(*args)
 
     def grid(tokens):
-        return [slices * blocks, (tokens + 127) // 128 * (128 // tile_rows), 1]
+        """As :func:`_grid`, on the launch's runtime token count."""
+        big_x = slices * blocks
+        big_y = (tokens + (big.rows - 1)) // big.rows
+        if small is None:
+            return [big_x, big_y, 1]
+        few = tokens <= small.rows
+        grid_x = Int32(cutlass.select_(few, Int32(slices * (blocks // small.blocks)), Int32(big_x)))
+        grid_y = Int32(cutlass.select_(few, Int32(1), Int32(big_y)))
+        return [grid_x, grid_y, 1]
 
     class _SliceQuantizer:
         @cute.jit
@@ -179,18 +388,14 @@ def _build(config: _Config):
             column: Int32,
             scale_g4: Int32,
         ):
-            bx, by, _ = cute.arch.block_idx()
-            quantize_tile(
-                src_addr, src_ld, column, bx, by, dst_addr, scale_addr, tokens, dst_ld, scale_g4
-            )
+            dispatch(tokens, dst_addr, scale_addr, dst_ld, scale_g4, [src_addr], [src_ld], [column])
 
     class _ManySliceQuantizer:
-        """One launch for up to 8 equal-width slices: grid.x runs over (slice, column tile).
+        """One launch for up to 8 equal-width slices: grid.x runs over (slice, column tiles).
 
         Slice descriptors are 8 fixed scalar slots (address, row stride, column); slots past
         ``slices`` are never read. H200, six 4096 x 7168 slices: 0.132 ms (0.98 of the copy
-        bandwidth) against 0.162 ms for six launches; at 1-128 tokens 4.5-4.9 us of GPU time
-        against 11.6-12.7 us for six launches.
+        bandwidth) against 0.162 ms for six launches.
         """
 
         @cute.jit
@@ -231,20 +436,11 @@ def _build(config: _Config):
             c0: Int32, c1: Int32, c2: Int32, c3: Int32,
             c4: Int32, c5: Int32, c6: Int32, c7: Int32,
         ):  # fmt: skip
-            addrs = [a0, a1, a2, a3, a4, a5, a6, a7]
-            lds = [l0, l1, l2, l3, l4, l5, l6, l7]
-            cols = [c0, c1, c2, c3, c4, c5, c6, c7]
-            bx, by, _ = cute.arch.block_idx()
-            s = bx // blocks
-            src_addr, src_ld, column = addrs[0], lds[0], cols[0]
-            for j in cutlass.range_constexpr(1, slices):
-                pick = s == j
-                src_addr = Int64(cutlass.select_(pick, addrs[j], src_addr))
-                src_ld = Int32(cutlass.select_(pick, lds[j], src_ld))
-                column = Int32(cutlass.select_(pick, cols[j], column))
-            quantize_tile(
-                src_addr, src_ld, column, bx - s * blocks, by,
-                dst_addr, scale_addr, tokens, dst_ld, scale_g4,
+            dispatch(
+                tokens, dst_addr, scale_addr, dst_ld, scale_g4,
+                [a0, a1, a2, a3, a4, a5, a6, a7],
+                [l0, l1, l2, l3, l4, l5, l6, l7],
+                [c0, c1, c2, c3, c4, c5, c6, c7],
             )  # fmt: skip
 
     return _SliceQuantizer() if slices == 1 else _ManySliceQuantizer()
@@ -282,9 +478,14 @@ def compile_kernel(config: _Config):
     return cute.compile(kernel, *args, make_fake_stream())
 
 
-def config_for(source: torch.Tensor, tile_rows: int = DEFAULT_TILE_ROWS) -> _Config:
-    """The compile-time facts of a call."""
-    return _Config(source.dtype == torch.float16, source.shape[1], tile_rows)
+def config_for(
+    source: torch.Tensor,
+    tile_rows: int = DEFAULT_TILE_ROWS,
+    slices: int = 1,
+    small_tokens: int = SMALL_TOKENS,
+) -> _Config:
+    """The compile-time facts of a call (the token count is not one of them)."""
+    return _Config(source.dtype == torch.float16, source.shape[1], tile_rows, slices, small_tokens)
 
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
@@ -407,11 +608,14 @@ def run(
     scales: torch.Tensor,
     column: int,
     tile_rows: int = DEFAULT_TILE_ROWS,
+    small_tokens: int = SMALL_TOKENS,
 ) -> None:
     """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
 
     Same contract and bytes as ``mxfp8_fusion.reference.quantize_slice_``; only where
     :func:`supported` holds. Launches on the current stream; no sync, no allocation.
+    ``tile_rows`` and ``small_tokens`` select the compiled tile shapes (benchmarks, tests);
+    every choice writes the same bytes.
     """
     k = values.shape[1]
     device = _device_index(source)
@@ -426,7 +630,7 @@ def run(
         (k // _GROUP + 3) // 4,
         _raw_stream(device),
     )
-    _launch(config_for(source, tile_rows), device, args)
+    _launch(config_for(source, tile_rows, 1, small_tokens), device, args)
 
 
 def supported_many(sources, values: torch.Tensor, columns) -> bool:
@@ -449,6 +653,7 @@ def run_many(
     scales: torch.Tensor,
     columns,
     tile_rows: int = DEFAULT_TILE_ROWS,
+    small_tokens: int = SMALL_TOKENS,
 ) -> None:
     """:func:`run` for several equal-shape slices in one launch (where :func:`supported_many`).
 
@@ -472,7 +677,5 @@ def run_many(
         *[0] * pad,
         _raw_stream(device),
     )
-    config = _Config(
-        sources[0].dtype == torch.float16, sources[0].shape[1], tile_rows, len(sources)
-    )
+    config = config_for(sources[0], tile_rows, len(sources), small_tokens)
     _launch(config, device, args)

@@ -66,6 +66,133 @@ def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
     assert kernel._compiled(kernel.config_for(b)) is first
 
 
+# Compile-time variants: both tile shapes in one kernel, the few-token tile off or 32 rows
+# high, every tile height, one slice and several, a width the few-token tile cannot
+# split 4 ways (3 column tiles).
+VARIANTS = [
+    dict(width=7168, slices=6),
+    dict(width=7168, slices=6, small_tokens=0),
+    dict(width=7168, slices=6, small_tokens=32),
+    dict(width=1024, slices=1, tile_rows=16),
+    dict(width=1024, slices=8, tile_rows=32),
+    dict(width=1024, slices=2, tile_rows=128),
+    dict(width=384, slices=3),
+]
+
+
+@requires_cutlass
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}{v[k]}" for k in v))
+def test_tile_variants_compile_for_sm90a(variant, monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    assert kernel.compile_kernel(kernel._Config(fp16=False, **variant)) is not None
+
+
+def test_launch_shape_follows_tokens():
+    """Six 7168-wide slices: the few-token tile (16 rows x 4 column tiles) runs 84 CTAs up to
+    16 tokens; past that, one CTA per 64 live rows and column tile, none for padding rows."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    config = kernel._Config(fp16=False, width=7168, slices=6)
+    assert kernel._shape_for(config, 1) == kernel._Shape(16, 4)
+    assert kernel._grid(config, 1) == (84, 1)
+    assert kernel._grid(config, 16) == (84, 1)
+    assert kernel._grid(config, 17) == (336, 1)
+    assert kernel._grid(config, 128) == (336, 2)
+    assert kernel._grid(config, 129) == (336, 3)
+    assert kernel._grid(config, 4096) == (336, 64)
+    off = kernel._Config(fp16=False, width=7168, slices=6, small_tokens=0)
+    assert kernel._grid(off, 1) == (336, 1)
+    assert kernel._small_shape(kernel._Config(fp16=False, width=384)) == kernel._Shape(16, 1)
+    assert kernel._small_shape(kernel._Config(False, 1024, small_tokens=32)) == kernel._Shape(32, 2)
+
+
+def _modelled_writes(config, tokens: int, k: int, columns: list[int]):
+    """Destination bytes one launch writes, following the kernel's work split thread by
+    thread (grid, tile shape, last-tile guards per warp, padding walk): value byte indices
+    (row * k + column), live scale byte offsets, padding scale byte offsets."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    shape = kernel._shape_for(config, tokens)
+    few = config.small_tokens and tokens <= config.small_tokens
+    grid_x, grid_y = kernel._grid(config, tokens)
+    per_slice = config.width // 128 // shape.blocks
+    g4 = (k // 32 + 3) // 4
+    tidx = torch.arange(256)
+    tx, ty, warp = tidx % 16, tidx // 16, tidx // 32
+    values, live, padding = [], [], []
+    for bx in range(grid_x):
+        s, ct0 = bx // per_slice, bx % per_slice * shape.blocks
+        column = columns[s]
+        for by in range(grid_y):
+            partial = few or by == (tokens - 1) // shape.rows
+            for i in range(shape.rows // 16):
+                row = by * shape.rows + ty + 16 * i
+                if partial:
+                    active = (by * shape.rows + 16 * i + 2 * warp < tokens) & (row < tokens)
+                else:
+                    assert bool((row < tokens).all()), "a full tile holds a padding row"
+                    active = torch.ones(256, dtype=torch.bool)
+                for c in range(shape.blocks):
+                    col = column + (ct0 + c) * 128 + tx * 8
+                    first = (row * k + col)[active]
+                    values.append((first[:, None] + torch.arange(8)).flatten())
+                    lead = active & (tx % 4 == 0)
+                    r = row[lead]
+                    live.append(
+                        (column // 128 + ct0 + c) * 512
+                        + (r // 128) * g4 * 512
+                        + (r % 32) * 16
+                        + (r // 32 % 4) * 4
+                        + tx[lead] // 4
+                    )
+            if partial:
+                row_block = (tokens - 1) // 128
+                for kk in range(2 * shape.blocks):
+                    prow = kernel._padding_row(row_block, ty, tx, kk % 2)
+                    offset = (column // 128 + ct0) * 512 + row_block * g4 * 512
+                    offset = offset + (kk // 2) * 512 + (kk % 2) * 256 + tidx
+                    padding.append(offset[prow >= tokens])
+    return torch.cat(values), torch.cat(live), torch.cat(padding)
+
+
+# The same variants at a width the model walks quickly (1024 also splits 4 ways).
+MODEL_VARIANTS = [dict(v, width=min(v["width"], 1024)) for v in VARIANTS]
+
+
+@pytest.mark.parametrize("variant", MODEL_VARIANTS, ids=lambda v: "-".join(f"{k}{v[k]}" for k in v))
+def test_work_split_writes_each_byte_once(variant):
+    """CPU model of the launch: every value byte of the live rows, every scale byte of the
+    live rows and 127 for every padding row up to the 128-row boundary, each exactly once,
+    and nothing else (no padding CTAs, no value bytes for padding rows)."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    from mxfp8_fusion.format import scale_offset
+
+    config = kernel._Config(fp16=False, **variant)
+    width = config.width
+    columns = [(2 * i + 1) * width for i in range(config.slices)]  # gaps between slices
+    k = 2 * config.slices * width + 128
+    for tokens in (1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 256, 257):
+        values, live, padding = _modelled_writes(config, tokens, k, columns)
+        rows = torch.arange(tokens)[:, None]
+        cols = torch.cat([torch.arange(c, c + width) for c in columns])[None, :]
+        want_values = (rows * k + cols).flatten()
+        groups = (cols[:, ::32] // 32).flatten()
+        want_live = scale_offset(rows, groups[None, :], k).flatten()
+        pad_rows = torch.arange(tokens, (tokens + 127) // 128 * 128)[:, None]
+        want_padding = scale_offset(pad_rows, groups[None, :], k).flatten()
+        for got, want, what in (
+            (values, want_values, "value"),
+            (live, want_live, "scale"),
+            (padding, want_padding, "padding scale"),
+        ):
+            assert got.numel() == got.unique().numel(), f"tokens {tokens}: {what} written twice"
+            assert torch.equal(got.sort().values, want.sort().values), f"tokens {tokens}: {what}"
+
+
 @requires_cutlass
 def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     """The reusable argument buffers of run() mirror the DSL's own marshalling."""
@@ -131,7 +258,10 @@ def _poisoned(capacity: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor
     return values.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
 
 
-def _check_against_reference(source: torch.Tensor, k: int, column: int, capacity=None) -> None:
+def _check_against_reference(
+    source: torch.Tensor, k: int, column: int, capacity=None, **launch
+) -> None:
+    """``launch``: compile-time options of ``run`` (``tile_rows``, ``small_tokens``)."""
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     tokens = source.shape[0]
@@ -139,7 +269,7 @@ def _check_against_reference(source: torch.Tensor, k: int, column: int, capacity
     values, scales = _poisoned(capacity, k, source.device)
     ref_values, ref_scales = _poisoned(capacity, k, source.device)
     assert kernel.supported(source, values, column)
-    kernel.run(source, values, scales, column)
+    kernel.run(source, values, scales, column, **launch)
     reference.quantize_slice_(source, ref_values, ref_scales, column)
     got_v, want_v = values.view(torch.uint8), ref_values.view(torch.uint8)
     got_s, want_s = scales.view(torch.uint8), ref_scales.view(torch.uint8)
@@ -256,11 +386,12 @@ def test_run_many_equals_per_slice_reference(dtype, tokens):
 
 @pytest.mark.gpu
 @requires_sm90
-def test_run_many_cuda_graph_replay():
+@pytest.mark.parametrize("tokens", [1, 64])  # the few-token tile and the default one
+def test_run_many_cuda_graph_replay(tokens):
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(21)
-    sources = [_wide_range(64, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    sources = [_wide_range(tokens, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
     columns = [i * 1024 for i in range(6)]
     values, scales = _poisoned(128, 6144, "cuda")
     kernel.run_many(sources, values, scales, columns)
@@ -269,12 +400,83 @@ def test_run_many_cuda_graph_replay():
     with torch.cuda.graph(graph):
         kernel.run_many(sources, values, scales, columns)
     for s in sources:
-        s.copy_(_wide_range(64, 1024, torch.bfloat16, "cuda", gen))
+        s.copy_(_wide_range(tokens, 1024, torch.bfloat16, "cuda", gen))
     graph.replay()
     want_v, want_s = reference.quantize(torch.cat(sources, dim=1))
     torch.cuda.synchronize()
-    assert torch.equal(values.view(torch.uint8)[:64], want_v.view(torch.uint8))
+    assert torch.equal(values.view(torch.uint8)[:tokens], want_v.view(torch.uint8))
+    assert bool((values.view(torch.uint8)[tokens:] == POISON_VALUES).all())
     assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+def _check_many_with_padding(sources, columns, k: int, capacity: int, **launch) -> None:
+    """run_many into poisoned buffers: bitwise the per-slice reference; and, checked apart
+    from the reference, scale byte 127 for the rows [tokens, roundup(tokens, 128)) of every
+    group of the slices, poison left in value rows past ``tokens``, in the columns no slice
+    owns and in the row blocks past the 128-row boundary."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    from mxfp8_fusion.format import scale_offset
+
+    tokens, width = sources[0].shape
+    values, scales = _poisoned(capacity, k, "cuda")
+    want_v, want_s = _poisoned(capacity, k, "cuda")
+    assert kernel.supported_many(sources, values, columns)
+    kernel.run_many(sources, values, scales, columns, **launch)
+    for source, column in zip(sources, columns, strict=True):
+        reference.quantize_slice_(source, want_v, want_s, column)
+    got_v, got_s = values.view(torch.uint8), scales.view(torch.uint8)
+    if not torch.equal(got_v, want_v.view(torch.uint8)):
+        bad = (got_v != want_v.view(torch.uint8)).nonzero()[:5].tolist()
+        pytest.fail(f"value bytes differ at (row, col): {bad}")
+    if not torch.equal(got_s, want_s.view(torch.uint8)):
+        bad = (got_s != want_s.view(torch.uint8)).nonzero()[:5].flatten().tolist()
+        pytest.fail(f"scale bytes differ at offsets {bad}")
+    padded = (tokens + 127) // 128 * 128
+    groups = torch.cat([torch.arange(c // 32, (c + width) // 32) for c in columns])
+    pad_rows = torch.arange(tokens, padded)[:, None]
+    pad = scale_offset(pad_rows, groups[None, :], k).flatten().to(got_s.device)
+    assert bool((got_s[pad] == 127).all()), "padding rows must hold scale byte 127"
+    assert bool((got_v[tokens:] == POISON_VALUES).all()), "value rows past tokens written"
+    owned = torch.zeros(k, dtype=torch.bool)
+    for c in columns:
+        owned[c : c + width] = True
+    assert bool((got_v[:, ~owned.to(got_v.device)] == POISON_VALUES).all())
+    g4 = (k // 32 + 3) // 4
+    assert bool((got_s[padded // 128 * g4 * 512 :] == POISON_SCALES).all())
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("tokens", [1, 2, 16, 17, 127, 128, 129])
+@pytest.mark.parametrize(
+    ("tile_rows", "small_tokens"), [(64, 16), (64, 0), (64, 32), (16, 16), (32, 32), (128, 16)]
+)
+def test_run_many_few_tokens_padding(tokens, tile_rows, small_tokens):
+    """Few tokens through every tile shape: the few-token tile, the last (partial) row tile
+    with its warp guards and padding walk, and tiles wholly past ``tokens`` (not launched)."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens * 7 + tile_rows + small_tokens)
+    width = 1024
+    wide = _wide_range(tokens, 3 * width, torch.bfloat16, "cuda", gen)
+    sources = [wide[:, width : 2 * width]]  # a strided view
+    sources += [_wide_range(tokens, width, torch.bfloat16, "cuda", gen) for _ in range(5)]
+    columns = [4096, 0, 2048, 1024, 6144, 5120]  # [3072, 4096) and [7168, 7296) untouched
+    _check_many_with_padding(
+        sources, columns, 7296, 384, tile_rows=tile_rows, small_tokens=small_tokens
+    )
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tokens", [1, 16, 127, 129])
+def test_run_many_benchmark_geometry_few_tokens(dtype, tokens):
+    """The benchmark's six 7168-wide slices (14 few-token CTAs per slice) into a wider
+    destination whose last 256 columns belong to no slice."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens + 1000)
+    sources = [_wide_range(tokens, 7168, dtype, "cuda", gen) for _ in range(6)]
+    columns = [i * 7168 for i in range(6)]
+    _check_many_with_padding(sources, columns, 6 * 7168 + 256, 256)
 
 
 def test_supported_many_needs_equal_shapes():
@@ -321,6 +523,27 @@ def test_edge_case_blocks(dtype):
         got = [int(scales_cpu[scale_offset(row, g, 128)]) for g in range(4)]
         assert got == [want] * 4, f"{name}: scale bytes {got}, expected {want}"
     del gen
+
+
+@pytest.mark.gpu
+@requires_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("small_tokens", [16, 32])
+def test_edge_case_blocks_few_token_tile(dtype, small_tokens):
+    """The special blocks (Inf, NaN, subnormal, ...) through the few-token tile, which
+    handles 2 or 4 column tiles per thread: every block in every column tile and group."""
+    torch.manual_seed(2)
+    blocks = torch.stack([edge_block_tensor(name, dtype).float()[0] for name in EDGE_BLOCK_NAMES])
+    n = blocks.shape[0]
+    perm = torch.stack([torch.randperm(32) for _ in range(16 * n)]).view(16 * n, 32)
+    tiled = blocks.repeat(16, 1).gather(1, perm).view(16, n, 32).permute(1, 0, 2).reshape(n, 512)
+    source = tiled.to(dtype).cuda()
+    for start in range(0, n, 13):  # at most 13 rows: one few-token launch each
+        chunk = source[start : start + 13]
+        _check_against_reference(chunk, 1024, 512, small_tokens=small_tokens)
+        _check_many_with_padding(
+            [chunk, chunk.flip(1).contiguous()], [512, 0], 1024, 128, small_tokens=small_tokens
+        )
 
 
 # --- CUDA Graphs, the custom ops, the public API ------------------------------------------
