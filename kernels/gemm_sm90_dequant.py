@@ -28,10 +28,10 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
+
+from .quantize_ptx import asm_u32
 
 TILE_M = 128
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
@@ -54,27 +54,11 @@ ONE_FACTOR_MAX = 134
 _LANE_MASK = "0x87F087F0"
 
 
-def _asm(asm: str, constraints: str, *args, loc=None, ip=None) -> Int32:
-    operands = [Int32(a).ir_value(loc=loc, ip=ip) for a in args]
-    result = llvm.inline_asm(
-        ir.IntegerType.get_signless(32),
-        operands,
-        asm,
-        constraints,
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-    return Int32(result)
-
-
 @dsl_user_op
 def dequant_pair(word, factor, high: bool, *, loc=None, ip=None) -> Int32:
     """Bytes 0-1 (or 2-3) of ``word`` as a BF16x2 of ``e4m3 * 2**-120 * factor``."""
     selector = "0xB3A2" if high else "0x9180"
-    return _asm(
+    return asm_u32(
         "{\n.reg .b32 t;\n"
         f"prmt.b32 t, $1, 0, {selector};\n"
         "shl.b32 t, t, 4;\n"
@@ -90,7 +74,8 @@ def dequant_pair(word, factor, high: bool, *, loc=None, ip=None) -> Int32:
 
 @dsl_user_op
 def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
-    return _asm("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", a, b, loc=loc, ip=ip)
+    """Lane-wise BF16x2 product, round to nearest even (subnormals kept)."""
+    return asm_u32("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", a, b, loc=loc, ip=ip)
 
 
 class MXFP8DequantGemmSm90:

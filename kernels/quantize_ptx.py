@@ -24,7 +24,8 @@ BYTE_INF = 254
 BYTE_NAN = 255
 
 
-def _asm(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
+def asm_u32(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
+    """One inline-PTX block with 32-bit register operands and one 32-bit result."""
     operands = [Int32(a).ir_value(loc=loc, ip=ip) for a in args]
     result = llvm.inline_asm(
         ir.IntegerType.get_signless(32),
@@ -43,7 +44,7 @@ def _asm(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
 @dsl_user_op
 def magnitude_max4(w0, w1, w2, w3, *, loc=None, ip=None) -> Int32:
     """Largest magnitude bit pattern (``x & 0x7FFF``) among the 8 halves of 4 words."""
-    return _asm(
+    return asm_u32(
         "{\n"
         ".reg .b32 a, b, c, d;\n"
         "and.b32 a, $1, 0x7FFF7FFF;\n"
@@ -70,7 +71,7 @@ def magnitude_max4(w0, w1, w2, w3, *, loc=None, ip=None) -> Int32:
 @dsl_user_op
 def umax(a, b, *, loc=None, ip=None) -> Int32:
     """Unsigned 32-bit max."""
-    return _asm("max.u32 $0, $1, $2;", "=r,r,r", a, b, loc=loc, ip=ip)
+    return asm_u32("max.u32 $0, $1, $2;", "=r,r,r", a, b, loc=loc, ip=ip)
 
 
 # ceil(log2(amax / 448)) from amax = 1.m * 2**E (FP32 bits, biased exponent Eb):
@@ -101,7 +102,7 @@ def scale_byte(amax_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
     else:
         widen = "shl.b32 f, $1, 16;\n"
         inf = "0x7F80"
-    return _asm(
+    return asm_u32(
         "{\n"
         ".reg .b32 f, e, m;\n"
         ".reg .pred p;\n"
@@ -122,7 +123,7 @@ def scale_byte(amax_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
 @dsl_user_op
 def reciprocal_bits(byte, *, loc=None, ip=None) -> Int32:
     """FP32 bits of the multiplier 2**(127 - byte); 1.0 for byte 0 (bytes 1..253 only)."""
-    return _asm(
+    return asm_u32(
         "{\n"
         ".reg .b32 r;\n"
         ".reg .pred p;\n"
@@ -158,7 +159,7 @@ def _widen_pair(word: str, lo: str, hi: str, is_fp16: bool) -> str:
 @dsl_user_op
 def quantize4(w0, w1, recip_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
     """4 halves (2 words) times the multiplier -> 4 packed E4M3 bytes (finite blocks)."""
-    return _asm(
+    return asm_u32(
         "{\n"
         ".reg .f32 a, b, c, d, r;\n"
         ".reg .b16 lo, hi;\n"
@@ -202,7 +203,7 @@ def quantize4_special(w0, w1, byte, is_fp16: bool, *, loc=None, ip=None) -> Int3
     that no operand is subnormal: a product below 2**-126 rounds to a signed E4M3 zero either
     way, and +-Inf stays +-Inf (then saturates to +-448). Byte 255 multiplies by NaN.
     """
-    return _asm(
+    return asm_u32(
         "{\n"
         ".reg .f32 a, b, c, d, r, s;\n"
         ".reg .b32 q;\n"
