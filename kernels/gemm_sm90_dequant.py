@@ -94,7 +94,6 @@ class MXFP8DequantGemmSm90:
         self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
         self.n_tiles = (n + self.tile_n - 1) // self.tile_n
         self.b_chunks = ((n + 127) // 128) * self.k_tiles
-        self.b_chunks_per_tile = max(1, self.tile_n // 128)
 
     @cute.jit
     def __call__(
@@ -135,11 +134,9 @@ class MXFP8DequantGemmSm90:
         b8_layout = _smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         a16_layout = _smem_layout(bf16, TILE_M, TILE_K16, self.stages16)
         b16_layout = _smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
-        bcp = self.b_chunks_per_tile
+        # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         sa_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
-        sb_layout = cute.make_layout(
-            (CHUNK_WORDS, 1, self.stages8 * bcp), stride=(1, 1, CHUNK_WORDS)
-        )
+        sb_layout = sa_layout
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA = cpasync.make_tiled_tma_atom(
             g2s, mA, cute.slice_(a8_layout, (None, None, 0)), (TILE_M, TILE_K8)
@@ -153,7 +150,7 @@ class MXFP8DequantGemmSm90:
         tma_sb, gSB = cpasync.make_tiled_tma_atom(
             g2s, mSB, cute.slice_(sb_layout, (None, None, 0)), (CHUNK_WORDS, 1)
         )
-        self.tx_bytes = (TILE_M + self.tile_n) * TILE_K8 + (1 + bcp) * CHUNK_WORDS * 4
+        self.tx_bytes = (TILE_M + self.tile_n) * TILE_K8 + 2 * CHUNK_WORDS * 4
 
         sched = utils.PersistentTileSchedulerParams(
             ((m + TILE_M - 1) // TILE_M, self.n_tiles, 1), (1, 1, 1)
@@ -172,9 +169,7 @@ class MXFP8DequantGemmSm90:
             sA16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(a16_layout)], 1024]
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
             sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
-            sSB: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8 * bcp], 128
-            ]
+            sSB: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
 
         self.storage = Storage
 
@@ -309,7 +304,6 @@ class MXFP8DequantGemmSm90:
             tma_sb, 0, one, cute.group_modes(sSB, 0, 2), cute.group_modes(gSB, 0, 2)
         )
         k_tiles = self.k_tiles
-        bcp = self.b_chunks_per_tile
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
@@ -328,13 +322,9 @@ class MXFP8DequantGemmSm90:
                 cute.copy(
                     tma_sa, tSAg[(None, 0, a_chunk0 + kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar
                 )
-                for c in cutlass.range_constexpr(bcp):
-                    cute.copy(
-                        tma_sb,
-                        tSBg[(None, 0, b_chunk0 + c * k_tiles + kt)],
-                        tSBs[(None, ps.index * bcp + c)],
-                        tma_bar_ptr=bar,
-                    )
+                cute.copy(
+                    tma_sb, tSBg[(None, 0, b_chunk0 + kt)], tSBs[(None, ps.index)], tma_bar_ptr=bar
+                )
                 load_pipe.producer_commit(ps)
                 ps.advance()
             sched.advance_to_next_work()
@@ -350,7 +340,6 @@ class MXFP8DequantGemmSm90:
         b16 = st.sB16.data_ptr().toint()
         sa = st.sSA.data_ptr().toint()
         sb = st.sSB.data_ptr().toint()
-        bcp = self.b_chunks_per_tile
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
@@ -378,7 +367,7 @@ class MXFP8DequantGemmSm90:
                     )
                     b_args = (
                         b8 + ls.index * (self.tile_n * TILE_K8),
-                        sb + ls.index * (CHUNK_WORDS * 4 * bcp),
+                        sb + ls.index * (CHUNK_WORDS * 4),
                         b16 + cs.index * (self.tile_n * TILE_K16 * 2),
                     )
                     if a_half:
@@ -414,7 +403,7 @@ class MXFP8DequantGemmSm90:
         j = (ct // 8) % UNITS_PER_ROW
         sw = row_ct % 8  # rows row_ct + 64i share it
         group = 2 * h + j // 2
-        units = []  # (row, row within scale chunks, src, scales, dst)
+        units = []  # (row, row within the scale chunk, src, scales, dst)
         for rows, row0, args in ((a_rows, 0, a_args), (b_rows, b_row0, b_args)):
             for i in cutlass.range_constexpr(rows * UNITS_PER_ROW // CONVERT_THREADS):
                 units.append((row_ct + 64 * i, row0 + row_ct + 64 * i, *args))
@@ -430,12 +419,10 @@ class MXFP8DequantGemmSm90:
                 w,
             )
             words.append(w)
-            # blocked layout: row r of a 128-row chunk is word (r % 32) * 4 + (r % 128) // 32,
+            # blocked layout: row r (< 128) of the stage's chunk is word (r % 32) * 4 + r // 32,
             # its group g the word's byte g
             sword = cute.make_rmem_tensor((1,), Int32)
-            word_addr = (
-                scales + (r // 128) * (CHUNK_WORDS * 4) + ((r % 32) * 4 + (r % 128) // 32) * 4
-            )
+            word_addr = scales + ((r % 32) * 4 + r // 32) * 4
             cute.autovec_copy(
                 cute.make_tensor(
                     cute.make_ptr(Int32, word_addr, smem, assumed_align=4), cute.make_layout(1)
