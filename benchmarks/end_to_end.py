@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -120,7 +121,38 @@ def time_interleaved(fns: dict, hidden, rounds: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def bench_geometry(geo: Geometry, rounds: int) -> dict:
+def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, float]]:
+    """Per variant: mean GPU ms per call of each kernel (torch.profiler) and the host ms a
+    call takes to return (launch cost; the GPU may still be running)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    result = {}
+    for name, fn in fns.items():
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*hidden)
+            torch.cuda.synchronize()
+        kernels = {}
+        for event in prof.key_averages():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                ms = event.device_time_total / 1e3 / calls
+                kernels[event.key[:80]] = round(ms, 4)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(*hidden)
+        host_ms = (time.perf_counter() - start) * 1e3
+        torch.cuda.synchronize()
+        top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])
+        result[name] = {"host_ms_to_return": round(host_ms, 4), "gpu_ms_per_kernel": top}
+        print(
+            f"{name}: host {host_ms:.3f} ms; kernels "
+            + ", ".join(f"{k[:48]} {v:.3f}" for k, v in top.items())
+        )
+    return result
+
+
+def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
     torch._dynamo.reset()
     cfg = DemoConfig(tokens=geo.tokens, hidden=geo.hidden, slices=geo.slices)
     model, hidden = make_drafter(cfg, torch.device("cuda"))
@@ -168,6 +200,7 @@ def bench_geometry(geo: Geometry, rounds: int) -> dict:
             peaks[name], out = transient_peak(fn, hidden)
             outputs[name] = out.clone()
         times = time_interleaved(fns, hidden, rounds)
+        diagnosis = kernel_breakdown(fns, hidden) if breakdown else None
         traces = {
             name: allocation_trace(fns[name], hidden)
             for name in ("1_concatenated_eager", "2_staged_eager", "3_compiled_mxfp8_fusion")
@@ -210,7 +243,7 @@ def bench_geometry(geo: Geometry, rounds: int) -> dict:
         "ratios": ratios,
         "bitwise_equal_to_1": bitwise,
         "memory_traces": traces,
-    }
+    } | ({"kernel_breakdown": diagnosis} if diagnosis else {})
 
 
 def print_table(result: dict) -> None:
@@ -234,6 +267,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--out", default="benchmarks/results/end_to_end.json")
     parser.add_argument("--git-rev", default=None)
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also record per-kernel GPU times and host launch time per variant",
+    )
     args = parser.parse_args()
     receipt = {
         "benchmark": "end_to_end",
@@ -247,7 +285,7 @@ def main() -> None:
         "results": [],
     }
     for geo in GEOMETRIES:
-        result = bench_geometry(geo, args.rounds)
+        result = bench_geometry(geo, args.rounds, args.breakdown)
         print_table(result)
         receipt["results"].append(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

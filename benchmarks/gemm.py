@@ -7,7 +7,10 @@ counts, measured side by side in one process, interleaved per round:
 * cublas_bf16: ``torch.mm`` on the BF16 tensors (``x @ w.T``), what a user without MXFP8 runs
 * dequant_cublas: dequantize both MXFP8 operands to BF16, then ``torch.mm`` (emulation)
 
-Medians of CUDA-event timings; TFLOP/s uses 2*M*N*K. Writes benchmarks/results/gemm.json.
+Medians of CUDA-event timings of back-to-back launches, and of CUDA Graph replays of the
+same launches (GPU time without host launch gaps, what decode under graphs sees; at few
+tokens the kernel is shorter than a Python launch). TFLOP/s uses 2*M*N*K. Writes
+benchmarks/results/gemm.json.
 
     python benchmarks/gemm.py [--tokens 16 128 512 4096 16384] [--rounds 20] [--out PATH]
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +45,10 @@ class Row:
     ours_over_cublas_bf16_time: float
     ours_over_dequant_cublas_time: float
     ours_speedup_over_vllm_triton_211: float
+    ours_graph_ms: float
+    cublas_bf16_graph_ms: float
+    ours_over_cublas_bf16_graph_time: float
+    ours_host_us_per_launch: float
 
 
 def _time(fn, rounds: int, inner: int) -> float:
@@ -93,6 +101,19 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
         t_cub.append(_time(cublas, 1, inner))
         t_deq.append(_time(dequant, 1, max(1, inner // 4)))
     mo, mc, md = (statistics.median(t) for t in (t_ours, t_cub, t_deq))
+    # GPU time without host launch gaps: `inner` launches captured in one CUDA graph each
+    graphs = [_capture(fn, inner) for fn in (ours, cublas)]
+    t_graph = ([], [])
+    for _ in range(rounds):
+        for times, graph in zip(t_graph, graphs, strict=True):
+            times.append(_time(graph.replay, 1, 1) / inner)
+    go, gc = (statistics.median(t) for t in t_graph)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(inner):
+        ours()
+    host_us = (time.perf_counter() - start) / inner * 1e6
+    torch.cuda.synchronize()
     tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
     return Row(
         tokens=tokens,
@@ -108,11 +129,29 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
         ours_over_cublas_bf16_time=mo / mc,
         ours_over_dequant_cublas_time=mo / md,
         ours_speedup_over_vllm_triton_211=tf(mo) / 211.0,
+        ours_graph_ms=go,
+        cublas_bf16_graph_ms=gc,
+        ours_over_cublas_bf16_graph_time=go / gc,
+        ours_host_us_per_launch=host_us,
     )
 
 
+def _capture(fn, inner: int) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return graph
+
+
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
-    """Median ms of each mainloop variant (diagnostic ones compute wrong results on purpose)."""
+    """Median ms of each named config override: ``label,field=int,...`` on the heuristic's
+    GemmConfig (e.g. ``tiled,tokens_tile=0,tile_n=64,stages=4``)."""
     import dataclasses
 
     from mxfp8_fusion.kernels import gemm_sm90
@@ -127,11 +166,7 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     result = {}
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
-        cfg = dataclasses.replace(
-            base,
-            variant=name.split(",")[0],
-            **{key: int(v) for key, v in spec.items()},
-        )
+        cfg = dataclasses.replace(base, **{key: int(v) for key, v in spec.items()})
         fn = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
         fn()
         ms = _time(fn, rounds, 3)
@@ -170,7 +205,9 @@ def main() -> None:
             f"tokens {t:6d}: ours {row.ours_ms:8.3f} ms {row.ours_tflops:7.1f} TF/s | "
             f"cuBLAS bf16 {row.cublas_bf16_ms:8.3f} ms {row.cublas_bf16_tflops:7.1f} | "
             f"dequant+cuBLAS {row.dequant_cublas_ms:8.3f} ms | "
-            f"ours/cublas time {row.ours_over_cublas_bf16_time:.3f}",
+            f"ours/cublas time {row.ours_over_cublas_bf16_time:.3f} | graph replay: ours "
+            f"{row.ours_graph_ms:.3f} ms, cuBLAS {row.cublas_bf16_graph_ms:.3f} ms, ratio "
+            f"{row.ours_over_cublas_bf16_graph_time:.3f} | host {row.ours_host_us_per_launch:.0f} us",
             flush=True,
         )
     receipt = {

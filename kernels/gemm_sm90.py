@@ -7,9 +7,15 @@ exact-FP32 reference only by summation order. (The alternative, FP8 wgmma per 32
 plus an FP32 promotion ``acc += tmp * sa * sb``, measured the same speed at 4096 tokens but
 its FP8 tensor-core group sums truncate small products; benchmarks/GEMM_LOG.md.)
 
-This module holds the host side: the tile config and its heuristic, the support predicate,
-the compile cache (keyed on compile-time facts; the token count M is a runtime value) and
-the launch.
+Up to 64 tokens a second kernel (gemm_sm90_skinny) swaps the operands: the weight is the
+wgmma M operand, converted from FP8 straight into BF16 register fragments, the tokens the N
+operand, and the (64-row weight tile, K stage) units are split evenly over all SMs
+(stream-K, a small per-stream workspace for the partial sums). There the GEMM streams the
+weight once, at half of BF16's bytes.
+
+This module holds the host side: the config and its heuristic, the support predicate, the
+compile cache (keyed on compile-time facts; the token count M is a runtime value) and the
+launch (integer arguments through a reusable buffer: see launcher.py).
 """
 
 from __future__ import annotations
@@ -21,19 +27,29 @@ import torch
 
 from mxfp8_fusion.format import GROUP
 
+from .launcher import Launcher, raw_stream
+
 _TILE_M = 128  # two consumer warpgroups x 64 rows (one wgmma M)
 _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 words
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Compile-time tiling: output tile N (128 or 64), ``stages`` FP8 stages of K 128,
-    ``bf16_stages`` BF16 stages of K 64, and the persistent CTA count."""
+    """Compile-time tiling.
+
+    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_dequant): output tile N ``tile_n``
+    (128 or 64), ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 stages of K 64, and
+    the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at most
+    that many tokens (gemm_sm90_skinny): one CTA per 64 weight rows, ``stages`` FP8 stages,
+    ``consumers`` warpgroups converting alternate stages.
+    """
 
     tile_n: int = 128
     stages: int = 2
     bf16_stages: int = 4
     num_ctas: int = 132
+    tokens_tile: int = 0
+    consumers: int = 4
 
 
 # Shared memory per stage (bytes) of the dequant variant: FP8 (128 + tile_n) x 128 plus scale
@@ -44,13 +60,40 @@ class GemmConfig:
 _DEQUANT_STAGES = {128: (2, 4), 64: (4, 4)}
 
 
-def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
-    """Tile heuristic by (tokens, N, K).
+# Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
+# it in registers, while every CTA converts all tokens (so its cost grows with them).
+SKINNY_MAX_TOKENS = 64
+_SMEM_BYTES = 227 * 1024
 
-    Tile N 128 converts fewer FP8 bytes per FLOP than 64 (the A tile is shared by more
-    columns); with fewer 128 x 128 tiles than SMs the GEMM streams the weight and needs CTAs
-    on every SM, so 64 (tokens 16, N 7168: 112 CTAs).
+
+def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
+    """The swap-AB config for ``tokens`` <= SKINNY_MAX_TOKENS: wgmma N = the next power
+    of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
+
+    Four consumer warpgroups (640 threads, 96 registers each) up to 32 tokens; the 64-token
+    accumulator needs more registers, so three there (512 threads, 128 registers).
     """
+    tokens_tile = 8
+    while tokens_tile < tokens:
+        tokens_tile *= 2
+    consumers = 4 if tokens_tile <= 32 else 3
+    per_stage = (64 + tokens_tile) * 128 + 2 * _CHUNK_WORDS * 4 + 16
+    # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
+    fixed = consumers * (2 * tokens_tile * 128 + 64 * tokens_tile * 4) + 4096
+    stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
+    return GemmConfig(stages=stages, num_ctas=num_sms, tokens_tile=tokens_tile, consumers=consumers)
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
+    """Kernel and tile heuristic by (tokens, N, K).
+
+    Few tokens: the swap-AB kernel. Otherwise tile N 128 converts fewer FP8 bytes per FLOP
+    than 64 (the A tile is shared by more columns); with fewer 128 x 128 tiles than SMs the
+    GEMM streams the weight and needs CTAs on every SM, so 64.
+    """
+    if tokens <= SKINNY_MAX_TOKENS:
+        return skinny_config(tokens, num_sms)
     tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
     stages, bf16_stages = _DEQUANT_STAGES[tile_n]
     return GemmConfig(tile_n=tile_n, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms)
@@ -84,33 +127,53 @@ _TORCH_TO_CUTLASS = {
 }
 
 
+# Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
+# count and the A scale chunk count; the swap-AB kernel adds its workspace addresses.
+_KINDS = "qqqqqqii"
+_SKINNY_KINDS = _KINDS + "qq"
+
+
 @functools.cache
 def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
     """Compile for the compile-time facts only; the token count M stays a runtime value."""
-    import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
+    from cutlass.cute.runtime import make_fake_stream
 
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
-    bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else out_ty
-    from .gemm_sm90_dequant import MXFP8DequantGemmSm90
+    bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
+    if cfg.tokens_tile:
+        from .gemm_sm90_skinny import MXFP8SkinnyGemmSm90 as kernel_class
+    else:
+        from .gemm_sm90_dequant import MXFP8DequantGemmSm90 as kernel_class
 
-    kernel = MXFP8DequantGemmSm90(cfg, n, k, ld_out, bias_dtype is not None, out_ty)
-    gmem = cute.AddressSpace.gmem
-    fake = 1 << 20
-    args = (
-        make_ptr(cutlass.Float8E4M3FN, fake, gmem, assumed_align=16),
-        make_ptr(cutlass.Int32, fake, gmem, assumed_align=16),
-        make_ptr(cutlass.Float8E4M3FN, fake, gmem, assumed_align=16),
-        make_ptr(cutlass.Int32, fake, gmem, assumed_align=16),
-        make_ptr(bias_ty, fake, gmem, assumed_align=bias_ty.width // 8),
-        make_ptr(out_ty, fake, gmem, assumed_align=16),
-        cutlass.Int32(1),
-        cutlass.Int32(1),
-        cuda.CUstream(0),
-    )
-    return cute.compile(kernel, *args)
+    kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
+    fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
+    kinds = _SKINNY_KINDS if cfg.tokens_tile else _KINDS
+    return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
+
+
+# Stream-K workspace of the swap-AB kernel, per (device, stream): FP32 partial sums (two
+# slots per CTA, up to 32 values per consumer thread) and one flag per CTA. The kernel
+# re-arms every flag it raises, so one zeroed allocation serves every later launch on that
+# stream; launches on one stream never overlap. Under CUDA Graph capture each launch gets
+# its own zeroed temporaries from the graph's pool instead (the zeroing is captured too).
+_WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
+_workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, index: int, num_ctas: int):
+    def fresh():
+        partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
+        return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+
+    if torch.cuda.is_current_stream_capturing():
+        return fresh()
+    key = (index, raw_stream(index))
+    ws = _workspaces.get(key)
+    if ws is None or ws[1].numel() < num_ctas:
+        ws = _workspaces[key] = fresh()
+    return ws
 
 
 @functools.cache
@@ -124,11 +187,6 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     Call only where :func:`supported` is True. ``config`` overrides the heuristic (tests,
     benchmarks). Compiles once per (config, N, K, out row stride, out dtype, bias dtype).
     """
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
     m, k = a_values.shape
     n = b_values.shape[0]
     if m == 0:
@@ -143,21 +201,30 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
         return
     dev = a_values.device.index if a_values.device.index is not None else 0
     cfg = config or choose_config(m, n, k, _num_sms(dev))
+    if cfg.tokens_tile and m > cfg.tokens_tile:
+        raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
     bias_dtype = bias.dtype if bias is not None else None
-    fn = _compiled(cfg, n, k, out.stride(0), out.dtype, bias_dtype)
-    gmem = cute.AddressSpace.gmem
-    out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out.dtype])
-    bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias is not None else out_ty
-    bias_ptr = bias.data_ptr() if bias is not None else out.data_ptr()
-    stream = cuda.CUstream(torch.cuda.current_stream(a_values.device).cuda_stream)
-    fn(
-        make_ptr(cutlass.Float8E4M3FN, a_values.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Int32, a_scales.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Float8E4M3FN, b_values.data_ptr(), gmem, assumed_align=16),
-        make_ptr(cutlass.Int32, b_scales.data_ptr(), gmem, assumed_align=16),
-        make_ptr(bias_ty, bias_ptr, gmem, assumed_align=bias_ty.width // 8),
-        make_ptr(out_ty, out.data_ptr(), gmem, assumed_align=16),
-        cutlass.Int32(m),
-        cutlass.Int32(a_scales.numel() // (4 * _CHUNK_WORDS)),
-        stream,
+    args = (
+        a_values.data_ptr(),
+        a_scales.data_ptr(),
+        b_values.data_ptr(),
+        b_scales.data_ptr(),
+        bias.data_ptr() if bias is not None else out.data_ptr(),
+        out.data_ptr(),
+        m,
+        a_scales.numel() // (4 * _CHUNK_WORDS),
     )
+    if cfg.tokens_tile:
+        partials, flags = _workspace(a_values.device, dev, cfg.num_ctas)
+        args += (partials.data_ptr(), flags.data_ptr())
+    key = (cfg, n, k, out.stride(0), out.dtype, bias_dtype, dev)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        compiled = _compiled(*key[:-1])
+        with torch.cuda.device(dev):
+            kinds = _SKINNY_KINDS if cfg.tokens_tile else _KINDS
+            launcher = _launchers[key] = Launcher(compiled, kinds, (*args, raw_stream(dev)))
+    launcher((*args, raw_stream(dev)))
+
+
+_launchers: dict[tuple, Launcher] = {}

@@ -81,13 +81,14 @@ def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
 class MXFP8DequantGemmSm90:
     """Warp-specialized persistent MXFP8 GEMM: FP8 tiles -> scaled BF16 tiles -> BF16 wgmma."""
 
-    def __init__(self, cfg, n: int, k: int, ld_out: int, has_bias: bool, out_dtype):
+    def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         self.cfg = cfg
         self.out_dtype = out_dtype
         self.n = n
         self.k = k
         self.ld_out = ld_out
-        self.has_bias = has_bias
+        self.has_bias = bias_dtype is not None
+        self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
         self.stages8 = cfg.stages
         self.stages16 = cfg.bf16_stages
@@ -98,18 +99,28 @@ class MXFP8DequantGemmSm90:
     @cute.jit
     def __call__(
         self,
-        a_ptr: cute.Pointer,
-        sa_ptr: cute.Pointer,
-        b_ptr: cute.Pointer,
-        sb_ptr: cute.Pointer,
-        bias_ptr: cute.Pointer,
-        out_ptr: cute.Pointer,
+        a_addr: cutlass.Int64,
+        sa_addr: cutlass.Int64,
+        b_addr: cutlass.Int64,
+        sb_addr: cutlass.Int64,
+        bias_addr: cutlass.Int64,
+        out_addr: cutlass.Int64,
         m: cutlass.Int32,
         sa_chunks: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
+        # integer addresses in, pointers here: the host launches with plain scalars
+        gmem = cute.AddressSpace.gmem
+        a_ptr = cute.make_ptr(fp8, a_addr, gmem, assumed_align=16)
+        sa_ptr = cute.make_ptr(cutlass.Int32, sa_addr, gmem, assumed_align=16)
+        b_ptr = cute.make_ptr(fp8, b_addr, gmem, assumed_align=16)
+        sb_ptr = cute.make_ptr(cutlass.Int32, sb_addr, gmem, assumed_align=16)
+        bias_ptr = cute.make_ptr(
+            self.bias_dtype, bias_addr, gmem, assumed_align=self.bias_dtype.width // 8
+        )
+        out_ptr = cute.make_ptr(self.out_dtype, out_addr, gmem, assumed_align=16)
         mA = cute.make_tensor(a_ptr, cute.make_layout((m, self.k), stride=(self.k, 1)))
         mB = cute.make_tensor(b_ptr, cute.make_layout((self.n, self.k), stride=(self.k, 1)))
         mSA = cute.make_tensor(

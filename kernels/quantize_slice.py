@@ -32,11 +32,12 @@ column, the three addresses) is a runtime argument, so one compile serves every 
 safe).
 """
 
-import ctypes
 import threading
 from dataclasses import dataclass
 
 import torch
+
+from .launcher import Launcher, raw_stream
 
 _GROUP = 32
 _TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
@@ -518,67 +519,7 @@ def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     return source.device == values.device
 
 
-def _raw_stream(device_index: int) -> int:
-    # The raw handle of the current stream without building a torch.cuda.Stream object
-    # (Inductor's generated code reads it the same way).
-    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get_raw is not None:
-        return get_raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
-
-
-class _Launcher:
-    """Launches one compiled kernel on one device with reusable argument buffers.
-
-    The DSL's generic call path converts every argument on every call (about 80 us per
-    launch measured on the H200 host, which made six small launches host-bound; 13 us with
-    this launcher). The kernels take only scalars, so their C storage is allocated once here
-    and refilled per call; the compiled executor then launches from the same pointers. The
-    layout is checked once against the DSL's own marshalling; if it ever differs, the
-    generic path is used.
-    """
-
-    def __init__(self, compiled, kinds: str, probe_args: tuple) -> None:
-        self._compiled = compiled
-        self._lock = threading.Lock()
-        ctype = {"q": ctypes.c_int64, "i": ctypes.c_int32}
-        self._slots = [ctype[kind]() for kind in kinds]
-        self._stream = ctypes.c_uint64()
-        self._args = [ctypes.c_void_p(ctypes.addressof(v)) for v in self._slots]
-        self._args.append(ctypes.addressof(self._stream))
-        self._executor = None
-        try:
-            import cuda.bindings.driver as cuda
-
-            probe = (*probe_args[:-1], cuda.CUstream(probe_args[-1]))
-            generic, _ = compiled.execution_args.generate_execution_args(probe, {})
-            if self._same_layout(generic, probe_args):
-                self._executor = compiled.to(None)
-        except Exception:  # any internal change: keep the generic path
-            self._executor = None
-
-    def _same_layout(self, generic: list, probe_args: tuple) -> bool:
-        if len(generic) != len(self._slots) + 1 or isinstance(generic[-1], ctypes.c_void_p):
-            return False
-        for slot, arg, value in zip(self._slots, generic, probe_args, strict=False):
-            if type(slot).from_address(arg.value).value != value:
-                return False
-        return ctypes.c_uint64.from_address(generic[-1]).value == probe_args[-1]
-
-    def __call__(self, args: tuple) -> None:
-        if self._executor is None:
-            import cuda.bindings.driver as cuda
-
-            self._compiled(*args[:-1], cuda.CUstream(args[-1]))
-            return
-        with self._lock:
-            for slot, value in zip(self._slots, args, strict=False):
-                slot.value = value
-            self._stream.value = args[-1]
-            self._executor.run_compiled_program(self._args)
-
-
-_launchers: dict[tuple, _Launcher] = {}
+_launchers: dict[tuple, Launcher] = {}
 
 
 def _launch(config: _Config, device: int, args: tuple) -> None:
@@ -589,7 +530,7 @@ def _launch(config: _Config, device: int, args: tuple) -> None:
             launcher = _launchers.get((config, device))
             if launcher is None:
                 with torch.cuda.device(device):
-                    launcher = _Launcher(compiled, _kinds(config), args)
+                    launcher = Launcher(compiled, _kinds(config), args)
                 _launchers[(config, device)] = launcher
     launcher(args)
 
@@ -628,7 +569,7 @@ def run(
         k,
         column,
         (k // _GROUP + 3) // 4,
-        _raw_stream(device),
+        raw_stream(device),
     )
     _launch(config_for(source, tile_rows, 1, small_tokens), device, args)
 
@@ -675,7 +616,7 @@ def run_many(
         *[0] * pad,
         *columns,
         *[0] * pad,
-        _raw_stream(device),
+        raw_stream(device),
     )
     config = config_for(sources[0], tile_rows, len(sources), small_tokens)
     _launch(config, device, args)

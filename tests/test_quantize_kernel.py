@@ -206,7 +206,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = kernel._Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
+    launcher = kernel.Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
     assert launcher._same_layout(generic, probe)
     assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
 
@@ -216,7 +216,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     generic, _ = many.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = kernel._Launcher(many, kernel._MANY_KINDS, probe)
+    launcher = kernel.Launcher(many, kernel._MANY_KINDS, probe)
     assert launcher._same_layout(generic, probe)
 
 

@@ -1,0 +1,570 @@
+"""Swap-AB MXFP8 GEMM for few tokens on sm_90a (imports cutlass: load lazily).
+
+With few tokens the GEMM streams the weight: at 16 tokens (N 7168, K 43008) the 308 MB of
+E4M3 weight bytes are the whole cost, and the tiled kernel (gemm_sm90_dequant) wastes most
+of every 128-row A tile and converts the weight through shared memory twice. Here the roles
+swap: the weight is the wgmma M operand, converted by the consumer warps straight from the
+TMA'd FP8 stage into BF16 *register* fragments (RS wgmma), and the tokens are the wgmma N
+operand (8 to 64), converted to a small BF16 tile in shared memory. out^T = W . A^T.
+
+One CTA = 64 weight rows x all tokens x all of K, 1 + C warpgroups:
+
+* warpgroup 0, warp 0: TMA producer of the FP8 weight tile (64 x K 128), the token tile
+  (tokens_tile x K 128) and their 512-byte blocked-scale chunks (``load_pipe``);
+* warpgroups 1..C: consumers, warpgroup c on stages c - 1, c - 1 + C, ... (C interleaved
+  K streams, so one warpgroup's conversion overlaps the others' loads and wgmmas), each
+  with its own FP32 accumulator; at the end warpgroup 1 adds the others' partial sums in a
+  fixed order. Measured at 16 tokens (N 7168, K 43008): C = 2 / 3 / 4 gave 0.125 / 0.119 /
+  0.110 ms; the TMA stream alone (no conversion) 0.097 ms.
+
+K order inside each 32-element scale group is permuted, identically for both operands, so
+that every thread loads its weight bytes with two 8-byte loads per group and row: thread
+(g, t) of a warp holds bytes 8t..8t+7 of its rows, bytes 0-3 feeding the group's first
+k16 wgmma and 4-7 the second. The token converter writes each BF16 pair to the K slot the
+weight fragment put its partner in. The sum over K is unchanged; only its order differs
+(the same summation-order freedom the tiled kernel has).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .gemm_sm90_dequant import ONE_FACTOR_MAX, _smem_layout, dequant_pair, mul_bf16x2
+
+TILE_W = 64  # weight rows per CTA: one wgmma M
+TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
+TILE_K16 = 64  # BF16 K per token half-tile: one 128-byte swizzle row
+K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
+CHUNK_WORDS = 128
+WG_THREADS = 128
+# named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
+
+
+def _scale_factors(s):
+    """E8M0 byte -> (BF16x2 factor 2**(s - 7), BF16x2 rest past BF16's range, is-big)."""
+    e = cutlass.min(s, ONE_FACTOR_MAX) + 120
+    e2 = cutlass.max(s, ONE_FACTOR_MAX) - 7
+    rest = cutlass.select_(s == 255, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
+    return (e << 7) | (e << 23), rest, Int32(s > ONE_FACTOR_MAX)
+
+
+@dsl_user_op
+def _store_flag(ptr, value, *, loc=None, ip=None):
+    """``st.release.gpu`` of a 32-bit flag: everything this thread saw is visible first."""
+    llvm.inline_asm(
+        None,
+        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
+        "st.release.gpu.global.b32 [$0], $1;",
+        "l,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def _wait_flag(ptr, *, loc=None, ip=None):
+    """Spin with ``ld.acquire.gpu`` until the 32-bit flag is non-zero."""
+    llvm.inline_asm(
+        None,
+        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .pred p;\n.reg .b32 v;\nWAIT:\n"
+        "ld.acquire.gpu.global.b32 v, [$0];\n"
+        "setp.eq.u32 p, v, 0;\n"
+        "@p bra WAIT;\n}",
+        "l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+def _load_words(addr, count: int, align: int):
+    words = cute.make_rmem_tensor((count,), Uint32)
+    cute.autovec_copy(
+        cute.make_tensor(
+            cute.make_ptr(Uint32, addr, cute.AddressSpace.smem, assumed_align=align),
+            cute.make_layout(count),
+        ),
+        words,
+    )
+    return words
+
+
+def _store_word(addr, value):
+    word = cute.make_rmem_tensor((1,), Int32)
+    word[0] = value
+    cute.autovec_copy(
+        word,
+        cute.make_tensor(
+            cute.make_ptr(Int32, addr, cute.AddressSpace.smem, assumed_align=4),
+            cute.make_layout(1),
+        ),
+    )
+
+
+class MXFP8SkinnyGemmSm90:
+    """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
+
+    def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        self.tn = cfg.tokens_tile
+        self.stages = cfg.stages
+        self.consumers = cfg.consumers
+        self.num_ctas_cap = cfg.num_ctas
+        self.n = n
+        self.k = k
+        self.ld_out = ld_out
+        self.has_bias = bias_dtype is not None
+        self.bias_dtype = bias_dtype or out_dtype
+        self.out_dtype = out_dtype
+        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
+        self.w_tiles = (n + TILE_W - 1) // TILE_W
+        self.w_chunks = ((n + 127) // 128) * self.k_tiles
+        self.units = self.w_tiles * self.k_tiles
+        self.num_ctas = min(self.num_ctas_cap, self.units)
+
+    @cute.jit
+    def __call__(
+        self,
+        a_addr: cutlass.Int64,
+        sa_addr: cutlass.Int64,
+        b_addr: cutlass.Int64,
+        sb_addr: cutlass.Int64,
+        bias_addr: cutlass.Int64,
+        out_addr: cutlass.Int64,
+        m: cutlass.Int32,
+        sa_chunks: cutlass.Int32,
+        partials_addr: cutlass.Int64,
+        flags_addr: cutlass.Int64,
+        stream: cuda.CUstream,
+    ):
+        fp8 = cutlass.Float8E4M3FN
+        bf16 = cutlass.BFloat16
+        # integer addresses in, pointers here: the host launches with plain scalars
+        gmem = cute.AddressSpace.gmem
+        a_ptr = cute.make_ptr(fp8, a_addr, gmem, assumed_align=16)
+        sa_ptr = cute.make_ptr(cutlass.Int32, sa_addr, gmem, assumed_align=16)
+        b_ptr = cute.make_ptr(fp8, b_addr, gmem, assumed_align=16)
+        sb_ptr = cute.make_ptr(cutlass.Int32, sb_addr, gmem, assumed_align=16)
+        bias_ptr = cute.make_ptr(
+            self.bias_dtype, bias_addr, gmem, assumed_align=self.bias_dtype.width // 8
+        )
+        out_ptr = cute.make_ptr(self.out_dtype, out_addr, gmem, assumed_align=16)
+        partials_ptr = cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16)
+        flags_ptr = cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16)
+        tn = self.tn
+        frag_size = TILE_W * tn // WG_THREADS
+        # per CTA: slot 0 = its published head/middle partial, slot 1 = its own tail partial
+        mPartials = cute.make_tensor(
+            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, self.num_ctas))
+        )
+        mFlags = cute.make_tensor(flags_ptr, cute.make_layout((self.num_ctas,)))
+        mA = cute.make_tensor(a_ptr, cute.make_layout((m, self.k), stride=(self.k, 1)))
+        mW = cute.make_tensor(b_ptr, cute.make_layout((self.n, self.k), stride=(self.k, 1)))
+        mSA = cute.make_tensor(
+            sa_ptr, cute.make_layout((CHUNK_WORDS, sa_chunks), stride=(1, CHUNK_WORDS))
+        )
+        mSW = cute.make_tensor(
+            sb_ptr, cute.make_layout((CHUNK_WORDS, self.w_chunks), stride=(1, CHUNK_WORDS))
+        )
+        mD = cute.make_tensor(out_ptr, cute.make_layout((m, self.n), stride=(self.ld_out, 1)))
+        mBias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,)))
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            bf16,
+            bf16,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cutlass.Float32,
+            (1, 1, 1),
+            tiler_mn=(TILE_W, tn),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        w8_layout = _smem_layout(fp8, TILE_W, TILE_K8, self.stages)
+        a8_layout = _smem_layout(fp8, tn, TILE_K8, self.stages)
+        # per consumer warpgroup: the stage's two K halves of BF16 tokens
+        a16_layout = _smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
+        s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages), stride=(1, 1, CHUNK_WORDS))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_w, gW = cpasync.make_tiled_tma_atom(
+            g2s, mW, cute.slice_(w8_layout, (None, None, 0)), (TILE_W, TILE_K8)
+        )
+        tma_a, gA = cpasync.make_tiled_tma_atom(
+            g2s, mA, cute.slice_(a8_layout, (None, None, 0)), (tn, TILE_K8)
+        )
+        tma_sw, gSW = cpasync.make_tiled_tma_atom(
+            g2s, mSW, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
+        )
+        tma_sa, gSA = cpasync.make_tiled_tma_atom(
+            g2s, mSA, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
+        )
+        self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_WORDS * 4
+        stages = self.stages
+        red_words = (self.consumers - 1) * WG_THREADS * (TILE_W * tn // WG_THREADS)
+
+        @cute.struct
+        class Storage:
+            load_bar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            sW8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(w8_layout)], 1024]
+            sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
+            sA16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(a16_layout)], 1024]
+            sSW: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
+            sSA: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
+            sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
+
+        self.storage = Storage
+        launch = self.kernel(
+            tma_w, gW, tma_a, gA, tma_sw, gSW, tma_sa, gSA, mD, mBias, m, tiled_mma,
+            w8_layout, a8_layout, a16_layout, s_layout, mPartials, mFlags,
+        ).launch  # fmt: skip
+        launch(
+            grid=[self.num_ctas, 1, 1],
+            block=[(1 + self.consumers) * WG_THREADS, 1, 1],
+            cluster=(1, 1, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_w: cute.CopyAtom,
+        gW_full: cute.Tensor,
+        tma_a: cute.CopyAtom,
+        gA_full: cute.Tensor,
+        tma_sw: cute.CopyAtom,
+        gSW_full: cute.Tensor,
+        tma_sa: cute.CopyAtom,
+        gSA_full: cute.Tensor,
+        mD: cute.Tensor,
+        mBias: cute.Tensor,
+        m: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        w8_layout: cute.ComposedLayout,
+        a8_layout: cute.ComposedLayout,
+        a16_layout: cute.ComposedLayout,
+        s_layout: cute.Layout,
+        mPartials: cute.Tensor,
+        mFlags: cute.Tensor,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        cta, _, _ = cute.arch.block_idx()
+        # stream-K: CTA c owns the (weight tile, K stage) units [c U / G, (c + 1) U / G)
+        begin = cta * self.units // self.num_ctas
+        end = (cta + 1) * self.units // self.num_ctas
+        if warp == 0:
+            for atom in (tma_w, tma_a, tma_sw, tma_sa):
+                cpasync.prefetch_descriptor(atom)
+        st = utils.SmemAllocator().allocate(self.storage)
+        load_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.load_bar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # each stage is consumed by one warpgroup: one arrive per warp
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WG_THREADS // 32),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if warp == 0:
+            sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
+            sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+            sSW = st.sSW.get_tensor(s_layout)
+            sSA = st.sSA.get_tensor(s_layout)
+            self._producer(
+                begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
+                sW8, sA8, sSW, sSA, load_pipe,
+            )  # fmt: skip
+        elif wg >= 1:
+            sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+            self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
+                           mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
+
+    @cute.jit
+    def _producer(
+        self, begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
+        sW8, sA8, sSW, sSA, load_pipe,
+    ):  # fmt: skip
+        gW = cute.local_tile(gW_full, (TILE_W, TILE_K8), (None, None))
+        gA = cute.local_tile(gA_full, (self.tn, TILE_K8), (None, None))
+        gSW = cute.local_tile(gSW_full, (CHUNK_WORDS, 1), (None, None))
+        gSA = cute.local_tile(gSA_full, (CHUNK_WORDS, 1), (None, None))
+        one = cute.make_layout(1)
+        tWs, tWg = cpasync.tma_partition(
+            tma_w, 0, one, cute.group_modes(sW8, 0, 2), cute.group_modes(gW, 0, 2)
+        )
+        tAs, tAg = cpasync.tma_partition(
+            tma_a, 0, one, cute.group_modes(sA8, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tSWs, tSWg = cpasync.tma_partition(
+            tma_sw, 0, one, cute.group_modes(sSW, 0, 2), cute.group_modes(gSW, 0, 2)
+        )
+        tSAs, tSAg = cpasync.tma_partition(
+            tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2)
+        )
+        ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for u in range(begin, end):
+            tile = u // self.k_tiles
+            kt = u - tile * self.k_tiles
+            w_chunk0 = ((tile * TILE_W) // 128) * self.k_tiles
+            load_pipe.producer_acquire(ps)
+            bar = load_pipe.producer_get_barrier(ps)
+            cute.copy(tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar)
+            cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
+            cute.copy(
+                tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar
+            )
+            # tokens <= 128: every stage's token scales are chunk kt of row block 0
+            cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
+            load_pipe.producer_commit(ps)
+            ps.advance()
+        load_pipe.producer_tail(ps)
+
+    @cute.jit
+    def _consumer(
+        self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags,
+        load_pipe,
+    ):  # fmt: skip
+        """Segment by segment (the units of one weight tile): C interleaved K streams, their
+        partial sums added in a fixed order, then stored, published or kept for the fixup."""
+        thr = tiled_mma.get_slice(ct)
+        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, TILE_K8)))
+        # Int32 view: word rr + 2 * hi + 4 * kb = BF16 pair (row g + 8 rr, k 2t + 8 hi) of
+        # k16 block kb, the register order of the RS wgmma's A fragment
+        frag_words = cute.recast_tensor(frag, Int32)
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sA16))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_W, self.tn)), cutlass.Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+
+        w8 = st.sW8.data_ptr().toint()
+        a8 = st.sA8.data_ptr().toint()
+        sw = st.sSW.data_ptr().toint()
+        sa = st.sSA.data_ptr().toint()
+        a16 = st.sA16.data_ptr().toint() + cw * (2 * self.tn * TILE_K16 * 2)
+        kts = self.k_tiles
+        consumers = self.consumers
+        stages = self.stages
+        u = begin
+        owned = Int32(-1)  # the weight tile whose tail this CTA holds for the final fixup
+        while u < end:
+            tile = u // kts
+            tile_end = (tile + 1) * kts
+            seg_end = cutlass.min(end, tile_end)
+            # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages)
+            g = u - begin + cw
+            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            acc.fill(0.0)
+            for _i in range((seg_end - u - cw + consumers - 1) // consumers):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = self._load_weight(ct, tile, w8, sw, ls.index)
+                a_units = self._load_tokens(ct, a8, sa, ls.index)
+                # the previous stage's wgmma has read the fragment registers and token tile
+                warpgroup.wait_group(0)
+                self._store_tokens(a_units, a16)
+                # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
+                self._convert_weight(w_words, w_scales, frag_words)
+                load_pipe.consumer_release(ls)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(K_STEPS):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        frag[(None, None, kb)],
+                        tCrB[(None, None, kb % 4, 2 * cw + kb // 4)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                for _a in cutlass.range_constexpr(consumers):
+                    ls.advance()
+            warpgroup.wait_group(0)
+            self._reduce_consumers(cw, ct, st, acc)
+            if cw == 0:
+                if u == tile * kts and seg_end == tile_end:
+                    self._store_tile(thr, acc, mD, mBias, m, tile)
+                elif seg_end == tile_end:
+                    # the tile's tail: the fixup waits for the lower CTAs' parts at the end
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        mPartials[i, ct, 1, cta] = acc[i]
+                    owned = tile
+                else:
+                    # head or middle of the tile: publish it for the CTA holding the tail
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        mPartials[i, ct, 0, cta] = acc[i]
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+                    if ct == 0:
+                        _store_flag(mFlags.iterator + cta, 1)
+            u = seg_end
+        if cw == 0 and owned >= 0:
+            self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    @cute.jit
+    def _reduce_consumers(self, cw, ct, st, acc):
+        """Consumers 1.. hand their partial sums to consumer 0, which adds them in order."""
+        if cutlass.const_expr(self.consumers > 1):
+            red = st.sRed.get_tensor(
+                cute.make_layout((cute.size(acc), WG_THREADS, self.consumers - 1))
+            )
+            everyone = self.consumers * WG_THREADS
+            if cw > 0:
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    red[i, ct, cw - 1] = acc[i]
+            cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=everyone)
+            if cw == 0:
+                for c in cutlass.range_constexpr(1, self.consumers):
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + red[i, ct, c - 1]
+            # the next segment may overwrite ``red`` only after consumer 0 has read it
+            cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=everyone)
+
+    @cute.jit
+    def _fixup(self, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
+        """Sum the tile's parts in K order (published heads/middles of the lower CTAs, then
+        this CTA's tail) and store it. Waits only on lower CTAs, which never wait on
+        higher ones and start no later, so every wait ends."""
+        first = ((tile * self.k_tiles + 1) * self.num_ctas - 1) // self.units
+        acc.fill(0.0)
+        for c in range(first, cta):
+            if ct == 0:
+                _wait_flag(mFlags.iterator + c)
+            cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + mPartials[i, ct, 0, c]
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            acc[i] = acc[i] + mPartials[i, ct, 1, cta]
+        self._store_tile(thr, acc, mD, mBias, m, tile)
+        # every thread has read the parts: re-arm the flags for the next launch
+        cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+        if ct == 0:
+            for c in range(first, cta):
+                _store_flag(mFlags.iterator + c, 0)
+
+    @cute.jit
+    def _load_weight(self, ct, tile, w8, sw, stage):
+        """Thread (warp w, g, t): rows 16w + g (+ 8), bytes 8t..8t+7 of each scale group."""
+        lane = ct % 32
+        g = lane // 4
+        t = lane % 4
+        r0 = (ct // 32) * 16 + g
+        words = []
+        scales = []
+        for rr in cutlass.range_constexpr(2):
+            row = r0 + 8 * rr
+            base = w8 + stage * (TILE_W * TILE_K8) + row * TILE_K8 + (t % 2) * 8
+            for b in cutlass.range_constexpr(4):
+                words.append(_load_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
+            r = (tile * TILE_W) % 128 + row  # row within the 128-row scale chunk
+            scales.append(
+                _load_words(sw + stage * (CHUNK_WORDS * 4) + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+            )
+        return words, scales
+
+    @cute.jit
+    def _convert_weight(self, words, scales, frag_words):
+        """FP8 weight words -> the BF16 A fragment: group b's bytes 0-3 feed k16 block 2b."""
+        big = Int32(0)
+        rests = []
+        for rr in cutlass.range_constexpr(2):
+            for b in cutlass.range_constexpr(4):
+                s = Int32(scales[rr][0] >> (8 * b)) & 0xFF
+                factor, rest, is_big = _scale_factors(s)
+                rests.append(rest)
+                big = big | is_big
+                for i in cutlass.range_constexpr(2):
+                    w = words[4 * rr + b][i]
+                    for hi in cutlass.range_constexpr(2):
+                        frag_words[rr + 2 * hi + 4 * (2 * b + i)] = dequant_pair(w, factor, hi == 1)
+        if big != 0:
+            for rr in cutlass.range_constexpr(2):
+                for b in cutlass.range_constexpr(4):
+                    for i in cutlass.range_constexpr(2):
+                        for hi in cutlass.range_constexpr(2):
+                            idx = rr + 2 * hi + 4 * (2 * b + i)
+                            frag_words[idx] = mul_bf16x2(frag_words[idx], rests[4 * rr + b])
+
+    def _token_units(self, ct):
+        """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""
+        units = []
+        for i in range(max(1, self.tn * 8 // WG_THREADS)):
+            q = ct + WG_THREADS * i
+            units.append((q % self.tn, q // self.tn))
+        return units
+
+    @cute.jit
+    def _load_tokens(self, ct, a8, sa, stage):
+        loaded = []
+        for row, u in self._token_units(ct):
+            words = cute.make_rmem_tensor((4,), Uint32)
+            words.fill(0)
+            scale = cute.make_rmem_tensor((1,), Uint32)
+            scale.fill(0)
+            if u < 8:  # tokens_tile 8 leaves half the threads without a unit
+                addr = a8 + stage * (self.tn * TILE_K8) + row * TILE_K8 + ((u ^ (row % 8)) << 4)
+                cute.autovec_copy(
+                    cute.make_tensor(
+                        cute.make_ptr(Uint32, addr, cute.AddressSpace.smem, assumed_align=16),
+                        cute.make_layout(4),
+                    ),
+                    words,
+                )
+                scale[0] = _load_words(
+                    sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4
+                )[0]
+            loaded.append((row, u, words, scale))
+        return loaded
+
+    @cute.jit
+    def _store_tokens(self, loaded, a16):
+        """Unit u = bytes 16u.. of the stage: word w's pairs go to the permuted K slots.
+
+        Byte 4w + q of unit u is K 32b + 8t + 4i + q (b = u / 2, t = 2 (u % 2) + w / 2,
+        i = w % 2); the weight fragment puts it at k16 block 2b + i, slot 2t + (q % 2) +
+        8 (q / 2). As BF16 words of the stage: 16b + 8i + 4 (q / 2) + t, i.e. half b / 2,
+        16-byte chunk 4 (b % 2) + 2i + q / 2, word t of the chunk.
+        """
+        for row, u, words, scale in loaded:
+            if u < 8:
+                b = u // 2
+                s = Int32(scale[0] >> (8 * b)) & 0xFF
+                factor, rest, _ = _scale_factors(s)
+                base = a16 + (b // 2) * (self.tn * TILE_K16 * 2) + row * (TILE_K16 * 2)
+                for w in cutlass.range_constexpr(4):
+                    t = 2 * (u % 2) + w // 2
+                    for hi in cutlass.range_constexpr(2):
+                        # branch-free: ``rest`` is 1.0 for scale bytes <= 134
+                        v = mul_bf16x2(dequant_pair(words[w], factor, hi == 1), rest)
+                        chunk = 4 * (b % 2) + 2 * (w % 2) + hi
+                        _store_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
+
+    @cute.jit
+    def _store_tile(self, thr, acc, mD, mBias, m, tile):
+        """Accumulator (weight row, token) -> out[token, tile * 64 + row], bias in FP32."""
+        coords = thr.partition_C(cute.make_identity_tensor((TILE_W, self.tn)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            row, token = coords[i]
+            col = tile * TILE_W + row
+            if token < m and col < self.n:
+                v = acc[i]
+                if cutlass.const_expr(self.has_bias):
+                    v = v + mBias[col].to(cutlass.Float32)
+                mD[token, col] = v.to(mD.element_type)
