@@ -110,7 +110,7 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
     _require(k > 0 and k % GROUP == 0, ValueError, "weight", "in_features a multiple of 32", k)
     if scales is None:
         _require_source_dtype(weight, "weight")
-        values, blocked = ops.quantize(weight.contiguous())
+        values, blocked = ops.call(ops.quantize, weight.contiguous())
         return MXFP8Weight(values, blocked)
     _require(weight.dtype == VALUE_DTYPE, TypeError, "weight", "float8_e4m3fn values", weight.dtype)
     _require_tensor(scales, "scales")
@@ -213,7 +213,7 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
         f"at most {dest.capacity} rows (dest.capacity)",
         tokens,
     )
-    ops.quantize_slice_(source, dest.values, _raw(dest.scales), destination_column)
+    ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
 
 
 def mm_quantized(
@@ -235,8 +235,14 @@ def mm_quantized(
     _check_bias(bias, weight)
     out_dtype = inp.dtype if out_dtype is None else out_dtype
     _require(out_dtype in SOURCE_DTYPES, TypeError, "out_dtype", "bfloat16 or float16", out_dtype)
-    return ops.mm(
-        inp.values[:tokens], _raw(inp.scales), weight.values, _raw(weight.scales), bias, out_dtype
+    return ops.call(
+        ops.mm,
+        inp.values[:tokens],
+        _raw(inp.scales),
+        weight.values,
+        _raw(weight.scales),
+        bias,
+        out_dtype,
     )
 
 
@@ -271,8 +277,14 @@ def mm_quantized_into(
         f"shape [>= {tokens}, {n}]",
         tuple(out.shape),
     )
-    ops.mm_into(
-        inp.values[:tokens], _raw(inp.scales), weight.values, _raw(weight.scales), bias, out
+    ops.call(
+        ops.mm_into,
+        inp.values[:tokens],
+        _raw(inp.scales),
+        weight.values,
+        _raw(weight.scales),
+        bias,
+        out,
     )
     return out[:tokens]
 
@@ -293,7 +305,7 @@ def quantize(x: Tensor) -> MXFP8Input:
         "a width that is a multiple of 32",
         x.shape[1],
     )
-    values, scales = ops.quantize(x)
+    values, scales = ops.call(ops.quantize, x)
     return MXFP8Input(values, scales, x.dtype)
 
 
@@ -323,4 +335,4 @@ def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
         x.shape[1],
     )
     _check_bias(bias, weight)
-    return ops.linear(x, weight.values, _raw(weight.scales), bias)
+    return ops.call(ops.linear, x, weight.values, _raw(weight.scales), bias)

@@ -16,6 +16,7 @@ import warnings
 
 import torch
 from torch import Tensor
+from torch.utils import _python_dispatch
 
 from . import reference
 from .format import SCALE_DTYPE, VALUE_DTYPE, scale_bytes
@@ -47,8 +48,7 @@ def _out_shape(a_values: Tensor, b_values: Tensor) -> tuple:
 # --- slice quantizer (mutating) --------------------------------------------------------
 
 
-@torch.library.custom_op("mxfp8::quantize_slice_", mutates_args=("values", "scales"))
-def quantize_slice_(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
+def _quantize_slice_body(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
     """Quantize ``source`` ``[tokens, width]`` into columns ``[column, column+width)``."""
     if source.shape[0] == 0:
         return
@@ -59,13 +59,17 @@ def quantize_slice_(source: Tensor, values: Tensor, scales: Tensor, column: int)
     reference.quantize_slice_(source, values, scales, column)
 
 
+quantize_slice_ = torch.library.custom_op(
+    "mxfp8::quantize_slice_", mutates_args=("values", "scales")
+)(_quantize_slice_body)
+
+
 @quantize_slice_.register_fake
 def _(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
     return None
 
 
-@torch.library.custom_op("mxfp8::quantize_slices_", mutates_args=("values", "scales"))
-def quantize_slices_(
+def _quantize_slices_body(
     sources: list[Tensor], values: Tensor, scales: Tensor, columns: list[int]
 ) -> None:
     """Quantize each ``sources[i]`` into columns starting at ``columns[i]``: the bytes of
@@ -76,7 +80,12 @@ def quantize_slices_(
         kernels.quantize_slices(sources, values, scales, columns)
         return
     for source, column in zip(sources, columns, strict=True):
-        quantize_slice_(source, values, scales, column)
+        _quantize_slice_body(source, values, scales, column)
+
+
+quantize_slices_ = torch.library.custom_op(
+    "mxfp8::quantize_slices_", mutates_args=("values", "scales")
+)(_quantize_slices_body)
 
 
 @quantize_slices_.register_fake
@@ -87,8 +96,7 @@ def _(sources: list[Tensor], values: Tensor, scales: Tensor, columns: list[int])
 # --- one-shot quantize (functional) ----------------------------------------------------
 
 
-@torch.library.custom_op("mxfp8::quantize", mutates_args=())
-def quantize(x: Tensor) -> tuple[Tensor, Tensor]:
+def _quantize_body(x: Tensor) -> tuple[Tensor, Tensor]:
     """Quantize ``x`` ``[rows, K]``: ``(values [rows, K] e4m3, blocked scales e8m0)``."""
     values, scales = _empty_storage(x.shape[0], x.shape[1], x.device)
     if x.shape[0] == 0:
@@ -98,6 +106,9 @@ def quantize(x: Tensor) -> tuple[Tensor, Tensor]:
         return values, scales
     _fallback_warning("slice quantizer", x.device)
     return reference.quantize(x)
+
+
+quantize = torch.library.custom_op("mxfp8::quantize", mutates_args=())(_quantize_body)
 
 
 @quantize.register_fake
@@ -118,8 +129,7 @@ def _mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
     reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
 
 
-@torch.library.custom_op("mxfp8::mm_into", mutates_args=("out",))
-def mm_into(
+def _mm_into_body(
     a_values: Tensor,
     a_scales: Tensor,
     b_values: Tensor,
@@ -131,13 +141,15 @@ def mm_into(
     _mm_into(a_values, a_scales, b_values, b_scales, bias, out)
 
 
+mm_into = torch.library.custom_op("mxfp8::mm_into", mutates_args=("out",))(_mm_into_body)
+
+
 @mm_into.register_fake
 def _(a_values, a_scales, b_values, b_scales, bias, out) -> None:
     return None
 
 
-@torch.library.custom_op("mxfp8::mm", mutates_args=())
-def mm(
+def _mm_body(
     a_values: Tensor,
     a_scales: Tensor,
     b_values: Tensor,
@@ -151,6 +163,9 @@ def mm(
     return out
 
 
+mm = torch.library.custom_op("mxfp8::mm", mutates_args=())(_mm_body)
+
+
 @mm.register_fake
 def _(a_values, a_scales, b_values, b_scales, bias, out_dtype):
     return a_values.new_empty(_out_shape(a_values, b_values), dtype=out_dtype)
@@ -159,13 +174,53 @@ def _(a_values, a_scales, b_values, b_scales, bias, out_dtype):
 # --- one-shot linear (quantize + GEMM) -------------------------------------------------
 
 
-@torch.library.custom_op("mxfp8::linear", mutates_args=())
-def linear(x: Tensor, b_values: Tensor, b_scales: Tensor, bias: Tensor | None) -> Tensor:
+def _linear_body(x: Tensor, b_values: Tensor, b_scales: Tensor, bias: Tensor | None) -> Tensor:
     """Quantize ``x`` ``[M, K]`` to MXFP8, then ``x_q @ B.T (+ bias)`` in ``x.dtype``."""
-    a_values, a_scales = quantize(x)
-    return mm(a_values, a_scales, b_values, b_scales, bias, x.dtype)
+    a_values, a_scales = _quantize_body(x)
+    return _mm_body(a_values, a_scales, b_values, b_scales, bias, x.dtype)
+
+
+linear = torch.library.custom_op("mxfp8::linear", mutates_args=())(_linear_body)
 
 
 @linear.register_fake
 def _(x, b_values, b_scales, bias):
     return x.new_empty(_out_shape(x, b_values))
+
+
+# --- eager calls -----------------------------------------------------------------------
+
+_BODIES = {
+    quantize_slice_: _quantize_slice_body,
+    quantize_slices_: _quantize_slices_body,
+    quantize: _quantize_body,
+    mm_into: _mm_into_body,
+    mm: _mm_body,
+    linear: _linear_body,
+}
+
+
+def call(op, *args):
+    """Run custom op ``op`` from eager code.
+
+    The dispatcher layers of ``torch.library.custom_op`` (autograd wrapper, in-place version
+    bumps, default filling) cost 15-80 us of host time per call: more than a slice
+    quantization or a few-token GEMM runs on the GPU, and six of them made the staged path
+    host-bound. They are needed only while tracing (torch.compile, fake tensors, a dispatch
+    mode), for tensor subclasses, or when autograd records; a plain inference call runs the
+    op's body directly, with the same result.
+    """
+    if _needs_dispatcher(args):
+        return op(*args)
+    return _BODIES[op](*args)
+
+
+def _needs_dispatcher(args) -> bool:
+    if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
+        return True
+    grad = torch.is_grad_enabled()
+    for arg in args:
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(t, Tensor) and (type(t) is not Tensor or (grad and t.requires_grad)):
+                return True
+    return False
