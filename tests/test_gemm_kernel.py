@@ -75,8 +75,8 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
     cfg = g.choose_config(tokens, 256, 512)
     compiled = g._compiled(cfg, 256, 512, 256, torch.bfloat16, None)
     kinds = g._SKINNY_KINDS if cfg.tokens_tile else g._KINDS
-    probe = tuple((1 << 40) + 4096 * i for i in range(6)) + (tokens, 3)
-    probe += tuple((1 << 41) + 512 * i for i in range(len(kinds) - len(probe))) + (0xABC,)
+    probe = (*((1 << 40) + 4096 * i for i in range(6)), tokens, 3)
+    probe = (*probe, *((1 << 41) + 512 * i for i in range(len(kinds) - len(probe))), 0xABC)
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
