@@ -1,0 +1,511 @@
+"""The tiled MXFP8 GEMM for sm_90a, A in registers (imports cutlass: load lazily).
+
+An E4M3 value times a power of two is exactly a BF16 value, so both operands are scaled to
+BF16 and multiplied by BF16 wgmma with FP32 accumulation: the only difference from the
+reference is summation order. The token operand A never passes through shared memory as
+BF16: each consumer warpgroup converts its own 64 rows from the TMA'd FP8 stage straight
+into the register fragments of an RS wgmma. Only the weight operand B is converted into a
+BF16 shared-memory tile, by dedicated converter warps.
+
+One CTA = 4 warpgroups (128 x tile_n output tile), persistent over output tiles:
+
+* warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
+  blocked-scale chunks (``load_pipe``, released by converters and consumers);
+* warpgroup 1: B converter, FP8 stage -> two BF16 stages of K 64 (``conv_pipe``). Per
+  32-element unit: two 16-byte shared loads, 16 x (PRMT, SHL, AND, HMUL2), four 16-byte
+  shared stores, conflict-free under the 128-byte swizzle;
+* warpgroups 2-3: consumers, 64 A rows each: per K 64, convert A into the fragment, then
+  four m64 x tile_n x k16 wgmmas against the BF16 B stage.
+
+K order inside each 32-element scale group is permuted identically for A (thread (g, t)
+holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
+BF16 B tile, as in gemm_sm90_skinny.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Int32, Uint32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .gemm_sm90_dequant import _smem_layout, dequant_pair, mul_bf16x2
+from .gemm_sm90_skinny import _load_words, _scale_factors
+
+TILE_M = 128
+TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
+TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
+HALVES = TILE_K8 // TILE_K16
+CHUNK_WORDS = 128
+WG_THREADS = 128
+# One B-converter warpgroup: 512 threads leave ptxas 128 registers each. With two (640
+# threads, 96 registers) the 64 x 128 accumulator, the A fragment and the converter state
+# spill and ptxas serializes the wgmmas (C7511).
+CONVERT_WGS = 1
+CONVERT_WG0 = 1  # warpgroup 1 converts B; 2-3 convert A and run the wgmma
+CONVERT_THREADS = CONVERT_WGS * WG_THREADS
+CONSUMER_WG0 = 1 + CONVERT_WGS
+NUM_WG = 3 + CONVERT_WGS
+
+
+class MXFP8RsGemmSm90:
+    """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
+
+    def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        self.cfg = cfg
+        self.out_dtype = out_dtype
+        self.n = n
+        self.k = k
+        self.ld_out = ld_out
+        self.has_bias = bias_dtype is not None
+        self.bias_dtype = bias_dtype or out_dtype
+        self.tile_n = cfg.tile_n
+        self.stages8 = cfg.stages
+        self.stages16 = cfg.bf16_stages
+        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
+        self.n_tiles = (n + self.tile_n - 1) // self.tile_n
+        self.b_chunks = ((n + 127) // 128) * self.k_tiles
+
+    @cute.jit
+    def __call__(
+        self,
+        a_addr: cutlass.Int64,
+        sa_addr: cutlass.Int64,
+        b_addr: cutlass.Int64,
+        sb_addr: cutlass.Int64,
+        bias_addr: cutlass.Int64,
+        out_addr: cutlass.Int64,
+        m: cutlass.Int32,
+        sa_chunks: cutlass.Int32,
+        stream: cuda.CUstream,
+    ):
+        fp8 = cutlass.Float8E4M3FN
+        bf16 = cutlass.BFloat16
+        gmem = cute.AddressSpace.gmem
+        a_ptr = cute.make_ptr(fp8, a_addr, gmem, assumed_align=16)
+        sa_ptr = cute.make_ptr(cutlass.Int32, sa_addr, gmem, assumed_align=16)
+        b_ptr = cute.make_ptr(fp8, b_addr, gmem, assumed_align=16)
+        sb_ptr = cute.make_ptr(cutlass.Int32, sb_addr, gmem, assumed_align=16)
+        bias_ptr = cute.make_ptr(
+            self.bias_dtype, bias_addr, gmem, assumed_align=self.bias_dtype.width // 8
+        )
+        out_ptr = cute.make_ptr(self.out_dtype, out_addr, gmem, assumed_align=16)
+        mA = cute.make_tensor(a_ptr, cute.make_layout((m, self.k), stride=(self.k, 1)))
+        mB = cute.make_tensor(b_ptr, cute.make_layout((self.n, self.k), stride=(self.k, 1)))
+        mSA = cute.make_tensor(
+            sa_ptr, cute.make_layout((CHUNK_WORDS, sa_chunks), stride=(1, CHUNK_WORDS))
+        )
+        mSB = cute.make_tensor(
+            sb_ptr, cute.make_layout((CHUNK_WORDS, self.b_chunks), stride=(1, CHUNK_WORDS))
+        )
+        mD = cute.make_tensor(out_ptr, cute.make_layout((m, self.n), stride=(self.ld_out, 1)))
+        mBias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,)))
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            bf16,
+            bf16,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cutlass.Float32,
+            (1, 1, 1),
+            tiler_mn=(64, self.tile_n),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        a8_layout = _smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
+        b8_layout = _smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
+        b16_layout = _smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
+        # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
+        s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, gA = cpasync.make_tiled_tma_atom(
+            g2s, mA, cute.slice_(a8_layout, (None, None, 0)), (TILE_M, TILE_K8)
+        )
+        tma_b, gB = cpasync.make_tiled_tma_atom(
+            g2s, mB, cute.slice_(b8_layout, (None, None, 0)), (self.tile_n, TILE_K8)
+        )
+        tma_sa, gSA = cpasync.make_tiled_tma_atom(
+            g2s, mSA, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
+        )
+        tma_sb, gSB = cpasync.make_tiled_tma_atom(
+            g2s, mSB, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
+        )
+        self.tx_bytes = (TILE_M + self.tile_n) * TILE_K8 + 2 * CHUNK_WORDS * 4
+
+        sched = utils.PersistentTileSchedulerParams(
+            ((m + TILE_M - 1) // TILE_M, self.n_tiles, 1), (1, 1, 1)
+        )
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.cfg.num_ctas)
+        stages8 = self.stages8
+        stages16 = self.stages16
+
+        @cute.struct
+        class Storage:
+            load_bar: cute.struct.MemRange[cutlass.Int64, stages8 * 2]
+            conv_bar: cute.struct.MemRange[cutlass.Int64, stages16 * 2]
+            sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
+            sB8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(b8_layout)], 1024]
+            sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
+            sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
+            sSB: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
+
+        self.storage = Storage
+        launch = self.kernel(
+            tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, mD, mBias, m, tiled_mma,
+            a8_layout, b8_layout, b16_layout, s_layout, sched,
+        ).launch  # fmt: skip
+        launch(
+            grid=grid,
+            block=[WG_THREADS * NUM_WG, 1, 1],
+            cluster=(1, 1, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_a: cute.CopyAtom,
+        gA_full: cute.Tensor,
+        tma_b: cute.CopyAtom,
+        gB_full: cute.Tensor,
+        tma_sa: cute.CopyAtom,
+        gSA_full: cute.Tensor,
+        tma_sb: cute.CopyAtom,
+        gSB_full: cute.Tensor,
+        mD: cute.Tensor,
+        mBias: cute.Tensor,
+        m: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        a8_layout: cute.ComposedLayout,
+        b8_layout: cute.ComposedLayout,
+        b16_layout: cute.ComposedLayout,
+        s_layout: cute.Layout,
+        sched_params: utils.PersistentTileSchedulerParams,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        if warp == 0:
+            for atom in (tma_a, tma_b, tma_sa, tma_sb):
+                cpasync.prefetch_descriptor(atom)
+        st = utils.SmemAllocator().allocate(self.storage)
+        load_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.load_bar.data_ptr(),
+            num_stages=self.stages8,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # the B converters and the A-converting consumers both read each FP8 stage
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, (CONVERT_THREADS + 2 * WG_THREADS) // 32
+            ),
+            tx_count=self.tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        conv_pipe = pipeline.PipelineAsync.create(
+            barrier_storage=st.conv_bar.data_ptr(),
+            num_stages=self.stages16,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERT_THREADS),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * WG_THREADS),
+            defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if warp == 0:
+            sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+            sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
+            sSA = st.sSA.get_tensor(s_layout)
+            sSB = st.sSB.get_tensor(s_layout)
+            self._producer(
+                tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
+                sA8, sB8, sSA, sSB, load_pipe, sched_params,
+            )  # fmt: skip
+        elif wg >= CONVERT_WG0 and wg < CONSUMER_WG0:
+            self._converter(tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, sched_params)
+        elif wg >= CONSUMER_WG0:
+            sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
+            self._consumer(
+                wg - CONSUMER_WG0, tidx % WG_THREADS, tiled_mma, st, sB16, mD, mBias, m,
+                load_pipe, conv_pipe, sched_params,
+            )  # fmt: skip
+
+    @cute.jit
+    def _producer(
+        self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
+        sA8, sB8, sSA, sSB, load_pipe, sched_params,
+    ):  # fmt: skip
+        gA = cute.local_tile(gA_full, (TILE_M, TILE_K8), (None, None))
+        gB = cute.local_tile(gB_full, (self.tile_n, TILE_K8), (None, None))
+        gSA = cute.local_tile(gSA_full, (CHUNK_WORDS, 1), (None, None))
+        gSB = cute.local_tile(gSB_full, (CHUNK_WORDS, 1), (None, None))
+        one = cute.make_layout(1)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_a, 0, one, cute.group_modes(sA8, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_b, 0, one, cute.group_modes(sB8, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+        tSAs, tSAg = cpasync.tma_partition(
+            tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2)
+        )
+        tSBs, tSBg = cpasync.tma_partition(
+            tma_sb, 0, one, cute.group_modes(sSB, 0, 2), cute.group_modes(gSB, 0, 2)
+        )
+        k_tiles = self.k_tiles
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
+        while work.is_valid_tile:
+            tm = work.tile_idx[0]
+            tn = work.tile_idx[1]
+            b_chunk0 = ((tn * self.tile_n) // 128) * k_tiles
+            a_chunk0 = tm * k_tiles
+            for kt in range(k_tiles):
+                load_pipe.producer_acquire(ps)
+                bar = load_pipe.producer_get_barrier(ps)
+                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
+                cute.copy(
+                    tma_sa, tSAg[(None, 0, a_chunk0 + kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar
+                )
+                cute.copy(
+                    tma_sb, tSBg[(None, 0, b_chunk0 + kt)], tSBs[(None, ps.index)], tma_bar_ptr=bar
+                )
+                load_pipe.producer_commit(ps)
+                ps.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        load_pipe.producer_tail(ps)
+
+    @cute.jit
+    def _converter(self, ct, st, load_pipe, conv_pipe, sched_params):
+        """B half of each FP8 stage -> one scaled BF16 stage of K 64, K permuted per group."""
+        b8 = st.sB8.data_ptr().toint()
+        b16 = st.sB16.data_ptr().toint()
+        sb = st.sSB.data_ptr().toint()
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
+        cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
+        while work.is_valid_tile:
+            tn = work.tile_idx[1]
+            b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
+            for _kt in range(self.k_tiles):
+                load_pipe.consumer_wait(ls)
+                first = cs.clone()
+                for h in cutlass.range_constexpr(HALVES):
+                    if cutlass.const_expr(h > 0):
+                        cs.advance()
+                    conv_pipe.producer_acquire(cs)
+                    self._convert_b(
+                        ct,
+                        h,
+                        b_row0,
+                        b8 + ls.index * (self.tile_n * TILE_K8),
+                        sb + ls.index * (CHUNK_WORDS * 4),
+                        b16 + cs.index * (self.tile_n * TILE_K16 * 2),
+                    )
+                # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+                cute.arch.fence_proxy("async.shared", space="cta")
+                conv_pipe.producer_commit(first)
+                conv_pipe.producer_commit(cs)
+                cs.advance()
+                load_pipe.consumer_release(ls)
+                ls.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    @cute.jit
+    def _convert_b(self, ct, h: int, b_row0, src, scales, dst):
+        """Unit (row, j): the 32 FP8 bytes of scale group 2h + j of ``row``.
+
+        Thread ct takes rows (ct / 16) * 8 + ct % 8 + 64 u (u < tile N / 64) and j = (ct / 8)
+        % 2: eight consecutive threads hold eight consecutive rows, so under the 128-byte
+        swizzle each quarter-warp's loads and stores hit 8 distinct 16-byte chunks. Output
+        chunk 4j + 2i + hi of the BF16 row holds, in word t, the pair ``hi`` of FP8 word
+        4 (t / 2) + 2 (t % 2) + i of the unit (the K slot the A fragment gives it).
+        """
+        smem = cute.AddressSpace.smem
+        j = (ct // 8) % 2
+        units = 2 * self.tile_n // CONVERT_THREADS
+        if cutlass.const_expr(units >= 1):
+            rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
+            # all loads first, then the arithmetic, then the stores: one basic block
+            loaded = []
+            for row in rows:
+                words = cute.make_rmem_tensor((8,), Uint32)
+                for q in cutlass.range_constexpr(2):
+                    chunk = ((4 * h + 2 * j + q) ^ (row % 8)) << 4
+                    cute.autovec_copy(
+                        cute.make_tensor(
+                            cute.make_ptr(
+                                Uint32, src + row * TILE_K8 + chunk, smem, assumed_align=16
+                            ),
+                            cute.make_layout(4),
+                        ),
+                        cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
+                    )
+                r = b_row0 + row
+                sword = _load_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+                loaded.append((words, sword))
+            outs = []
+            big = Int32(0)
+            rests = []
+            for words, sword in loaded:
+                s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
+                factor, rest, is_big = _scale_factors(s)
+                big = big | is_big
+                rests.append(rest)
+                out = cute.make_rmem_tensor((16,), Int32)
+                for i in cutlass.range_constexpr(2):
+                    for hi in cutlass.range_constexpr(2):
+                        for t in cutlass.range_constexpr(4):
+                            w = words[4 * (t // 2) + 2 * (t % 2) + i]
+                            out[4 * (2 * i + hi) + t] = dequant_pair(w, factor, hi == 1)
+                outs.append(out)
+            if big != 0:
+                for out, rest in zip(outs, rests, strict=True):
+                    for x in cutlass.range_constexpr(16):
+                        out[x] = mul_bf16x2(out[x], rest)
+            for row, out in zip(rows, outs, strict=True):
+                for c in cutlass.range_constexpr(4):
+                    dst_addr = dst + row * (TILE_K16 * 2) + (((4 * j + c) ^ (row % 8)) << 4)
+                    cute.autovec_copy(
+                        cute.make_tensor(out.iterator + 4 * c, cute.make_layout(4)),
+                        cute.make_tensor(
+                            cute.make_ptr(Int32, dst_addr, smem, assumed_align=16),
+                            cute.make_layout(4),
+                        ),
+                    )
+        else:
+            raise ValueError("tile N below one unit per converter thread")
+
+    @cute.jit
+    def _consumer(
+        self, cwg, ct, tiled_mma, st, sB16, mD, mBias, m, load_pipe, conv_pipe, sched_params
+    ):  # fmt: skip
+        thr = tiled_mma.get_slice(ct)
+        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((64, TILE_K16)))
+        # Int32 view: word rr + 2 * hi + 4 * kb = BF16 pair (row g + 8 rr, k 2t + 8 hi) of
+        # k16 block kb, the register order of the RS wgmma's A fragment
+        frag_words = cute.recast_tensor(frag, Int32)
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, self.tile_n)), cutlass.Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        a8 = st.sA8.data_ptr().toint()
+        sa = st.sSA.data_ptr().toint()
+        lane = ct % 32
+        row0 = cwg * 64 + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
+        t = lane % 4
+
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
+        rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
+        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
+        while work.is_valid_tile:
+            tm = work.tile_idx[0]
+            tn = work.tile_idx[1]
+            live = tm * TILE_M + cwg * 64 < m
+            acc.fill(0.0)
+            for _kt in range(self.k_tiles):
+                load_pipe.consumer_wait(ls)
+                for h in cutlass.range_constexpr(HALVES):
+                    conv_pipe.consumer_wait(rs)
+                    if live:
+                        words, scales = self._load_a(row0, t, h, a8, sa, ls.index)
+                        # the previous half's wgmmas have read the fragment and their B stage
+                        warpgroup.wait_group(0)
+                        if rel.count < rs.count:
+                            conv_pipe.consumer_release(rel)
+                            rel.advance()
+                        self._convert_a(h, words, scales, frag_words)
+                        if cutlass.const_expr(h == HALVES - 1):
+                            load_pipe.consumer_release(ls)
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(TILE_K16 // 16):
+                            cute.gemm(
+                                tiled_mma,
+                                acc,
+                                frag[(None, None, kb)],
+                                tCrB[(None, None, kb, rs.index)],
+                                acc,
+                            )
+                        warpgroup.commit_group()
+                    else:
+                        # every row of this warpgroup lies past M: keep the pipelines in step
+                        conv_pipe.consumer_release(rs)
+                        rel.advance()
+                        if cutlass.const_expr(h == HALVES - 1):
+                            load_pipe.consumer_release(ls)
+                    rs.advance()
+                ls.advance()
+            if live:
+                warpgroup.wait_group(0)
+                conv_pipe.consumer_release(rel)
+                rel.advance()
+                self._epilogue(acc, thr, mD, mBias, m, tm * TILE_M + cwg * 64, tn)
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+
+    @cute.jit
+    def _load_a(self, row0, t, h: int, a8, sa, stage):
+        """Bytes 8t..8t+7 of scale groups 2h, 2h + 1 of rows row0 and row0 + 8."""
+        words = []
+        scales = []
+        for rr in cutlass.range_constexpr(2):
+            row = row0 + 8 * rr
+            base = a8 + stage * (TILE_M * TILE_K8) + row * TILE_K8 + (t % 2) * 8
+            for g in cutlass.range_constexpr(2):
+                b = 2 * h + g
+                words.append(_load_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
+            scales.append(
+                _load_words(sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4)
+            )
+        return words, scales
+
+    @cute.jit
+    def _convert_a(self, h: int, words, scales, frag_words):
+        """Group g (2h + g of the stage): bytes 0-3 feed k16 block 2g of the half, 4-7 2g + 1."""
+        big = Int32(0)
+        rests = []
+        for rr in cutlass.range_constexpr(2):
+            for g in cutlass.range_constexpr(2):
+                s = Int32(scales[rr][0] >> (8 * (2 * h + g))) & 0xFF
+                factor, rest, is_big = _scale_factors(s)
+                rests.append(rest)
+                big = big | is_big
+                for i in cutlass.range_constexpr(2):
+                    w = words[2 * rr + g][i]
+                    for hi in cutlass.range_constexpr(2):
+                        frag_words[rr + 2 * hi + 4 * (2 * g + i)] = dequant_pair(w, factor, hi == 1)
+        if big != 0:
+            for rr in cutlass.range_constexpr(2):
+                for g in cutlass.range_constexpr(2):
+                    for i in cutlass.range_constexpr(2):
+                        for hi in cutlass.range_constexpr(2):
+                            idx = rr + 2 * hi + 4 * (2 * g + i)
+                            frag_words[idx] = mul_bf16x2(frag_words[idx], rests[2 * rr + g])
+
+    @cute.jit
+    def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):
+        """Bias in FP32, round once, stores of rows < M and columns < N (64-row sub-tile)."""
+        coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[i]
+            row = row0 + r
+            col = tn * self.tile_n + c
+            if row < m and col < self.n:
+                v = acc[i]
+                if cutlass.const_expr(self.has_bias):
+                    v = v + mBias[col].to(cutlass.Float32)
+                mD[row, col] = v.to(mD.element_type)
