@@ -1,17 +1,19 @@
 """CuTe DSL MXFP8 GEMM for sm_90a: ``out[:M] = dequant(A) @ dequant(B).T (+ bias)``.
 
 Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
-exactly a BF16 value, so the kernel (gemm_sm90_dequant) scales each FP8 tile into a BF16 tile
-in shared memory and runs BF16 wgmma with FP32 accumulation: the result differs from the
-exact-FP32 reference only by summation order. (The alternative, FP8 wgmma per 32-K group
-plus an FP32 promotion ``acc += tmp * sa * sb``, measured the same speed at 4096 tokens but
-its FP8 tensor-core group sums truncate small products; benchmarks/GEMM_LOG.md.)
+exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run BF16 wgmma
+with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
+order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
+sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
+benchmarks/GEMM_LOG.md.)
 
-Up to 64 tokens a second kernel (gemm_sm90_skinny) swaps the operands: the weight is the
-wgmma M operand, converted from FP8 straight into BF16 register fragments, the tokens the N
-operand, and the (64-row weight tile, K stage) units are split evenly over all SMs
-(stream-K, a small per-stream workspace for the partial sums). There the GEMM streams the
-weight once, at half of BF16's bytes.
+* gemm_sm90_tiled (more than 64 tokens): 128 x 128 (or 128 x 64) output tiles, persistent;
+  consumer warpgroups convert their A rows straight into RS-wgmma register fragments, one
+  converter warpgroup turns the weight tile into BF16 shared memory.
+* gemm_sm90_skinny (up to 64 tokens): the operands swap, the weight is the wgmma M operand
+  converted into register fragments, the tokens the N operand; the (64-row weight tile, K
+  stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
+  the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
 
 This module holds the host side: the config and its heuristic, the support predicate, the
 compile cache (keyed on compile-time facts; the token count M is a runtime value) and the
@@ -37,33 +39,26 @@ _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 wor
 class GemmConfig:
     """Compile-time tiling.
 
-    ``tokens_tile`` 0 picks a tiled kernel: with ``a_in_registers`` gemm_sm90_rs (A
-    converted into wgmma register fragments, the default), else gemm_sm90_dequant (both
-    operands through BF16 shared memory); output tile N ``tile_n`` (128 or 64), ``stages``
-    FP8 stages of K 128, ``bf16_stages`` BF16 stages of K 64, the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at most
+    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile N ``tile_n``
+    (128 or 64), ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K
+    64, and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at most
     that many tokens (gemm_sm90_skinny): one CTA per 64 weight rows, ``stages`` FP8 stages,
     ``consumers`` warpgroups converting alternate stages.
     """
 
     tile_n: int = 128
-    stages: int = 2
+    stages: int = 4
     bf16_stages: int = 4
     num_ctas: int = 132
     tokens_tile: int = 0
     consumers: int = 4
-    a_in_registers: bool = False
 
 
-# Shared memory per stage (bytes) of the dequant variant: FP8 (128 + tile_n) x 128 plus scale
-# chunks, BF16 (128 + tile_n) x 64 x 2: 2 + 4 stages (tile N 128) or 4 + 4 (64) fill the
-# 227 KB a CTA may use. Tile N 256 would need a 128-register accumulator per consumer thread,
-# past the 96 registers ptxas gives each of the kernel's 640 threads. Measured at 4096 tokens
-# (N 7168, K 43008): 2 + 4 stages 6.21 ms, 3 + 3 stages 6.69 ms.
-_DEQUANT_STAGES = {128: (2, 4), 64: (4, 4)}
-# The A-in-registers kernel (gemm_sm90_rs) keeps only B's BF16 stages in shared memory.
-# Measured at 4096 tokens (tile 128): FP8 + BF16 stages 4 + 4 5.29 ms, 3 + 6 5.64 ms, 2 + 8
-# 6.04 ms; the shared-memory kernel 6.16 ms in the same run.
-_RS_STAGES = {128: (4, 4), 64: (4, 4)}
+# FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
+# 128) and their scale chunks, a BF16 stage B only (tile N x K 64). Measured at 4096 tokens
+# (tile 128, one run): 4 + 4 5.29 ms, 3 + 6 5.64 ms, 2 + 8 6.04 ms; the earlier kernel that
+# also staged A as BF16 in shared memory 6.16 ms (benchmarks/GEMM_LOG.md).
+_TILED_STAGES = {128: (4, 4), 64: (4, 4)}
 
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
@@ -94,21 +89,15 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
     """Kernel and tile heuristic by (tokens, N, K).
 
-    Few tokens: the swap-AB kernel. Otherwise tile N 128 converts fewer FP8 bytes per FLOP
-    than 64 (the A tile is shared by more columns); with fewer 128 x 128 tiles than SMs the
-    GEMM streams the weight and needs CTAs on every SM, so 64.
+    Few tokens: the swap-AB kernel. Otherwise the tiled kernel: tile N 128 converts fewer FP8
+    bytes per FLOP than 64 (each weight tile serves more rows); with fewer 128 x 128 tiles
+    than SMs the GEMM streams the weight and needs CTAs on every SM, so 64.
     """
     if tokens <= SKINNY_MAX_TOKENS:
         return skinny_config(tokens, num_sms)
     tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
-    stages, bf16_stages = _RS_STAGES[tile_n]
-    return GemmConfig(
-        tile_n=tile_n,
-        stages=stages,
-        bf16_stages=bf16_stages,
-        num_ctas=num_sms,
-        a_in_registers=True,
-    )
+    stages, bf16_stages = _TILED_STAGES[tile_n]
+    return GemmConfig(tile_n=tile_n, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms)
 
 
 def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
@@ -156,10 +145,8 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
     if cfg.tokens_tile:
         from .gemm_sm90_skinny import MXFP8SkinnyGemmSm90 as kernel_class
-    elif cfg.a_in_registers:
-        from .gemm_sm90_rs import MXFP8RsGemmSm90 as kernel_class
     else:
-        from .gemm_sm90_dequant import MXFP8DequantGemmSm90 as kernel_class
+        from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
     fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}

@@ -1,7 +1,7 @@
 """Swap-AB MXFP8 GEMM for few tokens on sm_90a (imports cutlass: load lazily).
 
 With few tokens the GEMM streams the weight: at 16 tokens (N 7168, K 43008) the 308 MB of
-E4M3 weight bytes are the whole cost, and the tiled kernel (gemm_sm90_dequant) wastes most
+E4M3 weight bytes are the whole cost, and the tiled kernel (gemm_sm90_tiled) wastes most
 of every 128-row A tile and converts the weight through shared memory twice. Here the roles
 swap: the weight is the wgmma M operand, converted by the consumer warps straight from the
 TMA'd FP8 stage into BF16 *register* fragments (RS wgmma), and the tokens are the wgmma N
@@ -38,7 +38,14 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .gemm_sm90_dequant import ONE_FACTOR_MAX, _smem_layout, dequant_pair, mul_bf16x2
+from .gemm_sm90_common import (
+    dequant_pair,
+    load_smem_words,
+    mul_bf16x2,
+    scale_factors,
+    smem_layout,
+    store_smem_word,
+)
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
 TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
@@ -47,14 +54,6 @@ K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 CHUNK_WORDS = 128
 WG_THREADS = 128
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
-
-
-def _scale_factors(s):
-    """E8M0 byte -> (BF16x2 factor 2**(s - 7), BF16x2 rest past BF16's range, is-big)."""
-    e = cutlass.min(s, ONE_FACTOR_MAX) + 120
-    e2 = cutlass.max(s, ONE_FACTOR_MAX) - 7
-    rest = cutlass.select_(s == 255, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
-    return (e << 7) | (e << 23), rest, Int32(s > ONE_FACTOR_MAX)
 
 
 @dsl_user_op
@@ -89,30 +88,6 @@ def _wait_flag(ptr, *, loc=None, ip=None):
         asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
-    )
-
-
-def _load_words(addr, count: int, align: int):
-    words = cute.make_rmem_tensor((count,), Uint32)
-    cute.autovec_copy(
-        cute.make_tensor(
-            cute.make_ptr(Uint32, addr, cute.AddressSpace.smem, assumed_align=align),
-            cute.make_layout(count),
-        ),
-        words,
-    )
-    return words
-
-
-def _store_word(addr, value):
-    word = cute.make_rmem_tensor((1,), Int32)
-    word[0] = value
-    cute.autovec_copy(
-        word,
-        cute.make_tensor(
-            cute.make_ptr(Int32, addr, cute.AddressSpace.smem, assumed_align=4),
-            cute.make_layout(1),
-        ),
     )
 
 
@@ -193,10 +168,10 @@ class MXFP8SkinnyGemmSm90:
             tiler_mn=(TILE_W, tn),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        w8_layout = _smem_layout(fp8, TILE_W, TILE_K8, self.stages)
-        a8_layout = _smem_layout(fp8, tn, TILE_K8, self.stages)
+        w8_layout = smem_layout(fp8, TILE_W, TILE_K8, self.stages)
+        a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
         # per consumer warpgroup: the stage's two K halves of BF16 tokens
-        a16_layout = _smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
+        a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
         s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages), stride=(1, 1, CHUNK_WORDS))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_w, gW = cpasync.make_tiled_tma_atom(
@@ -472,10 +447,10 @@ class MXFP8SkinnyGemmSm90:
             row = r0 + 8 * rr
             base = w8 + stage * (TILE_W * TILE_K8) + row * TILE_K8 + (t % 2) * 8
             for b in cutlass.range_constexpr(4):
-                words.append(_load_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
+                words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
             r = (tile * TILE_W) % 128 + row  # row within the 128-row scale chunk
             scales.append(
-                _load_words(sw + stage * (CHUNK_WORDS * 4) + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+                load_smem_words(sw + stage * (CHUNK_WORDS * 4) + ((r % 32) * 4 + r // 32) * 4, 1, 4)
             )
         return words, scales
 
@@ -487,7 +462,7 @@ class MXFP8SkinnyGemmSm90:
         for rr in cutlass.range_constexpr(2):
             for b in cutlass.range_constexpr(4):
                 s = Int32(scales[rr][0] >> (8 * b)) & 0xFF
-                factor, rest, is_big = _scale_factors(s)
+                factor, rest, is_big = scale_factors(s)
                 rests.append(rest)
                 big = big | is_big
                 for i in cutlass.range_constexpr(2):
@@ -527,7 +502,7 @@ class MXFP8SkinnyGemmSm90:
                     ),
                     words,
                 )
-                scale[0] = _load_words(
+                scale[0] = load_smem_words(
                     sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4
                 )[0]
             loaded.append((row, u, words, scale))
@@ -546,7 +521,7 @@ class MXFP8SkinnyGemmSm90:
             if u < 8:
                 b = u // 2
                 s = Int32(scale[0] >> (8 * b)) & 0xFF
-                factor, rest, _ = _scale_factors(s)
+                factor, rest, _ = scale_factors(s)
                 base = a16 + (b // 2) * (self.tn * TILE_K16 * 2) + row * (TILE_K16 * 2)
                 for w in cutlass.range_constexpr(4):
                     t = 2 * (u % 2) + w // 2
@@ -554,7 +529,7 @@ class MXFP8SkinnyGemmSm90:
                         # branch-free: ``rest`` is 1.0 for scale bytes <= 134
                         v = mul_bf16x2(dequant_pair(words[w], factor, hi == 1), rest)
                         chunk = 4 * (b % 2) + 2 * (w % 2) + hi
-                        _store_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
+                        store_smem_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
 
     @cute.jit
     def _store_tile(self, thr, acc, mD, mBias, m, tile):

@@ -33,8 +33,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .gemm_sm90_dequant import _smem_layout, dequant_pair, mul_bf16x2
-from .gemm_sm90_skinny import _load_words, _scale_factors
+from .gemm_sm90_common import (
+    dequant_pair,
+    load_smem_words,
+    mul_bf16x2,
+    scale_factors,
+    smem_layout,
+)
 
 TILE_M = 128
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
@@ -52,7 +57,7 @@ CONSUMER_WG0 = 1 + CONVERT_WGS
 NUM_WG = 3 + CONVERT_WGS
 
 
-class MXFP8RsGemmSm90:
+class MXFP8TiledGemmSm90:
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
@@ -115,9 +120,9 @@ class MXFP8RsGemmSm90:
             tiler_mn=(64, self.tile_n),
             a_source=warpgroup.OperandSource.RMEM,
         )
-        a8_layout = _smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
-        b8_layout = _smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
-        b16_layout = _smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
+        a8_layout = smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
+        b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
+        b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -353,14 +358,14 @@ class MXFP8RsGemmSm90:
                         cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
                     )
                 r = b_row0 + row
-                sword = _load_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+                sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
                 loaded.append((words, sword))
             outs = []
             big = Int32(0)
             rests = []
             for words, sword in loaded:
                 s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
-                factor, rest, is_big = _scale_factors(s)
+                factor, rest, is_big = scale_factors(s)
                 big = big | is_big
                 rests.append(rest)
                 out = cute.make_rmem_tensor((16,), Int32)
@@ -467,9 +472,11 @@ class MXFP8RsGemmSm90:
             base = a8 + stage * (TILE_M * TILE_K8) + row * TILE_K8 + (t % 2) * 8
             for g in cutlass.range_constexpr(2):
                 b = 2 * h + g
-                words.append(_load_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
+                words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
             scales.append(
-                _load_words(sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4)
+                load_smem_words(
+                    sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4
+                )
             )
         return words, scales
 
@@ -481,7 +488,7 @@ class MXFP8RsGemmSm90:
         for rr in cutlass.range_constexpr(2):
             for g in cutlass.range_constexpr(2):
                 s = Int32(scales[rr][0] >> (8 * (2 * h + g))) & 0xFF
-                factor, rest, is_big = _scale_factors(s)
+                factor, rest, is_big = scale_factors(s)
                 rests.append(rest)
                 big = big | is_big
                 for i in cutlass.range_constexpr(2):

@@ -1,0 +1,105 @@
+"""Pieces both SM90 GEMM kernels share (imports cutlass: load lazily).
+
+An E4M3 value times its power-of-two E8M0 scale is exactly a BF16 value (3 mantissa bits
+fit in 7; the exponent range fits unless the product leaves BF16's range, where it rounds
+as the FP32 reference's product would overflow or lose precision). So both kernels scale
+FP8 operands into BF16 and run BF16 wgmma with FP32 accumulation: no per-32-K promotion and
+no FP8 tensor-core truncation (benchmarks/GEMM_LOG.md), only the summation order differs
+from the reference.
+
+Both kernels permute K inside each 32-element scale group, identically for the two
+operands: thread (g, t) of a warp holds bytes 8t..8t+7 of a group of its A-fragment rows,
+bytes 0-3 feeding the group's first k16 wgmma and 4-7 the second, so it loads them with
+one 8-byte shared load. The operand kept in shared memory as BF16 is written in that order.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Int32, Uint32
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .quantize_ptx import asm_u32
+
+# E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
+ONE_FACTOR_MAX = 134
+
+# A 16-bit lane of PRMT's sign-replicating select holds the E4M3 byte sign-extended; <<4 and
+# this mask leave sign | 0000 | eeee mmm 0000, the BF16 bits of value * 2**-120 (subnormal
+# E4M3 land on BF16 subnormals, zero on zero). NaN bytes are never paired with a finite
+# scale by the quantizer (a NaN in a block makes the block's scale NaN).
+_LANE_MASK = "0x87F087F0"
+
+
+@dsl_user_op
+def dequant_pair(word, factor, high: bool, *, loc=None, ip=None) -> Int32:
+    """Bytes 0-1 (or 2-3) of ``word`` as a BF16x2 of ``e4m3 * 2**-120 * factor``."""
+    selector = "0xB3A2" if high else "0x9180"
+    return asm_u32(
+        "{\n.reg .b32 t;\n"
+        f"prmt.b32 t, $1, 0, {selector};\n"
+        "shl.b32 t, t, 4;\n"
+        f"and.b32 t, t, {_LANE_MASK};\n"
+        "mul.rn.bf16x2 $0, t, $2;\n}",
+        "=r,r,r",
+        word,
+        factor,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def mul_bf16x2(a, b, *, loc=None, ip=None) -> Int32:
+    """Lane-wise BF16x2 product, round to nearest even (subnormals kept)."""
+    return asm_u32("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", a, b, loc=loc, ip=ip)
+
+
+def scale_factors(s):
+    """E8M0 byte -> (BF16x2 factor 2**(s - 7), BF16x2 rest past BF16's range, is-big).
+
+    ``dequant_pair(w, factor)`` is exact for bytes up to ONE_FACTOR_MAX; above, the result
+    times ``rest`` (2**(s - 134), NaN for byte 255) is; ``rest`` is 1.0 otherwise.
+    """
+    e = cutlass.min(s, ONE_FACTOR_MAX) + 120
+    e2 = cutlass.max(s, ONE_FACTOR_MAX) - 7
+    rest = cutlass.select_(s == 255, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
+    return (e << 7) | (e << 23), rest, Int32(s > ONE_FACTOR_MAX)
+
+
+def load_smem_words(addr, count: int, align: int):
+    """``count`` 32-bit words from shared-memory byte address ``addr``."""
+    words = cute.make_rmem_tensor((count,), Uint32)
+    cute.autovec_copy(
+        cute.make_tensor(
+            cute.make_ptr(Uint32, addr, cute.AddressSpace.smem, assumed_align=align),
+            cute.make_layout(count),
+        ),
+        words,
+    )
+    return words
+
+
+def store_smem_word(addr, value):
+    """One 32-bit word to shared-memory byte address ``addr``."""
+    word = cute.make_rmem_tensor((1,), Int32)
+    word[0] = value
+    cute.autovec_copy(
+        word,
+        cute.make_tensor(
+            cute.make_ptr(Int32, addr, cute.AddressSpace.smem, assumed_align=4),
+            cute.make_layout(1),
+        ),
+    )
+
+
+def smem_layout(dtype, rows: int, k: int, stages: int):
+    """K-major 128-byte-swizzled stages: byte (r, c) of a stage at r*128 + (c ^ (r%8)*16)."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, k), dtype
+    )
+    return cute.tile_to_shape(atom, (rows, k, stages), order=(0, 1, 2))
