@@ -20,7 +20,7 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .quantize_ptx import asm_u32
@@ -97,9 +97,65 @@ def store_smem_word(addr, value):
     )
 
 
+def gemm_tensors(kernel, addrs, m, sa_chunks, b_chunks: int):
+    """Global tensors from the launch's integer addresses (the host passes plain scalars):
+    A [m, K], A scale chunks, B [N, K], B scale chunks, out [m, N] (row stride ld_out), bias.
+
+    ``kernel`` supplies the compile-time facts: ``k``, ``n``, ``ld_out``, ``out_dtype``,
+    ``bias_dtype``. A scale chunk is 512 bytes of the blocked layout (128 int32 words).
+    """
+    a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr = addrs
+    fp8 = cutlass.Float8E4M3FN
+    gmem = cute.AddressSpace.gmem
+    k, n = kernel.k, kernel.n
+
+    def chunks(addr, count):
+        ptr = cute.make_ptr(cutlass.Int32, addr, gmem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.make_layout((128, count), stride=(1, 128)))
+
+    mA = cute.make_tensor(
+        cute.make_ptr(fp8, a_addr, gmem, assumed_align=16),
+        cute.make_layout((m, k), stride=(k, 1)),
+    )
+    mB = cute.make_tensor(
+        cute.make_ptr(fp8, b_addr, gmem, assumed_align=16),
+        cute.make_layout((n, k), stride=(k, 1)),
+    )
+    mD = cute.make_tensor(
+        cute.make_ptr(kernel.out_dtype, out_addr, gmem, assumed_align=16),
+        cute.make_layout((m, n), stride=(kernel.ld_out, 1)),
+    )
+    bias_align = kernel.bias_dtype.width // 8
+    mBias = cute.make_tensor(
+        cute.make_ptr(kernel.bias_dtype, bias_addr, gmem, assumed_align=bias_align),
+        cute.make_layout((n,)),
+    )
+    return mA, chunks(sa_addr, sa_chunks), mB, chunks(sb_addr, b_chunks), mD, mBias
+
+
 def smem_layout(dtype, rows: int, k: int, stages: int):
     """K-major 128-byte-swizzled stages: byte (r, c) of a stage at r*128 + (c ^ (r%8)*16)."""
     atom = warpgroup.make_smem_layout_atom(
         sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, k), dtype
     )
     return cute.tile_to_shape(atom, (rows, k, stages), order=(0, 1, 2))
+
+
+def tma_load(tensor, stage_layout, tile):
+    """A TMA load atom (and its global view) of ``tile``-shaped boxes of ``tensor`` into one
+    stage of ``stage_layout`` (rows, cols, stages)."""
+    return cpasync.make_tiled_tma_atom(
+        cpasync.CopyBulkTensorTileG2SOp(),
+        tensor,
+        cute.slice_(stage_layout, (None, None, 0)),
+        tile,
+    )
+
+
+def tma_views(atom, smem, gmem, tile):
+    """(shared, global) views of ``atom``'s copies: index the shared one by stage, the
+    global one by (tile row, tile column)."""
+    tiles = cute.local_tile(gmem, tile, (None, None))
+    return cpasync.tma_partition(
+        atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
+    )

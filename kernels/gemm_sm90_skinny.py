@@ -40,11 +40,14 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from .gemm_sm90_common import (
     dequant_pair,
+    gemm_tensors,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
     smem_layout,
     store_smem_word,
+    tma_load,
+    tma_views,
 )
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
@@ -128,16 +131,9 @@ class MXFP8SkinnyGemmSm90:
     ):
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
-        # integer addresses in, pointers here: the host launches with plain scalars
+        addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
+        mA, mSA, mW, mSW, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.w_chunks)
         gmem = cute.AddressSpace.gmem
-        a_ptr = cute.make_ptr(fp8, a_addr, gmem, assumed_align=16)
-        sa_ptr = cute.make_ptr(cutlass.Int32, sa_addr, gmem, assumed_align=16)
-        b_ptr = cute.make_ptr(fp8, b_addr, gmem, assumed_align=16)
-        sb_ptr = cute.make_ptr(cutlass.Int32, sb_addr, gmem, assumed_align=16)
-        bias_ptr = cute.make_ptr(
-            self.bias_dtype, bias_addr, gmem, assumed_align=self.bias_dtype.width // 8
-        )
-        out_ptr = cute.make_ptr(self.out_dtype, out_addr, gmem, assumed_align=16)
         partials_ptr = cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16)
         flags_ptr = cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16)
         tn = self.tn
@@ -147,16 +143,6 @@ class MXFP8SkinnyGemmSm90:
             partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, self.num_ctas))
         )
         mFlags = cute.make_tensor(flags_ptr, cute.make_layout((self.num_ctas,)))
-        mA = cute.make_tensor(a_ptr, cute.make_layout((m, self.k), stride=(self.k, 1)))
-        mW = cute.make_tensor(b_ptr, cute.make_layout((self.n, self.k), stride=(self.k, 1)))
-        mSA = cute.make_tensor(
-            sa_ptr, cute.make_layout((CHUNK_WORDS, sa_chunks), stride=(1, CHUNK_WORDS))
-        )
-        mSW = cute.make_tensor(
-            sb_ptr, cute.make_layout((CHUNK_WORDS, self.w_chunks), stride=(1, CHUNK_WORDS))
-        )
-        mD = cute.make_tensor(out_ptr, cute.make_layout((m, self.n), stride=(self.ld_out, 1)))
-        mBias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,)))
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             bf16,
@@ -173,19 +159,10 @@ class MXFP8SkinnyGemmSm90:
         # per consumer warpgroup: the stage's two K halves of BF16 tokens
         a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
         s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages), stride=(1, 1, CHUNK_WORDS))
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_w, gW = cpasync.make_tiled_tma_atom(
-            g2s, mW, cute.slice_(w8_layout, (None, None, 0)), (TILE_W, TILE_K8)
-        )
-        tma_a, gA = cpasync.make_tiled_tma_atom(
-            g2s, mA, cute.slice_(a8_layout, (None, None, 0)), (tn, TILE_K8)
-        )
-        tma_sw, gSW = cpasync.make_tiled_tma_atom(
-            g2s, mSW, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
-        )
-        tma_sa, gSA = cpasync.make_tiled_tma_atom(
-            g2s, mSA, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
-        )
+        tma_w, gW = tma_load(mW, w8_layout, (TILE_W, TILE_K8))
+        tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
+        tma_sw, gSW = tma_load(mSW, s_layout, (CHUNK_WORDS, 1))
+        tma_sa, gSA = tma_load(mSA, s_layout, (CHUNK_WORDS, 1))
         self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_WORDS * 4
         stages = self.stages
         red_words = (self.consumers - 1) * WG_THREADS * (TILE_W * tn // WG_THREADS)
@@ -277,23 +254,10 @@ class MXFP8SkinnyGemmSm90:
         self, begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
         sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
-        gW = cute.local_tile(gW_full, (TILE_W, TILE_K8), (None, None))
-        gA = cute.local_tile(gA_full, (self.tn, TILE_K8), (None, None))
-        gSW = cute.local_tile(gSW_full, (CHUNK_WORDS, 1), (None, None))
-        gSA = cute.local_tile(gSA_full, (CHUNK_WORDS, 1), (None, None))
-        one = cute.make_layout(1)
-        tWs, tWg = cpasync.tma_partition(
-            tma_w, 0, one, cute.group_modes(sW8, 0, 2), cute.group_modes(gW, 0, 2)
-        )
-        tAs, tAg = cpasync.tma_partition(
-            tma_a, 0, one, cute.group_modes(sA8, 0, 2), cute.group_modes(gA, 0, 2)
-        )
-        tSWs, tSWg = cpasync.tma_partition(
-            tma_sw, 0, one, cute.group_modes(sSW, 0, 2), cute.group_modes(gSW, 0, 2)
-        )
-        tSAs, tSAg = cpasync.tma_partition(
-            tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2)
-        )
+        tWs, tWg = tma_views(tma_w, sW8, gW_full, (TILE_W, TILE_K8))
+        tAs, tAg = tma_views(tma_a, sA8, gA_full, (self.tn, TILE_K8))
+        tSWs, tSWg = tma_views(tma_sw, sSW, gSW_full, (CHUNK_WORDS, 1))
+        tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for u in range(begin, end):
             tile = u // self.k_tiles

@@ -35,10 +35,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_sm90_common import (
     dequant_pair,
+    gemm_tensors,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
     smem_layout,
+    tma_load,
+    tma_views,
 )
 
 TILE_M = 128
@@ -90,25 +93,8 @@ class MXFP8TiledGemmSm90:
     ):
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
-        gmem = cute.AddressSpace.gmem
-        a_ptr = cute.make_ptr(fp8, a_addr, gmem, assumed_align=16)
-        sa_ptr = cute.make_ptr(cutlass.Int32, sa_addr, gmem, assumed_align=16)
-        b_ptr = cute.make_ptr(fp8, b_addr, gmem, assumed_align=16)
-        sb_ptr = cute.make_ptr(cutlass.Int32, sb_addr, gmem, assumed_align=16)
-        bias_ptr = cute.make_ptr(
-            self.bias_dtype, bias_addr, gmem, assumed_align=self.bias_dtype.width // 8
-        )
-        out_ptr = cute.make_ptr(self.out_dtype, out_addr, gmem, assumed_align=16)
-        mA = cute.make_tensor(a_ptr, cute.make_layout((m, self.k), stride=(self.k, 1)))
-        mB = cute.make_tensor(b_ptr, cute.make_layout((self.n, self.k), stride=(self.k, 1)))
-        mSA = cute.make_tensor(
-            sa_ptr, cute.make_layout((CHUNK_WORDS, sa_chunks), stride=(1, CHUNK_WORDS))
-        )
-        mSB = cute.make_tensor(
-            sb_ptr, cute.make_layout((CHUNK_WORDS, self.b_chunks), stride=(1, CHUNK_WORDS))
-        )
-        mD = cute.make_tensor(out_ptr, cute.make_layout((m, self.n), stride=(self.ld_out, 1)))
-        mBias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,)))
+        addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
+        mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             bf16,
@@ -125,19 +111,10 @@ class MXFP8TiledGemmSm90:
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, gA = cpasync.make_tiled_tma_atom(
-            g2s, mA, cute.slice_(a8_layout, (None, None, 0)), (TILE_M, TILE_K8)
-        )
-        tma_b, gB = cpasync.make_tiled_tma_atom(
-            g2s, mB, cute.slice_(b8_layout, (None, None, 0)), (self.tile_n, TILE_K8)
-        )
-        tma_sa, gSA = cpasync.make_tiled_tma_atom(
-            g2s, mSA, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
-        )
-        tma_sb, gSB = cpasync.make_tiled_tma_atom(
-            g2s, mSB, cute.slice_(s_layout, (None, None, 0)), (CHUNK_WORDS, 1)
-        )
+        tma_a, gA = tma_load(mA, a8_layout, (TILE_M, TILE_K8))
+        tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
+        tma_sa, gSA = tma_load(mSA, s_layout, (CHUNK_WORDS, 1))
+        tma_sb, gSB = tma_load(mSB, s_layout, (CHUNK_WORDS, 1))
         self.tx_bytes = (TILE_M + self.tile_n) * TILE_K8 + 2 * CHUNK_WORDS * 4
 
         sched = utils.PersistentTileSchedulerParams(
@@ -242,23 +219,10 @@ class MXFP8TiledGemmSm90:
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
         sA8, sB8, sSA, sSB, load_pipe, sched_params,
     ):  # fmt: skip
-        gA = cute.local_tile(gA_full, (TILE_M, TILE_K8), (None, None))
-        gB = cute.local_tile(gB_full, (self.tile_n, TILE_K8), (None, None))
-        gSA = cute.local_tile(gSA_full, (CHUNK_WORDS, 1), (None, None))
-        gSB = cute.local_tile(gSB_full, (CHUNK_WORDS, 1), (None, None))
-        one = cute.make_layout(1)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_a, 0, one, cute.group_modes(sA8, 0, 2), cute.group_modes(gA, 0, 2)
-        )
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_b, 0, one, cute.group_modes(sB8, 0, 2), cute.group_modes(gB, 0, 2)
-        )
-        tSAs, tSAg = cpasync.tma_partition(
-            tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2)
-        )
-        tSBs, tSBg = cpasync.tma_partition(
-            tma_sb, 0, one, cute.group_modes(sSB, 0, 2), cute.group_modes(gSB, 0, 2)
-        )
+        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (TILE_M, TILE_K8))
+        tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
+        tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
+        tSBs, tSBg = tma_views(tma_sb, sSB, gSB_full, (CHUNK_WORDS, 1))
         k_tiles = self.k_tiles
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
