@@ -33,35 +33,48 @@ def _raw(scales: Tensor) -> Tensor:
 
 def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
     if not ok:
-        raise error(f"{argument}: expected {expected}, got {given}")
+        _fail(error, argument, expected, given)
+
+
+def _fail(error: type[Exception], argument: str, expected: str, given):
+    raise error(f"{argument}: expected {expected}, got {given}")
+
+
+# The checks below run on every call of the hot eager entry points (eight per staged
+# projection): messages are formatted only when a check fails.
 
 
 def _require_tensor(t, argument: str) -> None:
-    _require(isinstance(t, Tensor), TypeError, argument, "a torch.Tensor", type(t).__name__)
+    if not isinstance(t, Tensor):
+        _fail(TypeError, argument, "a torch.Tensor", type(t).__name__)
 
 
 def _require_2d(t: Tensor, argument: str) -> None:
-    _require(t.dim() == 2, ValueError, argument, "a 2-D tensor", f"shape {tuple(t.shape)}")
+    if t.dim() != 2:
+        _fail(ValueError, argument, "a 2-D tensor", f"shape {tuple(t.shape)}")
 
 
 def _require_source_dtype(t: Tensor, argument: str) -> None:
-    _require(t.dtype in SOURCE_DTYPES, TypeError, argument, "dtype bfloat16 or float16", t.dtype)
+    if t.dtype not in SOURCE_DTYPES:
+        _fail(TypeError, argument, "dtype bfloat16 or float16", t.dtype)
 
 
 def _require_same_device(t: Tensor, device: torch.device, argument: str) -> None:
-    _require(t.device == device, ValueError, argument, f"a tensor on {device}", t.device)
+    if t.device != device:
+        _fail(ValueError, argument, f"a tensor on {device}", t.device)
 
 
 def _require_int(v, argument: str) -> None:
-    ok = isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
-    _require(ok, TypeError, argument, "an int", type(v).__name__)
+    if type(v) is not int and (not isinstance(v, (int, torch.SymInt)) or isinstance(v, bool)):
+        _fail(TypeError, argument, "an int", type(v).__name__)
 
 
 def _check_tokens(tokens, capacity: int):
     if tokens is None:
         return capacity
     _require_int(tokens, "tokens")
-    _require(0 <= tokens <= capacity, ValueError, "tokens", f"0 <= tokens <= {capacity}", tokens)
+    if not 0 <= tokens <= capacity:
+        _fail(ValueError, "tokens", f"0 <= tokens <= {capacity}", tokens)
     return tokens
 
 
@@ -70,21 +83,21 @@ def _check_bias(bias, weight: MXFP8Weight) -> None:
         return
     _require_tensor(bias, "bias")
     n = weight.out_features
-    _require(tuple(bias.shape) == (n,), ValueError, "bias", f"shape ({n},)", tuple(bias.shape))
+    if tuple(bias.shape) != (n,):
+        _fail(ValueError, "bias", f"shape ({n},)", tuple(bias.shape))
     _require(bias.is_floating_point(), TypeError, "bias", "a floating-point dtype", bias.dtype)
     _require_same_device(bias, weight.device, "bias")
 
 
 def _check_operands(inp: MXFP8Input, weight: MXFP8Weight) -> None:
-    _require(isinstance(inp, MXFP8Input), TypeError, "inp", "an MXFP8Input", type(inp).__name__)
-    _require(isinstance(weight, MXFP8Weight), TypeError, "weight", "an MXFP8Weight", type(weight))
-    _require(
-        weight.in_features == inp.in_features,
-        ValueError,
-        "weight",
-        f"in_features {inp.in_features} (the input's)",
-        weight.in_features,
-    )
+    if not isinstance(inp, MXFP8Input):
+        _fail(TypeError, "inp", "an MXFP8Input", type(inp).__name__)
+    if not isinstance(weight, MXFP8Weight):
+        _fail(TypeError, "weight", "an MXFP8Weight", type(weight))
+    if weight.in_features != inp.in_features:
+        _fail(
+            ValueError, "weight", f"in_features {inp.in_features} (the input's)", weight.in_features
+        )
     _require_same_device(weight.values, inp.device, "weight")
 
 
@@ -178,41 +191,32 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
         TypeError, ValueError: before anything is written.
     """
     _require_tensor(source, "source")
-    _require(isinstance(dest, MXFP8Input), TypeError, "dest", "an MXFP8Input", type(dest).__name__)
+    if not isinstance(dest, MXFP8Input):
+        _fail(TypeError, "dest", "an MXFP8Input", type(dest).__name__)
     _require_2d(source, "source")
     _require_source_dtype(source, "source")
     _require_same_device(source, dest.device, "source")
     _require_int(destination_column, "destination_column")
     tokens, width = source.shape
-    _require(
-        width > 0 and width % STAGE_ALIGN == 0,
-        ValueError,
-        "source",
-        f"a width that is a positive multiple of {STAGE_ALIGN}",
-        width,
-    )
-    _require(
-        destination_column >= 0 and destination_column % STAGE_ALIGN == 0,
-        ValueError,
-        "destination_column",
-        f"a non-negative multiple of {STAGE_ALIGN}",
-        destination_column,
-    )
-    _require(
-        destination_column + width <= dest.in_features,
-        ValueError,
-        "source",
-        f"columns [{destination_column}, {destination_column + width}) within in_features "
-        f"{dest.in_features}",
-        f"width {width}",
-    )
-    _require(
-        tokens <= dest.capacity,
-        ValueError,
-        "source",
-        f"at most {dest.capacity} rows (dest.capacity)",
-        tokens,
-    )
+    if width <= 0 or width % STAGE_ALIGN:
+        _fail(ValueError, "source", f"a width that is a positive multiple of {STAGE_ALIGN}", width)
+    if destination_column < 0 or destination_column % STAGE_ALIGN:
+        _fail(
+            ValueError,
+            "destination_column",
+            f"a non-negative multiple of {STAGE_ALIGN}",
+            destination_column,
+        )
+    if destination_column + width > dest.in_features:
+        _fail(
+            ValueError,
+            "source",
+            f"columns [{destination_column}, {destination_column + width}) within in_features "
+            f"{dest.in_features}",
+            f"width {width}",
+        )
+    if tokens > dest.capacity:
+        _fail(ValueError, "source", f"at most {dest.capacity} rows (dest.capacity)", tokens)
     ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
 
 
@@ -267,16 +271,12 @@ def mm_quantized_into(
     _check_bias(bias, weight)
     _require_tensor(out, "out")
     _require_2d(out, "out")
-    _require(out.dtype in SOURCE_DTYPES, TypeError, "out", "dtype bfloat16 or float16", out.dtype)
+    if out.dtype not in SOURCE_DTYPES:
+        _fail(TypeError, "out", "dtype bfloat16 or float16", out.dtype)
     _require_same_device(out, inp.device, "out")
     n = weight.out_features
-    _require(
-        out.shape[0] >= tokens and out.shape[1] == n,
-        ValueError,
-        "out",
-        f"shape [>= {tokens}, {n}]",
-        tuple(out.shape),
-    )
+    if out.shape[0] < tokens or out.shape[1] != n:
+        _fail(ValueError, "out", f"shape [>= {tokens}, {n}]", tuple(out.shape))
     ops.call(
         ops.mm_into,
         inp.values[:tokens],

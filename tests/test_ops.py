@@ -48,8 +48,8 @@ def test_opcheck(op, args):
 
 @pytest.mark.parametrize("op,args", _cases(), ids=lambda v: getattr(v, "_name", None))
 def test_inputs_not_declared_mutable_are_untouched(op, args):
-    mutable = {a.name for a in op._opoverload._schema.arguments if a.is_write}
-    names = [a.name for a in op._opoverload._schema.arguments]
+    mutable = {a.name for a in op._schema.arguments if a.is_write}
+    names = [a.name for a in op._schema.arguments]
     before = {
         name: a.clone()
         for name, a in zip(names, args, strict=False)
@@ -89,3 +89,20 @@ def test_multi_slice_op_equals_one_op_per_slice():
         (sources, *many, columns),
         test_utils=["test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"],
     )
+
+
+def test_functional_ops_refuse_backward_and_mutating_ops_record_nothing():
+    """As torch.library.custom_op did: an output that needs a gradient gets a backward that
+    raises; a mutated buffer records nothing, so inference under grad mode still runs."""
+    x, av, asc, bv, bsc = _operands()
+    x.requires_grad_(True)
+    y = ops.linear(x, bv, bsc, None)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match="no gradient"):
+        y.float().sum().backward()
+    bias = torch.nn.Parameter(torch.randn(128, dtype=torch.bfloat16))
+    out = torch.empty(40, 128, dtype=torch.bfloat16)
+    ops.mm_into(av, asc, bv, bsc, bias, out)
+    assert not out.requires_grad
+    with torch.no_grad():
+        assert not ops.linear(x, bv, bsc, None).requires_grad
