@@ -86,6 +86,41 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
     assert not launcher._same_layout(generic, (*probe[:6], tokens + 1, *probe[7:]))
 
 
+@pytest.mark.parametrize(
+    "w_tiles,k_tiles,ctas", [(112, 336, 132), (4, 33, 132), (2, 1, 132), (7, 5, 6)]
+)
+def test_stream_k_split_model(w_tiles, k_tiles, ctas):
+    """CPU model of the swap-AB kernel's stream-K bookkeeping (same integer formulas): every
+    (tile, stage) unit is computed once; each split tile is finished by the CTA holding its
+    tail, which adds the published parts of exactly the lower CTAs that touched the tile, in
+    K order; a CTA publishes at most one part."""
+    units = w_tiles * k_tiles
+    g = min(ctas, units)
+    parts = {}  # tile -> [(first unit, cta)]
+    finished = {}
+    for cta in range(g):
+        begin, end = cta * units // g, (cta + 1) * units // g
+        u, published = begin, 0
+        while u < end:
+            tile = u // k_tiles
+            tile_end = (tile + 1) * k_tiles
+            seg_end = min(end, tile_end)
+            parts.setdefault(tile, []).append((u, cta))
+            if u == tile * k_tiles and seg_end == tile_end:
+                finished[tile] = [cta]
+            elif seg_end == tile_end:
+                first = ((tile * k_tiles + 1) * g - 1) // units  # as in _fixup
+                finished[tile] = list(range(first, cta + 1))
+            else:
+                published += 1
+            u = seg_end
+        assert published <= 1
+    assert sorted(parts) == list(range(w_tiles))
+    for tile, segs in parts.items():
+        assert [s for s, _ in segs] == sorted(s for s, _ in segs)
+        assert finished[tile] == [c for _, c in segs]  # every part, K order, owner last
+
+
 def test_choose_config_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
