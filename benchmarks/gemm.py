@@ -211,8 +211,8 @@ def main() -> None:
             flush=True,
         )
     receipt = {
-        "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row, variant 'dequant' = FP8 tiles scaled "
-        "to BF16 in shared memory + BF16 wgmma) vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
+        "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row: tokens_tile > 0 = swap-AB kernel "
+        "for few tokens, else the tiled kernel) vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
         "+ cuBLAS; BF16 output, no bias",
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
