@@ -41,9 +41,10 @@ class GemmConfig:
 
     ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile N ``tile_n``
     (128 or 64), ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K
-    64, and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at most
-    that many tokens (gemm_sm90_skinny): one CTA per 64 weight rows, ``stages`` FP8 stages,
-    ``consumers`` warpgroups converting alternate stages.
+    64, and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
+    most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
+    tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
+    alternate stages.
     """
 
     tile_n: int = 128

@@ -1,21 +1,31 @@
 """Swap-AB MXFP8 GEMM for few tokens on sm_90a (imports cutlass: load lazily).
 
 With few tokens the GEMM streams the weight: at 16 tokens (N 7168, K 43008) the 308 MB of
-E4M3 weight bytes are the whole cost, and the tiled kernel (gemm_sm90_tiled) wastes most
-of every 128-row A tile and converts the weight through shared memory twice. Here the roles
-swap: the weight is the wgmma M operand, converted by the consumer warps straight from the
-TMA'd FP8 stage into BF16 *register* fragments (RS wgmma), and the tokens are the wgmma N
-operand (8 to 64), converted to a small BF16 tile in shared memory. out^T = W . A^T.
+E4M3 weight bytes are the whole cost, and a 128-row tile of tokens would be mostly empty.
+Here the roles swap: the weight is the wgmma M operand, converted by the consumer warps
+straight from the TMA'd FP8 stage into BF16 *register* fragments (RS wgmma), and the tokens
+are the wgmma N operand (8 to 64), converted to a small BF16 tile in shared memory.
+out^T = W . A^T.
 
-One CTA = 64 weight rows x all tokens x all of K, 1 + C warpgroups:
+Work units are (64-row weight tile, K stage of 128) pairs in tile-major order; CTA c of G
+takes units [c U / G, (c + 1) U / G) (stream-K), so every SM streams the same number of
+weight bytes. A CTA's range is cut into segments, one per weight tile it touches. A whole
+tile is stored directly; a tile split across CTAs is finished by the CTA holding its tail:
+the lower CTAs publish their head or middle parts to a global workspace and raise a flag
+(st.release), the tail's CTA waits for them (ld.acquire) after its own range and adds the
+parts in K order, so results do not depend on timing. A CTA waits only on lower CTAs,
+which never wait on it and start no later.
+
+Each CTA has 1 + C warpgroups:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 weight tile (64 x K 128), the token tile
   (tokens_tile x K 128) and their 512-byte blocked-scale chunks (``load_pipe``);
-* warpgroups 1..C: consumers, warpgroup c on stages c - 1, c - 1 + C, ... (C interleaved
-  K streams, so one warpgroup's conversion overlaps the others' loads and wgmmas), each
-  with its own FP32 accumulator; at the end warpgroup 1 adds the others' partial sums in a
-  fixed order. Measured at 16 tokens (N 7168, K 43008): C = 2 / 3 / 4 gave 0.125 / 0.119 /
-  0.110 ms; the TMA stream alone (no conversion) 0.097 ms.
+* warpgroups 1..C: consumers, warpgroup c on the segment's stages c - 1, c - 1 + C, ...
+  (C interleaved K streams, so one warpgroup's conversion overlaps the others' loads and
+  wgmmas), each with its own FP32 accumulator; at the end of a segment warpgroup 1 adds
+  the others' partial sums in a fixed order. Measured at 16 tokens (N 7168, K 43008,
+  before stream-K): C = 2 / 3 / 4 gave 0.125 / 0.119 / 0.110 ms; the TMA stream alone (no
+  conversion) 0.097 ms.
 
 K order inside each 32-element scale group is permuted, identically for both operands, so
 that every thread loads its weight bytes with two 8-byte loads per group and row: thread
