@@ -165,17 +165,18 @@ _workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _workspace(device: torch.device, index: int, num_ctas: int):
-    def fresh():
-        partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
-        return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
-
     if torch.cuda.is_current_stream_capturing():
-        return fresh()
+        return _fresh_workspace(device, num_ctas)
     key = (index, raw_stream(index))
     ws = _workspaces.get(key)
     if ws is None or ws[1].numel() < num_ctas:
-        ws = _workspaces[key] = fresh()
+        ws = _workspaces[key] = _fresh_workspace(device, num_ctas)
     return ws
+
+
+def _fresh_workspace(device: torch.device, num_ctas: int):
+    partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
+    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
 
 
 @functools.cache

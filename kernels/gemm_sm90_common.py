@@ -84,6 +84,57 @@ def load_smem_words(addr, count: int, align: int):
     return words
 
 
+@cute.jit
+def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0):
+    """The FP8 bytes and scale words behind one thread's RS-wgmma A fragment.
+
+    ``stage`` is the byte address of a 128-byte-swizzled FP8 tile (rows of K 128),
+    ``scales`` of its 512-byte blocked scale chunk, in which tile row r is chunk row
+    ``scale_row0 + r``. Thread (g, t) of its warp reads rows ``row0`` and ``row0 + 8``: for
+    each scale group b in ``groups`` the 8 bytes 8t..8t+7 (one 8-byte load), and each row's
+    scale word. Returns (words[2 * len(groups)], scale words[2]), row-major.
+    """
+    words = []
+    scale_words = []
+    for rr in cutlass.range_constexpr(2):
+        row = row0 + 8 * rr
+        base = stage + row * 128 + (t % 2) * 8
+        for b in groups:
+            words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
+        r = scale_row0 + row
+        scale_words.append(load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4))
+    return words, scale_words
+
+
+@cute.jit
+def convert_fragment(words, scale_words, groups, frag_words):
+    """:func:`load_fragment_bytes`'s bytes -> the BF16 A fragment (Int32 view): the j-th
+    group's bytes 0-3 feed k16 block 2j, bytes 4-7 block 2j + 1; fragment word
+    rr + 2 * hi + 4 * kb is the BF16 pair (row g + 8 rr, k 2t + 8 hi) of block kb. The rare
+    second factor (scale bytes above ONE_FACTOR_MAX) is one branch for the whole fragment.
+    """
+    n = len(groups)
+    big = Int32(0)
+    rests = []
+    for rr in cutlass.range_constexpr(2):
+        for j in cutlass.range_constexpr(n):
+            s = Int32(scale_words[rr][0] >> (8 * groups[j])) & 0xFF
+            factor, rest, is_big = scale_factors(s)
+            rests.append(rest)
+            big = big | is_big
+            for i in cutlass.range_constexpr(2):
+                w = words[n * rr + j][i]
+                for hi in cutlass.range_constexpr(2):
+                    frag_words[rr + 2 * hi + 4 * (2 * j + i)] = dequant_pair(w, factor, hi == 1)
+    if big != 0:
+        for rr in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(n):
+                for i in cutlass.range_constexpr(2):
+                    for hi in cutlass.range_constexpr(2):
+                        idx = rr + 2 * hi + 4 * (2 * j + i)
+                        frag_words[idx] = mul_bf16x2(frag_words[idx], rests[n * rr + j])
+
+
 def store_smem_word(addr, value):
     """One 32-bit word to shared-memory byte address ``addr``."""
     word = cute.make_rmem_tensor((1,), Int32)

@@ -49,8 +49,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .gemm_sm90_common import (
+    convert_fragment,
     dequant_pair,
     gemm_tensors,
+    load_fragment_bytes,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
@@ -64,19 +66,21 @@ TILE_W = 64  # weight rows per CTA: one wgmma M
 TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
 TILE_K16 = 64  # BF16 K per token half-tile: one 128-byte swizzle row
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
+W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 CHUNK_WORDS = 128
 WG_THREADS = 128
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
 
 
-@dsl_user_op
-def _store_flag(ptr, value, *, loc=None, ip=None):
-    """``st.release.gpu`` of a 32-bit flag: everything this thread saw is visible first."""
+def _flag_asm(asm: str, constraints: str, ptr, *values, loc=None, ip=None) -> None:
+    """An inline-PTX statement on the global address of flag ``ptr`` (kept: side effects)."""
+    operands = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)]
+    operands += [Int32(v).ir_value(loc=loc, ip=ip) for v in values]
     llvm.inline_asm(
         None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
-        "st.release.gpu.global.b32 [$0], $1;",
-        "l,r",
+        operands,
+        asm,
+        constraints,
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -86,19 +90,21 @@ def _store_flag(ptr, value, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _store_flag(ptr, value, *, loc=None, ip=None):
+    """``st.release.gpu`` of a 32-bit flag: everything this thread saw is visible first."""
+    _flag_asm("st.release.gpu.global.b32 [$0], $1;", "l,r", ptr, value, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def _wait_flag(ptr, *, loc=None, ip=None):
     """Spin with ``ld.acquire.gpu`` until the 32-bit flag is non-zero."""
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+    _flag_asm(
         "{\n.reg .pred p;\n.reg .b32 v;\nWAIT:\n"
         "ld.acquire.gpu.global.b32 v, [$0];\n"
         "setp.eq.u32 p, v, 0;\n"
         "@p bra WAIT;\n}",
         "l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
+        ptr,
         loc=loc,
         ip=ip,
     )
@@ -307,6 +313,9 @@ class MXFP8SkinnyGemmSm90:
         sw = st.sSW.data_ptr().toint()
         sa = st.sSA.data_ptr().toint()
         a16 = st.sA16.data_ptr().toint() + cw * (2 * self.tn * TILE_K16 * 2)
+        lane = ct % 32
+        row0 = (ct // 32) * 16 + lane // 4  # weight rows row0, row0 + 8 of the tile
+        t = lane % 4
         kts = self.k_tiles
         consumers = self.consumers
         stages = self.stages
@@ -322,7 +331,10 @@ class MXFP8SkinnyGemmSm90:
             acc.fill(0.0)
             for _i in range((seg_end - u - cw + consumers - 1) // consumers):
                 load_pipe.consumer_wait(ls)
-                w_words, w_scales = self._load_weight(ct, tile, w8, sw, ls.index)
+                w_words, w_scales = load_fragment_bytes(
+                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * (CHUNK_WORDS * 4),
+                    (tile * TILE_W) % 128,
+                )  # fmt: skip
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
                 # the previous stage's wgmma has read the fragment registers and token tile
                 warpgroup.wait_group(0)
@@ -330,7 +342,7 @@ class MXFP8SkinnyGemmSm90:
                 # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
-                self._convert_weight(w_words, w_scales, frag_words)
+                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
                 load_pipe.consumer_release(ls)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(K_STEPS):
@@ -407,49 +419,6 @@ class MXFP8SkinnyGemmSm90:
         if ct == 0:
             for c in range(first, cta):
                 _store_flag(mFlags.iterator + c, 0)
-
-    @cute.jit
-    def _load_weight(self, ct, tile, w8, sw, stage):
-        """Thread (warp w, g, t): rows 16w + g (+ 8), bytes 8t..8t+7 of each scale group."""
-        lane = ct % 32
-        g = lane // 4
-        t = lane % 4
-        r0 = (ct // 32) * 16 + g
-        words = []
-        scales = []
-        for rr in cutlass.range_constexpr(2):
-            row = r0 + 8 * rr
-            base = w8 + stage * (TILE_W * TILE_K8) + row * TILE_K8 + (t % 2) * 8
-            for b in cutlass.range_constexpr(4):
-                words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
-            r = (tile * TILE_W) % 128 + row  # row within the 128-row scale chunk
-            scales.append(
-                load_smem_words(sw + stage * (CHUNK_WORDS * 4) + ((r % 32) * 4 + r // 32) * 4, 1, 4)
-            )
-        return words, scales
-
-    @cute.jit
-    def _convert_weight(self, words, scales, frag_words):
-        """FP8 weight words -> the BF16 A fragment: group b's bytes 0-3 feed k16 block 2b."""
-        big = Int32(0)
-        rests = []
-        for rr in cutlass.range_constexpr(2):
-            for b in cutlass.range_constexpr(4):
-                s = Int32(scales[rr][0] >> (8 * b)) & 0xFF
-                factor, rest, is_big = scale_factors(s)
-                rests.append(rest)
-                big = big | is_big
-                for i in cutlass.range_constexpr(2):
-                    w = words[4 * rr + b][i]
-                    for hi in cutlass.range_constexpr(2):
-                        frag_words[rr + 2 * hi + 4 * (2 * b + i)] = dequant_pair(w, factor, hi == 1)
-        if big != 0:
-            for rr in cutlass.range_constexpr(2):
-                for b in cutlass.range_constexpr(4):
-                    for i in cutlass.range_constexpr(2):
-                        for hi in cutlass.range_constexpr(2):
-                            idx = rr + 2 * hi + 4 * (2 * b + i)
-                            frag_words[idx] = mul_bf16x2(frag_words[idx], rests[4 * rr + b])
 
     def _token_units(self, ct):
         """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""

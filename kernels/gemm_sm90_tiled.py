@@ -34,8 +34,10 @@ from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_sm90_common import (
+    convert_fragment,
     dequant_pair,
     gemm_tensors,
+    load_fragment_bytes,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
@@ -72,6 +74,9 @@ class MXFP8TiledGemmSm90:
         self.has_bias = bias_dtype is not None
         self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
+        # the B converter gives each of its threads whole 32-element units (_convert_b)
+        if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
+            raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
         self.stages8 = cfg.stages
         self.stages16 = cfg.bf16_stages
         self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
@@ -304,57 +309,52 @@ class MXFP8TiledGemmSm90:
         smem = cute.AddressSpace.smem
         j = (ct // 8) % 2
         units = 2 * self.tile_n // CONVERT_THREADS
-        if cutlass.const_expr(units >= 1):
-            rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
-            # all loads first, then the arithmetic, then the stores: one basic block
-            loaded = []
-            for row in rows:
-                words = cute.make_rmem_tensor((8,), Uint32)
-                for q in cutlass.range_constexpr(2):
-                    chunk = ((4 * h + 2 * j + q) ^ (row % 8)) << 4
-                    cute.autovec_copy(
-                        cute.make_tensor(
-                            cute.make_ptr(
-                                Uint32, src + row * TILE_K8 + chunk, smem, assumed_align=16
-                            ),
-                            cute.make_layout(4),
-                        ),
-                        cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
-                    )
-                r = b_row0 + row
-                sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
-                loaded.append((words, sword))
-            outs = []
-            big = Int32(0)
-            rests = []
-            for words, sword in loaded:
-                s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
-                factor, rest, is_big = scale_factors(s)
-                big = big | is_big
-                rests.append(rest)
-                out = cute.make_rmem_tensor((16,), Int32)
-                for i in cutlass.range_constexpr(2):
-                    for hi in cutlass.range_constexpr(2):
-                        for t in cutlass.range_constexpr(4):
-                            w = words[4 * (t // 2) + 2 * (t % 2) + i]
-                            out[4 * (2 * i + hi) + t] = dequant_pair(w, factor, hi == 1)
-                outs.append(out)
-            if big != 0:
-                for out, rest in zip(outs, rests, strict=True):
-                    for x in cutlass.range_constexpr(16):
-                        out[x] = mul_bf16x2(out[x], rest)
-            for row, out in zip(rows, outs, strict=True):
-                for c in cutlass.range_constexpr(4):
-                    dst_addr = dst + row * (TILE_K16 * 2) + (((4 * j + c) ^ (row % 8)) << 4)
-                    cute.autovec_copy(
-                        cute.make_tensor(out.iterator + 4 * c, cute.make_layout(4)),
-                        cute.make_tensor(
-                            cute.make_ptr(Int32, dst_addr, smem, assumed_align=16),
-                            cute.make_layout(4),
-                        ),
-                    )
-        else:
-            raise ValueError("tile N below one unit per converter thread")
+        rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
+        # all loads first, then the arithmetic, then the stores: one basic block
+        loaded = []
+        for row in rows:
+            words = cute.make_rmem_tensor((8,), Uint32)
+            for q in cutlass.range_constexpr(2):
+                chunk = ((4 * h + 2 * j + q) ^ (row % 8)) << 4
+                cute.autovec_copy(
+                    cute.make_tensor(
+                        cute.make_ptr(Uint32, src + row * TILE_K8 + chunk, smem, assumed_align=16),
+                        cute.make_layout(4),
+                    ),
+                    cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
+                )
+            r = b_row0 + row
+            sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+            loaded.append((words, sword))
+        outs = []
+        big = Int32(0)
+        rests = []
+        for words, sword in loaded:
+            s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
+            factor, rest, is_big = scale_factors(s)
+            big = big | is_big
+            rests.append(rest)
+            out = cute.make_rmem_tensor((16,), Int32)
+            for i in cutlass.range_constexpr(2):
+                for hi in cutlass.range_constexpr(2):
+                    for t in cutlass.range_constexpr(4):
+                        w = words[4 * (t // 2) + 2 * (t % 2) + i]
+                        out[4 * (2 * i + hi) + t] = dequant_pair(w, factor, hi == 1)
+            outs.append(out)
+        if big != 0:
+            for out, rest in zip(outs, rests, strict=True):
+                for x in cutlass.range_constexpr(16):
+                    out[x] = mul_bf16x2(out[x], rest)
+        for row, out in zip(rows, outs, strict=True):
+            for c in cutlass.range_constexpr(4):
+                dst_addr = dst + row * (TILE_K16 * 2) + (((4 * j + c) ^ (row % 8)) << 4)
+                cute.autovec_copy(
+                    cute.make_tensor(out.iterator + 4 * c, cute.make_layout(4)),
+                    cute.make_tensor(
+                        cute.make_ptr(Int32, dst_addr, smem, assumed_align=16),
+                        cute.make_layout(4),
+                    ),
+                )
 
     @cute.jit
     def _consumer(
@@ -391,13 +391,17 @@ class MXFP8TiledGemmSm90:
                 for h in cutlass.range_constexpr(HALVES):
                     conv_pipe.consumer_wait(rs)
                     if live:
-                        words, scales = self._load_a(row0, t, h, a8, sa, ls.index)
+                        groups = (2 * h, 2 * h + 1)  # the K half's scale groups
+                        words, scales = load_fragment_bytes(
+                            a8 + ls.index * (TILE_M * TILE_K8), row0, t, groups,
+                            sa + ls.index * (CHUNK_WORDS * 4), 0,
+                        )  # fmt: skip
                         # the previous half's wgmmas have read the fragment and their B stage
                         warpgroup.wait_group(0)
                         if rel.count < rs.count:
                             conv_pipe.consumer_release(rel)
                             rel.advance()
-                        self._convert_a(h, words, scales, frag_words)
+                        convert_fragment(words, scales, groups, frag_words)
                         if cutlass.const_expr(h == HALVES - 1):
                             load_pipe.consumer_release(ls)
                         warpgroup.fence()
@@ -425,47 +429,6 @@ class MXFP8TiledGemmSm90:
                 self._epilogue(acc, thr, mD, mBias, m, tm * TILE_M + cwg * 64, tn)
             sched.advance_to_next_work()
             work = sched.get_current_work()
-
-    @cute.jit
-    def _load_a(self, row0, t, h: int, a8, sa, stage):
-        """Bytes 8t..8t+7 of scale groups 2h, 2h + 1 of rows row0 and row0 + 8."""
-        words = []
-        scales = []
-        for rr in cutlass.range_constexpr(2):
-            row = row0 + 8 * rr
-            base = a8 + stage * (TILE_M * TILE_K8) + row * TILE_K8 + (t % 2) * 8
-            for g in cutlass.range_constexpr(2):
-                b = 2 * h + g
-                words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
-            scales.append(
-                load_smem_words(
-                    sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4
-                )
-            )
-        return words, scales
-
-    @cute.jit
-    def _convert_a(self, h: int, words, scales, frag_words):
-        """Group g (2h + g of the stage): bytes 0-3 feed k16 block 2g of the half, 4-7 2g + 1."""
-        big = Int32(0)
-        rests = []
-        for rr in cutlass.range_constexpr(2):
-            for g in cutlass.range_constexpr(2):
-                s = Int32(scales[rr][0] >> (8 * (2 * h + g))) & 0xFF
-                factor, rest, is_big = scale_factors(s)
-                rests.append(rest)
-                big = big | is_big
-                for i in cutlass.range_constexpr(2):
-                    w = words[2 * rr + g][i]
-                    for hi in cutlass.range_constexpr(2):
-                        frag_words[rr + 2 * hi + 4 * (2 * g + i)] = dequant_pair(w, factor, hi == 1)
-        if big != 0:
-            for rr in cutlass.range_constexpr(2):
-                for g in cutlass.range_constexpr(2):
-                    for i in cutlass.range_constexpr(2):
-                        for hi in cutlass.range_constexpr(2):
-                            idx = rr + 2 * hi + 4 * (2 * g + i)
-                            frag_words[idx] = mul_bf16x2(frag_words[idx], rests[2 * rr + g])
 
     @cute.jit
     def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):

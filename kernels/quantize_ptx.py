@@ -156,6 +156,19 @@ def _widen_pair(word: str, lo: str, hi: str, is_fp16: bool) -> str:
     )
 
 
+def _scale4(factor: str) -> str:
+    return "".join(f"mul.rn.f32 {x}, {x}, {factor};\n" for x in "abcd")
+
+
+def _pack4(dst: str) -> str:
+    # round to E4M3 (nearest even, saturating), bytes a b c d from low to high
+    return (
+        "cvt.rn.satfinite.e4m3x2.f32 lo, b, a;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, d, c;\n"
+        f"mov.b32 {dst}, {{lo, hi}};\n"
+    )
+
+
 @dsl_user_op
 def quantize4(w0, w1, recip_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
     """4 halves (2 words) times the multiplier -> 4 packed E4M3 bytes (finite blocks)."""
@@ -166,14 +179,9 @@ def quantize4(w0, w1, recip_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
         "mov.b32 r, $3;\n"
         + _widen_pair("$1", "a", "b", is_fp16)
         + _widen_pair("$2", "c", "d", is_fp16)
-        + "mul.rn.f32 a, a, r;\n"
-        "mul.rn.f32 b, b, r;\n"
-        "mul.rn.f32 c, c, r;\n"
-        "mul.rn.f32 d, d, r;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 lo, b, a;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 hi, d, c;\n"
-        "mov.b32 $0, {lo, hi};\n"
-        "}",
+        + _scale4("r")
+        + _pack4("$0")
+        + "}",
         "=r,r,r,r",
         w0,
         w1,
@@ -216,17 +224,9 @@ def quantize4_special(w0, w1, byte, is_fp16: bool, *, loc=None, ip=None) -> Int3
         "mov.b32 s, q;\n"
         + _widen_pair("$1", "a", "b", is_fp16)
         + _widen_pair("$2", "c", "d", is_fp16)
-        + "mul.rn.f32 a, a, r;\n"
-        "mul.rn.f32 b, b, r;\n"
-        "mul.rn.f32 c, c, r;\n"
-        "mul.rn.f32 d, d, r;\n"
-        "mul.rn.f32 a, a, s;\n"
-        "mul.rn.f32 b, b, s;\n"
-        "mul.rn.f32 c, c, s;\n"
-        "mul.rn.f32 d, d, s;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 lo, b, a;\n"
-        "cvt.rn.satfinite.e4m3x2.f32 hi, d, c;\n"
-        "mov.b32 q, {lo, hi};\n"
+        + _scale4("r")
+        + _scale4("s")
+        + _pack4("q")
         + _nan_fix("a", 0)
         + _nan_fix("b", 8)
         + _nan_fix("c", 16)

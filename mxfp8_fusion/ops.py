@@ -51,12 +51,17 @@ def _define(name: str, body, mutates_args=()):
     return op
 
 
-def _any_requires_grad(args) -> bool:
+def _any_tensor(args, predicate) -> bool:
+    """Whether ``predicate`` holds for a tensor among ``args`` (or inside a list argument)."""
     for arg in args:
         for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(t, Tensor) and t.requires_grad:
+            if isinstance(t, Tensor) and predicate(t):
                 return True
     return False
+
+
+def _any_requires_grad(args) -> bool:
+    return _any_tensor(args, lambda t: t.requires_grad)
 
 
 class _NoGradient(torch.autograd.Function):
@@ -265,9 +270,6 @@ def call(op, *args):
 def _needs_dispatcher(args) -> bool:
     if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
         return True
-    grad = torch.is_grad_enabled()
-    for arg in args:
-        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(t, Tensor) and (type(t) is not Tensor or (grad and t.requires_grad)):
-                return True
-    return False
+    if torch.is_grad_enabled():
+        return _any_tensor(args, lambda t: type(t) is not Tensor or t.requires_grad)
+    return _any_tensor(args, lambda t: type(t) is not Tensor)

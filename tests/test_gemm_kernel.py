@@ -220,11 +220,17 @@ SHAPES = [  # (tokens, N, K)
 def test_matches_reference(tokens, n, k, out_dtype, with_bias):
     # FP16 overflows past 65504: a narrow, low scale range keeps its outputs finite
     spread, center = (20, 127) if out_dtype == torch.bfloat16 else (4, 119)
-    capacity = tokens + 37
-    a_full, sa = _random_operand(tokens, k, capacity, spread, center, seed=tokens + k)
-    b, sb = _random_operand(n, k, None, spread, center, seed=n)
-    a = a_full[:tokens]
     bias = torch.randn(n, device="cuda", dtype=torch.float32) * 4 if with_bias else None
+    _check_run(tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n), extra_rows=37)
+
+
+def _check_run(tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows):
+    """Kernel vs reference on random operands into an ``out`` with ``extra_rows`` more rows
+    than tokens, which must stay untouched."""
+    capacity = tokens + extra_rows
+    a_full, sa = _random_operand(tokens, k, capacity, spread, center, seed=seeds[0])
+    b, sb = _random_operand(n, k, None, spread, center, seed=seeds[1])
+    a = a_full[:tokens]
     out = torch.full((capacity, n), 1234.0, device="cuda", dtype=out_dtype)
     poison = out.clone()
     ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
@@ -279,22 +285,10 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
     the tokens untouched."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
+    assert g.choose_config(tokens, n, k).tokens_tile >= tokens  # run() takes this kernel
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
-    capacity = tokens + 5
-    a_full, sa = _random_operand(tokens, k, capacity, spread, center, seed=tokens + 7 * k)
-    b, sb = _random_operand(n, k, None, spread, center, seed=n + 1)
-    a = a_full[:tokens]
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
-    out = torch.full((capacity, n), 1234.0, device="cuda", dtype=out_dtype)
-    poison = out.clone()
-    ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
-    reference.mm_into(a, sa, b, sb, bias, ref)
-    cfg = g.choose_config(tokens, n, k)
-    assert cfg.tokens_tile >= tokens
-    g.run(a, sa, b, sb, bias, out, config=cfg)
-    torch.cuda.synchronize()
-    assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
-    _check_close(out[:tokens], ref, a, sa, b, sb)
+    _check_run(tokens, n, k, out_dtype, bias, spread, center, (tokens + 7 * k, n + 1), 5)
 
 
 @pytest.mark.gpu
