@@ -163,14 +163,24 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     base = gemm_sm90.choose_config(
         tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
     )
-    result = {}
+    gemm_sm90.run(xv, xs, wv, ws, None, out, config=base)
+    expected = out.clone()
+    fns = {}
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
         cfg = dataclasses.replace(base, **{key: int(v) for key, v in spec.items()})
-        fn = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)  # noqa: E731
-        fn()
-        ms = _time(fn, rounds, 3)
-        result[name] = ms
+        fns[name] = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)
+        out.zero_()
+        fns[name]()
+        same = bool(torch.equal(out.view(torch.int16), expected.view(torch.int16)))
+        print(f"variant {name}: bitwise equal to the default config: {same}", flush=True)
+    samples = {name: [] for name in names}
+    for _ in range(rounds):  # interleaved, so clock drift hits every variant alike
+        for name, fn in fns.items():
+            samples[name].append(_time(fn, 1, 3))
+    result = {}
+    for name in names:
+        result[name] = ms = statistics.median(samples[name])
         print(
             f"variant {name:28s} tokens {tokens}: {ms:.3f} ms "
             f"{2.0 * tokens * n * k / ms / 1e9:.1f} TF/s",
