@@ -53,7 +53,6 @@ class GemmConfig:
     num_ctas: int = 132
     tokens_tile: int = 0
     consumers: int = 4
-    converters: int = 1
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -99,13 +98,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
         return skinny_config(tokens, num_sms)
     tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
     stages, bf16_stages = _TILED_STAGES[tile_n]
-    return GemmConfig(
-        tile_n=tile_n,
-        stages=stages,
-        bf16_stages=bf16_stages,
-        num_ctas=num_sms,
-        converters=2 if tile_n == 128 else 1,
-    )
+    return GemmConfig(tile_n=tile_n, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms)
 
 
 def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:

@@ -52,13 +52,19 @@ TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
 HALVES = TILE_K8 // TILE_K16
 CHUNK_WORDS = 128
 WG_THREADS = 128
-CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two convert A and run the wgmma
-# Registers per thread after setmaxnreg with two converter warpgroups (640 threads launch
-# with 96): the producer warpgroup gives most of its share to the consumers, whose 64 x 128
-# accumulator and A fragment need 128 (below that ptxas spills and serializes the wgmmas).
+# One B-converter warpgroup: 512 threads launch with 128 registers each, and setmaxnreg
+# moves the producer warpgroup's spare ones to the consumers (the 64 x 128 accumulator and
+# the A fragment spill at 128; 176 removes the spills, 6% faster). A second converter
+# warpgroup (640 threads, consumers still at 128) measured 5% slower: the conversion is
+# not short of warps (benchmarks/GEMM_LOG.md, variants 16-17).
 PRODUCER_REGS = 40
-CONVERTER_REGS = 88
-CONSUMER_REGS = 128
+CONVERTER_REGS = 120
+CONSUMER_REGS = 176  # 128 x 40 + 128 x 120 + 256 x 176 = 65536, the launch's registers
+CONVERT_WGS = 1
+CONVERT_WG0 = 1  # warpgroup 1 converts B; 2-3 convert A and run the wgmma
+CONVERT_THREADS = CONVERT_WGS * WG_THREADS
+CONSUMER_WG0 = 1 + CONVERT_WGS
+NUM_WG = 3 + CONVERT_WGS
 
 
 class MXFP8TiledGemmSm90:
@@ -73,13 +79,6 @@ class MXFP8TiledGemmSm90:
         self.has_bias = bias_dtype is not None
         self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
-        if cfg.converters not in (1, 2):
-            raise ValueError(f"converters must be 1 or 2, got {cfg.converters}")
-        self.convert_threads = cfg.converters * WG_THREADS
-        if 2 * self.tile_n < self.convert_threads:  # _convert_b: whole units per thread
-            raise ValueError("two converter warpgroups need tile_n 128")
-        self.consumer_wg0 = CONVERT_WG0 + cfg.converters
-        self.num_wg = self.consumer_wg0 + 2
         # the B converter gives each of its threads whole 32-element units (_convert_b)
         if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
@@ -152,7 +151,7 @@ class MXFP8TiledGemmSm90:
         ).launch  # fmt: skip
         launch(
             grid=grid,
-            block=[WG_THREADS * self.num_wg, 1, 1],
+            block=[WG_THREADS * NUM_WG, 1, 1],
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
@@ -192,7 +191,7 @@ class MXFP8TiledGemmSm90:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # the B converters and the A-converting consumers both read each FP8 stage
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (self.convert_threads + 2 * WG_THREADS) // 32
+                pipeline.Agent.Thread, (CONVERT_THREADS + 2 * WG_THREADS) // 32
             ),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
@@ -201,18 +200,14 @@ class MXFP8TiledGemmSm90:
         conv_pipe = pipeline.PipelineAsync.create(
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.convert_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERT_THREADS),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * WG_THREADS),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        # with two converter warpgroups the launch gives every thread 96 registers: move the
-        # producer warpgroup's spare registers to the consumers (setmaxnreg, per warpgroup)
-        realloc = cutlass.const_expr(self.num_wg > 4)
         if wg == 0:
-            if realloc:
-                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)  # one warp issues TMA
             if warp == 0:
                 sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
                 sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
@@ -222,16 +217,14 @@ class MXFP8TiledGemmSm90:
                     tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
                     sA8, sB8, sSA, sSB, load_pipe, sched_params,
                 )  # fmt: skip
-        elif wg < self.consumer_wg0:
-            if realloc:
-                cute.arch.setmaxregister_decrease(CONVERTER_REGS)
+        elif wg < CONSUMER_WG0:
+            cute.arch.setmaxregister_decrease(CONVERTER_REGS)
             self._converter(tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, sched_params)
         else:
-            if realloc:
-                cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
             self._consumer(
-                wg - self.consumer_wg0, tidx % WG_THREADS, tiled_mma, st, sB16, mD, mBias, m,
+                wg - CONSUMER_WG0, tidx % WG_THREADS, tiled_mma, st, sB16, mD, mBias, m,
                 load_pipe, conv_pipe, sched_params,
             )  # fmt: skip
 
@@ -324,8 +317,8 @@ class MXFP8TiledGemmSm90:
         """
         smem = cute.AddressSpace.smem
         j = (ct // 8) % 2
-        units = 2 * self.tile_n // self.convert_threads
-        rows = [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
+        units = 2 * self.tile_n // CONVERT_THREADS
+        rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
         # all loads first, then the arithmetic, then the stores: one basic block
         loaded = []
         for row in rows:
