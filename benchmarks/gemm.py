@@ -51,10 +51,11 @@ class Row:
     ours_host_us_per_launch: float
 
 
-# Idle time before every sample. Right after a cuBLAS BF16 GEMM our kernel measured 10%
-# slower (6.0 vs 5.45 ms at 4096 tokens, same data) than after an idle GPU: the power and
-# clock state left by the previous kernel leaks into the next sample. A short rest before
-# each sample, for every contender alike, measures each from the same state.
+# Idle time before every sample, then an untimed warm-up of the same launches. Right after
+# a cuBLAS BF16 GEMM our kernel measured 10% slower (6.0 vs 5.45 ms at 4096 tokens, same
+# data) than after an idle GPU: the power and clock state left by the previous kernel leaks
+# into the next sample. Resting alone biases short kernels the other way (the clocks drop
+# while idle), hence the warm-up. Every contender is timed alike.
 _REST_S = 0.05
 
 
@@ -63,6 +64,8 @@ def _time(fn, rounds: int, inner: int) -> float:
     for _ in range(rounds):
         torch.cuda.synchronize()
         time.sleep(_REST_S)
+        for _ in range(inner):
+            fn()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(inner):
@@ -237,9 +240,9 @@ def main() -> None:
         "torch": torch.__version__,
         "cutlass_dsl": cutlass_dsl_version(),
         "git_revision": git_revision(args.git_rev),
-        "timing": "median of CUDA-event timings, interleaved rounds, 50 ms idle before every "
-        "sample (ours, cuBLAS and dequant alike) so no sample inherits the previous kernel's "
-        "power and clock state",
+        "timing": "median of CUDA-event timings, interleaved rounds; before every sample 50 ms "
+        "idle and an untimed run of the same launches (ours, cuBLAS and dequant alike), so "
+        "no sample inherits the previous kernel's power and clock state",
         "ratio_direction": "ours_over_X_time < 1 means ours is faster",
         "rows": [asdict(r) for r in rows],
         "variants_ms": variants,
