@@ -52,7 +52,7 @@ class GemmConfig:
     bf16_stages: int = 4
     num_ctas: int = 132
     tokens_tile: int = 0
-    consumers: int = 4
+    consumers: int = 3
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -72,13 +72,14 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SKINNY_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
-    Four consumer warpgroups (640 threads, 96 registers each) up to 32 tokens; the 64-token
-    accumulator needs more registers, so three there (512 threads, 128 registers).
+    Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
+    registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
+    stream-K split (benchmarks/GEMM_LOG.md, variant 20).
     """
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
-    consumers = 4 if tokens_tile <= 32 else 3
+    consumers = 3
     per_stage = (64 + tokens_tile) * 128 + 2 * _CHUNK_WORDS * 4 + 16
     # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
     fixed = consumers * (2 * tokens_tile * 128 + 64 * tokens_tile * 4) + 4096
