@@ -9,7 +9,10 @@ benchmarks/GEMM_LOG.md.)
 
 * gemm_sm90_tiled (more than 64 tokens): 128 x 128 (or 128 x 64) output tiles, persistent;
   consumer warpgroups convert their A rows straight into RS-wgmma register fragments, one
-  converter warpgroup turns the weight tile into BF16 shared memory.
+  converter warpgroup turns the weight tile into 16-bit shared memory. Tiles whose rows'
+  scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
+  the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
+  (gemm_sm90_refs); the others BF16.
 * gemm_sm90_skinny (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
@@ -131,17 +134,16 @@ _TORCH_TO_CUTLASS = {
 
 
 # Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
-# count and the A scale chunk count; the swap-AB kernel adds its workspace addresses.
-_KINDS = "qqqqqqii"
-_SKINNY_KINDS = _KINDS + "qq"
+# count, the A scale chunk count, then two more addresses: the tiled kernel's per-row FP16
+# references of A and of B (gemm_sm90_refs), the swap-AB kernel's stream-K workspace.
+_KINDS = "qqqqqqiiqq"
+_REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
 
 
 @functools.cache
 def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
     """Compile for the compile-time facts only; the token count M stays a runtime value."""
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream
 
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
@@ -151,8 +153,23 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
+    return _compile(kernel, _KINDS)
+
+
+@functools.cache
+def _compiled_refs(k: int):
+    """The per-row FP16 reference scan (gemm_sm90_refs): one compile per K."""
+    from .gemm_sm90_refs import RowReferencesSm90
+
+    return _compile(RowReferencesSm90(k), _REFS_KINDS)
+
+
+def _compile(kernel, kinds: str):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
     fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
-    kinds = _SKINNY_KINDS if cfg.tokens_tile else _KINDS
     return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
 
 
@@ -178,6 +195,22 @@ def _workspace(device: torch.device, index: int, num_ctas: int):
 def _fresh_workspace(device: torch.device, num_ctas: int):
     partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
     return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+
+
+# Per-row FP16 references of the tiled kernel's operands, per (device, stream): written by
+# the scan launch right before each GEMM on that stream, so one buffer serves them all (a
+# captured launch gets its own from the graph's pool, like the stream-K workspace).
+_refs_buffers: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _refs_buffer(device: torch.device, index: int, words: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(words, dtype=torch.int32, device=device)
+    key = (index, raw_stream(index))
+    buf = _refs_buffers.get(key)
+    if buf is None or buf.numel() < words:
+        buf = _refs_buffers[key] = torch.empty(words, dtype=torch.int32, device=device)
+    return buf
 
 
 @functools.cache
@@ -221,12 +254,30 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     if cfg.tokens_tile:
         partials, flags = _workspace(a_values.device, dev, cfg.num_ctas)
         args += (partials.data_ptr(), flags.data_ptr())
+    else:
+        refs = row_references(a_scales, b_scales, m, n, k)
+        args += (refs.data_ptr(), refs.data_ptr() + 4 * -(-m // _TILE_M) * _TILE_M)
     key = (cfg, n, k, out.stride(0), out.dtype, bias_dtype, dev)
+    _launch(key, lambda: _compiled(*key[:-1]), _KINDS, args, dev)
+
+
+def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
+    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
+    stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
+    row's reference byte or -1 if the row must take the BF16 path. No sync."""
+    dev = a_scales.device.index if a_scales.device.index is not None else 0
+    a_rows = -(-m // _TILE_M) * _TILE_M
+    refs = _refs_buffer(a_scales.device, dev, a_rows + -(-n // _TILE_M) * _TILE_M)
+    scan = (a_scales.data_ptr(), b_scales.data_ptr(), refs.data_ptr(), m, n)
+    _launch(("refs", k, dev), lambda: _compiled_refs(k), _REFS_KINDS, scan, dev)
+    return refs
+
+
+def _launch(key, compile_fn, kinds: str, args: tuple, dev: int) -> None:
     launcher = _launchers.get(key)
     if launcher is None:
-        compiled = _compiled(*key[:-1])
+        compiled = compile_fn()
         with torch.cuda.device(dev):
-            kinds = _SKINNY_KINDS if cfg.tokens_tile else _KINDS
             launcher = _launchers[key] = Launcher(compiled, kinds, (*args, raw_stream(dev)))
     launcher((*args, raw_stream(dev)))
 

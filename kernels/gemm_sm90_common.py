@@ -23,6 +23,7 @@ from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
+from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 from .quantize_ptx import asm_u32
 
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
@@ -107,11 +108,14 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0):
 
 
 @cute.jit
-def convert_fragment(words, scale_words, groups, frag_words):
+def convert_fragment(words, scale_words, groups, frag_words, lows=None):
     """:func:`load_fragment_bytes`'s bytes -> the BF16 A fragment (Int32 view): the j-th
     group's bytes 0-3 feed k16 block 2j, bytes 4-7 block 2j + 1; fragment word
     rr + 2 * hi + 4 * kb is the BF16 pair (row g + 8 rr, k 2t + 8 hi) of block kb. The rare
     second factor (scale bytes above ONE_FACTOR_MAX) is one branch for the whole fragment.
+
+    With ``lows`` (``ref - 15`` of the two rows) the fragment is FP16 instead, each value
+    times 2**(s - ref) (gemm_sm90_f16).
     """
     n = len(groups)
     big = Int32(0)
@@ -119,20 +123,34 @@ def convert_fragment(words, scale_words, groups, frag_words):
     for rr in cutlass.range_constexpr(2):
         for j in cutlass.range_constexpr(n):
             s = Int32(scale_words[rr][0] >> (8 * groups[j])) & 0xFF
-            factor, rest, is_big = scale_factors(s)
-            rests.append(rest)
-            big = big | is_big
+            if cutlass.const_expr(lows is not None):
+                factor = f16_factor(s, lows[rr])
+            else:
+                factor, rest, is_big = scale_factors(s)
+                rests.append(rest)
+                big = big | is_big
             for i in cutlass.range_constexpr(2):
                 w = words[n * rr + j][i]
                 for hi in cutlass.range_constexpr(2):
-                    frag_words[rr + 2 * hi + 4 * (2 * j + i)] = dequant_pair(w, factor, hi == 1)
-    if big != 0:
-        for rr in cutlass.range_constexpr(2):
-            for j in cutlass.range_constexpr(n):
-                for i in cutlass.range_constexpr(2):
-                    for hi in cutlass.range_constexpr(2):
-                        idx = rr + 2 * hi + 4 * (2 * j + i)
-                        frag_words[idx] = mul_bf16x2(frag_words[idx], rests[n * rr + j])
+                    if cutlass.const_expr(lows is not None):
+                        pair = dequant_pair_f16(w, factor, hi == 1)
+                    else:
+                        pair = dequant_pair(w, factor, hi == 1)
+                    frag_words[rr + 2 * hi + 4 * (2 * j + i)] = pair
+    if cutlass.const_expr(lows is None):
+        if big != 0:
+            for rr in cutlass.range_constexpr(2):
+                for j in cutlass.range_constexpr(n):
+                    for i in cutlass.range_constexpr(2):
+                        for hi in cutlass.range_constexpr(2):
+                            idx = rr + 2 * hi + 4 * (2 * j + i)
+                            frag_words[idx] = mul_bf16x2(frag_words[idx], rests[n * rr + j])
+
+
+def load_gmem_word(addr):
+    """One 32-bit word from global byte address ``addr``."""
+    ptr = cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=4)
+    return cute.make_tensor(ptr, cute.make_layout(1))[0]
 
 
 def store_smem_word(addr, value):

@@ -1,25 +1,33 @@
 """The tiled MXFP8 GEMM for sm_90a, A in registers (imports cutlass: load lazily).
 
-An E4M3 value times a power of two is exactly a BF16 value, so both operands are scaled to
-BF16 and multiplied by BF16 wgmma with FP32 accumulation: the only difference from the
-reference is summation order. The token operand A never passes through shared memory as
-BF16: each consumer warpgroup converts its own 64 rows from the TMA'd FP8 stage straight
-into the register fragments of an RS wgmma. Only the weight operand B is converted into a
-BF16 shared-memory tile, by dedicated converter warps.
+Both operands are converted from E4M3 to 16-bit and multiplied by 16-bit wgmma with FP32
+accumulation. Per output tile one of two paths, both exact up to summation order:
+
+* FP16 (gemm_sm90_f16): each value times 2**(s - ref[row]), two instructions per pair; the
+  epilogue multiplies by 2**(ref_a - 127) * 2**(ref_b - 127). Taken when every row of the
+  tile's A and B has its scale bytes within 21 of each other (gemm_sm90_refs scans them in
+  a launch before the GEMM);
+* BF16 otherwise: each value times 2**(s - 127), four instructions per pair.
+
+The token operand A never passes through shared memory as 16-bit: each consumer warpgroup
+converts its own 64 rows from the TMA'd FP8 stage straight into the register fragments of
+an RS wgmma. Only the weight operand B is converted into a 16-bit shared-memory tile, by
+dedicated converter warps.
 
 One CTA = 4 warpgroups (128 x tile_n output tile), persistent over output tiles:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
-  blocked-scale chunks (``load_pipe``, released by converters and consumers);
-* warpgroup 1: B converter, FP8 stage -> two BF16 stages of K 64 (``conv_pipe``). Per
-  32-element unit: two 16-byte shared loads, 16 x (PRMT, SHL, AND, HMUL2), four 16-byte
-  shared stores, conflict-free under the 128-byte swizzle;
+  blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
+  each tile's row references and path into a two-stage ring (``ref_pipe``);
+* warpgroup 1: B converter, FP8 stage -> two 16-bit stages of K 64 (``conv_pipe``). Per
+  32-element unit: two 16-byte shared loads, 16 pair conversions, four 16-byte shared
+  stores, conflict-free under the 128-byte swizzle;
 * warpgroups 2-3: consumers, 64 A rows each: per K 64, convert A into the fragment, then
-  four m64 x tile_n x k16 wgmmas against the BF16 B stage.
+  four m64 x tile_n x k16 wgmmas against the 16-bit B stage.
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
-BF16 B tile, as in gemm_sm90_skinny.
+B tile, as in gemm_sm90_skinny.
 """
 
 from __future__ import annotations
@@ -38,13 +46,16 @@ from .gemm_sm90_common import (
     dequant_pair,
     gemm_tensors,
     load_fragment_bytes,
+    load_gmem_word,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
     smem_layout,
+    store_smem_word,
     tma_load,
     tma_views,
 )
+from .gemm_sm90_f16 import dequant_pair_f16, f16_factor, times_pow2
 
 TILE_M = 128
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
@@ -65,6 +76,13 @@ CONVERT_WG0 = 1  # warpgroup 1 converts B; 2-3 convert A and run the wgmma
 CONVERT_THREADS = CONVERT_WGS * WG_THREADS
 CONSUMER_WG0 = 1 + CONVERT_WGS
 NUM_WG = 3 + CONVERT_WGS
+# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
+# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring:
+# words [0, 128) A rows, [128, 256) B rows (ref - 127), 256 the mode (1 = BF16).
+SCAN_THREADS = 32
+REF_STAGES = 2
+REF_WORDS = 260
+MODE_WORD = 256
 
 
 class MXFP8TiledGemmSm90:
@@ -99,6 +117,8 @@ class MXFP8TiledGemmSm90:
         out_addr: cutlass.Int64,
         m: cutlass.Int32,
         sa_chunks: cutlass.Int32,
+        refs_a: cutlass.Int64,
+        refs_b: cutlass.Int64,
         stream: cuda.CUstream,
     ):
         fp8 = cutlass.Float8E4M3FN
@@ -106,16 +126,19 @@ class MXFP8TiledGemmSm90:
         addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
 
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            bf16,
-            bf16,
-            cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K,
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(64, self.tile_n),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
+        mmas = [
+            sm90_utils.make_trivial_tiled_mma(
+                dtype,
+                dtype,
+                cute.nvgpu.OperandMajorMode.K,
+                cute.nvgpu.OperandMajorMode.K,
+                cutlass.Float32,
+                (1, 1, 1),
+                tiler_mn=(64, self.tile_n),
+                a_source=warpgroup.OperandSource.RMEM,
+            )
+            for dtype in (bf16, cutlass.Float16)
+        ]
         a8_layout = smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
@@ -138,6 +161,8 @@ class MXFP8TiledGemmSm90:
         class Storage:
             load_bar: cute.struct.MemRange[cutlass.Int64, stages8 * 2]
             conv_bar: cute.struct.MemRange[cutlass.Int64, stages16 * 2]
+            ref_bar: cute.struct.MemRange[cutlass.Int64, REF_STAGES * 2]
+            refs: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, REF_WORDS * REF_STAGES], 16]
             sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
             sB8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(b8_layout)], 1024]
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
@@ -146,8 +171,8 @@ class MXFP8TiledGemmSm90:
 
         self.storage = Storage
         launch = self.kernel(
-            tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, mD, mBias, m, tiled_mma,
-            a8_layout, b8_layout, b16_layout, s_layout, sched,
+            tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, refs_a, refs_b, mD, mBias, m,
+            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sched,
         ).launch  # fmt: skip
         launch(
             grid=grid,
@@ -168,10 +193,13 @@ class MXFP8TiledGemmSm90:
         gSA_full: cute.Tensor,
         tma_sb: cute.CopyAtom,
         gSB_full: cute.Tensor,
+        refs_a: cutlass.Int64,
+        refs_b: cutlass.Int64,
         mD: cute.Tensor,
         mBias: cute.Tensor,
         m: cutlass.Int32,
-        tiled_mma: cute.TiledMma,
+        mma_bf16: cute.TiledMma,
+        mma_f16: cute.TiledMma,
         a8_layout: cute.ComposedLayout,
         b8_layout: cute.ComposedLayout,
         b16_layout: cute.ComposedLayout,
@@ -204,6 +232,15 @@ class MXFP8TiledGemmSm90:
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * WG_THREADS),
             defer_sync=True,
         )
+        ref_pipe = pipeline.PipelineAsync.create(
+            barrier_storage=st.ref_bar.data_ptr(),
+            num_stages=REF_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, SCAN_THREADS),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, CONVERT_THREADS + 2 * WG_THREADS
+            ),
+            defer_sync=True,
+        )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if wg == 0:
@@ -217,15 +254,22 @@ class MXFP8TiledGemmSm90:
                     tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
                     sA8, sB8, sSA, sSB, load_pipe, sched_params,
                 )  # fmt: skip
+            elif warp == 1:
+                self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe, sched_params)
         elif wg < CONSUMER_WG0:
             cute.arch.setmaxregister_decrease(CONVERTER_REGS)
-            self._converter(tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, sched_params)
+            self._converter(
+                tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, ref_pipe, sched_params
+            )
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
+            sB16h = st.sB16.get_tensor(
+                b16_layout.outer, swizzle=b16_layout.inner, dtype=cutlass.Float16
+            )
             self._consumer(
-                wg - CONSUMER_WG0, tidx % WG_THREADS, tiled_mma, st, sB16, mD, mBias, m,
-                load_pipe, conv_pipe, sched_params,
+                wg - CONSUMER_WG0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, (sB16, sB16h),
+                mD, mBias, m, load_pipe, conv_pipe, ref_pipe, sched_params,
             )  # fmt: skip
 
     @cute.jit
@@ -266,54 +310,115 @@ class MXFP8TiledGemmSm90:
         load_pipe.producer_tail(ps)
 
     @cute.jit
-    def _converter(self, ct, st, load_pipe, conv_pipe, sched_params):
-        """B half of each FP8 stage -> one scaled BF16 stage of K 64, K permuted per group."""
-        b8 = st.sB8.data_ptr().toint()
-        b16 = st.sB16.data_ptr().toint()
-        sb = st.sSB.data_ptr().toint()
+    def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe, sched_params):
+        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90_refs)
+        into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
+        refs = st.refs.data_ptr().toint()
+        sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
+        )
+        work = sched.initial_work_tile_info()
+        ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, REF_STAGES)
+        b_parts = self.tile_n // 32
+        while work.is_valid_tile:
+            tm = work.tile_idx[0]
+            tn = work.tile_idx[1]
+            a_rows = [tm * TILE_M + lane + 32 * i for i in range(4)]
+            b_rows = [tn * self.tile_n + lane + 32 * i for i in range(b_parts)]
+            a_refs = [load_gmem_word(refs_a + r * 4) for r in a_rows]
+            b_refs = [load_gmem_word(refs_b + r * 4) for r in b_rows]
+            misfit = Int32(0)
+            for r, v in zip(a_rows, a_refs, strict=True):
+                misfit = misfit | cutlass.select_((r < m) & (v < 0), Int32(1), Int32(0))
+            for r, v in zip(b_rows, b_refs, strict=True):
+                misfit = misfit | cutlass.select_((r < self.n) & (v < 0), Int32(1), Int32(0))
+            mode = cute.arch.vote_any_sync(misfit != 0)
+            ref_pipe.producer_acquire(ps)
+            buf = refs + ps.index * (REF_WORDS * 4)
+            for i in cutlass.range_constexpr(4):
+                store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - 127)
+            for i in cutlass.range_constexpr(b_parts):
+                store_smem_word(buf + (128 + lane + 32 * i) * 4, b_refs[i] - 127)
+            if lane == 0:
+                store_smem_word(buf + MODE_WORD * 4, cutlass.select_(mode, Int32(1), Int32(0)))
+            ref_pipe.producer_commit(ps)
+            ps.advance()
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        ref_pipe.producer_tail(ps)
+
+    @cute.jit
+    def _converter(self, ct, st, load_pipe, conv_pipe, ref_pipe, sched_params):
+        """B half of each FP8 stage -> one scaled BF16 (or FP16) stage of K 64, K permuted
+        per group."""
+        refs = st.refs.data_ptr().toint()
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
         work = sched.initial_work_tile_info()
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
+        rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
+        units = 2 * self.tile_n // CONVERT_THREADS
+        rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
         while work.is_valid_tile:
             tn = work.tile_idx[1]
             b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
-            for _kt in range(self.k_tiles):
-                load_pipe.consumer_wait(ls)
-                first = cs.clone()
-                for h in cutlass.range_constexpr(HALVES):
-                    if cutlass.const_expr(h > 0):
-                        cs.advance()
-                    conv_pipe.producer_acquire(cs)
-                    self._convert_b(
-                        ct,
-                        h,
-                        b_row0,
-                        b8 + ls.index * (self.tile_n * TILE_K8),
-                        sb + ls.index * (CHUNK_WORDS * 4),
-                        b16 + cs.index * (self.tile_n * TILE_K16 * 2),
-                    )
-                # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
-                cute.arch.fence_proxy("async.shared", space="cta")
-                conv_pipe.producer_commit(first)
-                conv_pipe.producer_commit(cs)
-                cs.advance()
-                load_pipe.consumer_release(ls)
-                ls.advance()
+            ref_pipe.consumer_wait(rfs)
+            buf = refs + rfs.index * (REF_WORDS * 4)
+            mode = load_smem_words(buf + MODE_WORD * 4, 1, 4)[0]
+            # the FP16 factors want ref - 15 (f16_factor)
+            row_lows = [Int32(load_smem_words(buf + (128 + r) * 4, 1, 4)[0]) + 112 for r in rows]
+            ref_pipe.consumer_release(rfs)
+            rfs.advance()
+            if mode != 0:
+                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None)
+            else:
+                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows)
             sched.advance_to_next_work()
             work = sched.get_current_work()
 
     @cute.jit
-    def _convert_b(self, ct, h: int, b_row0, src, scales, dst):
+    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows):
+        """One output tile's B stages (FP16 with ``row_lows``, else BF16)."""
+        b8 = st.sB8.data_ptr().toint()
+        b16 = st.sB16.data_ptr().toint()
+        sb = st.sSB.data_ptr().toint()
+        for _kt in range(self.k_tiles):
+            load_pipe.consumer_wait(ls)
+            first = cs.clone()
+            for h in cutlass.range_constexpr(HALVES):
+                if cutlass.const_expr(h > 0):
+                    cs.advance()
+                conv_pipe.producer_acquire(cs)
+                self._convert_b(
+                    ct,
+                    h,
+                    b_row0,
+                    b8 + ls.index * (self.tile_n * TILE_K8),
+                    sb + ls.index * (CHUNK_WORDS * 4),
+                    b16 + cs.index * (self.tile_n * TILE_K16 * 2),
+                    row_lows,
+                )
+            # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+            cute.arch.fence_proxy("async.shared", space="cta")
+            conv_pipe.producer_commit(first)
+            conv_pipe.producer_commit(cs)
+            cs.advance()
+            load_pipe.consumer_release(ls)
+            ls.advance()
+        return ls, cs
+
+    @cute.jit
+    def _convert_b(self, ct, h: int, b_row0, src, scales, dst, row_lows):
         """Unit (row, j): the 32 FP8 bytes of scale group 2h + j of ``row``.
 
         Thread ct takes rows (ct / 16) * 8 + ct % 8 + 64 u (u < tile N / 64) and j = (ct / 8)
         % 2: eight consecutive threads hold eight consecutive rows, so under the 128-byte
         swizzle each quarter-warp's loads and stores hit 8 distinct 16-byte chunks. Output
         chunk 4j + 2i + hi of the BF16 row holds, in word t, the pair ``hi`` of FP8 word
-        4 (t / 2) + 2 (t % 2) + i of the unit (the K slot the A fragment gives it).
+        4 (t / 2) + 2 (t % 2) + i of the unit (the K slot the A fragment gives it). With
+        ``row_lows`` (``ref - 15`` of the thread's rows) the stage is FP16 instead.
         """
         smem = cute.AddressSpace.smem
         j = (ct // 8) % 2
@@ -338,22 +443,30 @@ class MXFP8TiledGemmSm90:
         outs = []
         big = Int32(0)
         rests = []
-        for words, sword in loaded:
+        for u, (words, sword) in enumerate(loaded):
             s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
-            factor, rest, is_big = scale_factors(s)
-            big = big | is_big
-            rests.append(rest)
+            if cutlass.const_expr(row_lows is not None):
+                factor = f16_factor(s, row_lows[u])
+            else:
+                factor, rest, is_big = scale_factors(s)
+                big = big | is_big
+                rests.append(rest)
             out = cute.make_rmem_tensor((16,), Int32)
             for i in cutlass.range_constexpr(2):
                 for hi in cutlass.range_constexpr(2):
                     for t in cutlass.range_constexpr(4):
                         w = words[4 * (t // 2) + 2 * (t % 2) + i]
-                        out[4 * (2 * i + hi) + t] = dequant_pair(w, factor, hi == 1)
+                        if cutlass.const_expr(row_lows is not None):
+                            pair = dequant_pair_f16(w, factor, hi == 1)
+                        else:
+                            pair = dequant_pair(w, factor, hi == 1)
+                        out[4 * (2 * i + hi) + t] = pair
             outs.append(out)
-        if big != 0:
-            for out, rest in zip(outs, rests, strict=True):
-                for x in cutlass.range_constexpr(16):
-                    out[x] = mul_bf16x2(out[x], rest)
+        if cutlass.const_expr(row_lows is None):
+            if big != 0:
+                for out, rest in zip(outs, rests, strict=True):
+                    for x in cutlass.range_constexpr(16):
+                        out[x] = mul_bf16x2(out[x], rest)
         for row, out in zip(rows, outs, strict=True):
             for c in cutlass.range_constexpr(4):
                 dst_addr = dst + row * (TILE_K16 * 2) + (((4 * j + c) ^ (row % 8)) << 4)
@@ -367,21 +480,15 @@ class MXFP8TiledGemmSm90:
 
     @cute.jit
     def _consumer(
-        self, cwg, ct, tiled_mma, st, sB16, mD, mBias, m, load_pipe, conv_pipe, sched_params
+        self, cwg, ct, mmas, st, sBs, mD, mBias, m, load_pipe, conv_pipe, ref_pipe, sched_params
     ):  # fmt: skip
-        thr = tiled_mma.get_slice(ct)
-        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((64, TILE_K16)))
-        # Int32 view: word rr + 2 * hi + 4 * kb = BF16 pair (row g + 8 rr, k 2t + 8 hi) of
-        # k16 block kb, the register order of the RS wgmma's A fragment
-        frag_words = cute.recast_tensor(frag, Int32)
-        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
+        refs = st.refs.data_ptr().toint()
+        for mma in mmas:  # accumulate from the first wgmma on: acc is zeroed per tile
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+        thr = mmas[0].get_slice(ct)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((64, self.tile_n)), cutlass.Float32)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        a8 = st.sA8.data_ptr().toint()
-        sa = st.sSA.data_ptr().toint()
         lane = ct % 32
         row0 = cwg * 64 + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
-        t = lane % 4
 
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
@@ -390,54 +497,111 @@ class MXFP8TiledGemmSm90:
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
+        rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         while work.is_valid_tile:
             tm = work.tile_idx[0]
             tn = work.tile_idx[1]
-            live = tm * TILE_M + cwg * 64 < m
-            acc.fill(0.0)
-            for _kt in range(self.k_tiles):
-                load_pipe.consumer_wait(ls)
-                for h in cutlass.range_constexpr(HALVES):
-                    conv_pipe.consumer_wait(rs)
-                    if live:
-                        groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                        words, scales = load_fragment_bytes(
-                            a8 + ls.index * (TILE_M * TILE_K8), row0, t, groups,
-                            sa + ls.index * (CHUNK_WORDS * 4), 0,
-                        )  # fmt: skip
-                        # the previous half's wgmmas have read the fragment and their B stage
-                        warpgroup.wait_group(0)
-                        if rel.count < rs.count:
-                            conv_pipe.consumer_release(rel)
-                            rel.advance()
-                        convert_fragment(words, scales, groups, frag_words)
-                        if cutlass.const_expr(h == HALVES - 1):
-                            load_pipe.consumer_release(ls)
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(TILE_K16 // 16):
-                            cute.gemm(
-                                tiled_mma,
-                                acc,
-                                frag[(None, None, kb)],
-                                tCrB[(None, None, kb, rs.index)],
-                                acc,
-                            )
-                        warpgroup.commit_group()
-                    else:
-                        # every row of this warpgroup lies past M: keep the pipelines in step
-                        conv_pipe.consumer_release(rs)
-                        rel.advance()
-                        if cutlass.const_expr(h == HALVES - 1):
-                            load_pipe.consumer_release(ls)
-                    rs.advance()
-                ls.advance()
-            if live:
+            ref_pipe.consumer_wait(rfs)
+            buf = refs + rfs.index * (REF_WORDS * 4)
+            mode = load_smem_words(buf + MODE_WORD * 4, 1, 4)[0]
+            if tm * TILE_M + cwg * 64 < m:
+                acc.fill(0.0)
+                if mode != 0:
+                    ls, rs, rel = self._mainloop(
+                        ct, mmas[0], sBs[0], acc, st, row0, load_pipe, conv_pipe, ls, rs, rel,
+                        None,
+                    )  # fmt: skip
+                else:
+                    # the FP16 factors want ref - 15 (f16_factor)
+                    row_lows = [
+                        Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
+                        for rr in range(2)
+                    ]
+                    ls, rs, rel = self._mainloop(
+                        ct, mmas[1], sBs[1], acc, st, row0, load_pipe, conv_pipe, ls, rs, rel,
+                        row_lows,
+                    )  # fmt: skip
                 warpgroup.wait_group(0)
                 conv_pipe.consumer_release(rel)
                 rel.advance()
+                if mode == 0:
+                    self._unscale(acc, thr, buf, row0)
                 self._epilogue(acc, thr, mD, mBias, m, tm * TILE_M + cwg * 64, tn)
+            else:
+                # every row of this warpgroup lies past M: keep the pipelines in step
+                for _kt in range(self.k_tiles):
+                    load_pipe.consumer_wait(ls)
+                    for _h in cutlass.range_constexpr(HALVES):
+                        conv_pipe.consumer_wait(rs)
+                        conv_pipe.consumer_release(rs)
+                        rs.advance()
+                        rel.advance()
+                    load_pipe.consumer_release(ls)
+                    ls.advance()
+            ref_pipe.consumer_release(rfs)
+            rfs.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _mainloop(
+        self, ct, tiled_mma, sB16, acc, st, row0, load_pipe, conv_pipe, ls, rs, rel, row_lows
+    ):  # fmt: skip
+        """One output tile's K loop: per K 64, convert A into the fragment (FP16 with
+        ``row_lows``, else BF16), then four wgmmas against the converted B stage. Leaves the
+        last wgmmas in flight and the last B stage unreleased."""
+        thr = tiled_mma.get_slice(ct)
+        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((64, TILE_K16)))
+        # Int32 view: word rr + 2 * hi + 4 * kb = the pair (row g + 8 rr, k 2t + 8 hi) of
+        # k16 block kb, the register order of the RS wgmma's A fragment
+        frag_words = cute.recast_tensor(frag, Int32)
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
+        a8 = st.sA8.data_ptr().toint()
+        sa = st.sSA.data_ptr().toint()
+        t = ct % 4
+        for _kt in range(self.k_tiles):
+            load_pipe.consumer_wait(ls)
+            for h in cutlass.range_constexpr(HALVES):
+                conv_pipe.consumer_wait(rs)
+                groups = (2 * h, 2 * h + 1)  # the K half's scale groups
+                words, scales = load_fragment_bytes(
+                    a8 + ls.index * (TILE_M * TILE_K8), row0, t, groups,
+                    sa + ls.index * (CHUNK_WORDS * 4), 0,
+                )  # fmt: skip
+                # the previous half's wgmmas have read the fragment and their B stage
+                warpgroup.wait_group(0)
+                if rel.count < rs.count:
+                    conv_pipe.consumer_release(rel)
+                    rel.advance()
+                convert_fragment(words, scales, groups, frag_words, row_lows)
+                if cutlass.const_expr(h == HALVES - 1):
+                    load_pipe.consumer_release(ls)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(TILE_K16 // 16):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        frag[(None, None, kb)],
+                        tCrB[(None, None, kb, rs.index)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                rs.advance()
+            ls.advance()
+        return ls, rs, rel
+
+    @cute.jit
+    def _unscale(self, acc, thr, buf, row0):
+        """FP16 path: times 2**(ref_a - 127) * 2**(ref_b - 127), the factors the conversion
+        took out of each row of A and of B (exact: powers of two, see times_pow2)."""
+        coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
+        a_exp = [Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) for rr in range(2)]
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            r, c = coords[i]
+            b_exp = Int32(load_smem_words(buf + (128 + c) * 4, 1, 4)[0])
+            # the thread's rows are row0 and row0 + 8: r % 16 tells which
+            e = cutlass.select_(r % 16 < 8, a_exp[0], a_exp[1]) + b_exp
+            acc[i] = times_pow2(acc[i], e)
 
     @cute.jit
     def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):

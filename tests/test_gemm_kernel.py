@@ -53,6 +53,7 @@ def test_compiles_for_sm90a_without_gpu():
             (g.skinny_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
+        g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
         print("compiled")
         """
     )
@@ -75,7 +76,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
 
     cfg = g.choose_config(tokens, 256, 512)
     compiled = g._compiled(cfg, 256, 512, 256, torch.bfloat16, None)
-    kinds = g._SKINNY_KINDS if cfg.tokens_tile else g._KINDS
+    kinds = g._KINDS
     probe = (*((1 << 40) + 4096 * i for i in range(6)), tokens, 3)
     probe = (*probe, *((1 << 41) + 512 * i for i in range(len(kinds) - len(probe))), 0xABC)
     generic, _ = compiled.execution_args.generate_execution_args(
@@ -217,11 +218,90 @@ SHAPES = [  # (tokens, N, K)
 @pytest.mark.parametrize("tokens,n,k", SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_reference(tokens, n, k, out_dtype, with_bias):
-    # FP16 overflows past 65504: a narrow, low scale range keeps its outputs finite
-    spread, center = (20, 127) if out_dtype == torch.bfloat16 else (4, 119)
+@pytest.mark.parametrize("spread", [10, 20])
+def test_matches_reference(tokens, n, k, out_dtype, with_bias, spread):
+    """Scale bytes within +-10 of each other take the tiled kernel's FP16 path, +-20 its BF16
+    path (gemm_sm90_f16: a row qualifies when its bytes span at most 21)."""
+    center = 127
+    if out_dtype == torch.float16:
+        # FP16 overflows past 65504: a narrow, low scale range keeps its outputs finite
+        if spread > 10:
+            pytest.skip("FP16 outputs need the narrow scale range")
+        spread, center = 4, 119
     bias = torch.randn(n, device="cuda", dtype=torch.float32) * 4 if with_bias else None
     _check_run(tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n), extra_rows=37)
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("k", [1056, 43008])
+def test_row_references_follow_the_fp16_rule(k):
+    """The scan behind the FP16 path (gemm_sm90_f16), against the rule in plain torch: ref =
+    max(largest byte - 7, 2); the row qualifies when no byte is 255 and its smallest nonzero
+    byte is at least ref - 14; padding groups and rows past M / N do not count."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    m, n = 200, 300
+    _, sa = _random_operand(m, k, 256, spread=10, center=120, seed=41)
+    _, sb = _random_operand(n, k, None, spread=10, center=120, seed=42)
+    groups = k // GROUP
+    sa_bytes, sb_bytes = sa.view(torch.uint8), sb.view(torch.uint8)
+    # random bytes lie in 110..130
+    sa_bytes[scale_offset(3, 5, k)] = 98  # row 3: below its ref - 14, misfits
+    sa_bytes[scale_offset(4, 6, k)] = 0  # a zero group: row 4 still qualifies
+    sa_bytes[scale_offset(5, groups - 1, k)] = 255  # NaN: row 5 misfits
+    sa_bytes[scale_offset(230, 1, k)] = 255  # past M: ignored
+    sb_bytes[scale_offset(7, 0, k)] = 140  # row 7: span 140 - 110 = 30, misfits
+    sb_bytes[scale_offset(8, 9, k)] = 109  # row 8: on either side of the edge, by its max
+    refs = g.row_references(sa, sb, m, n, k)
+    torch.cuda.synchronize()
+
+    def expected(scales, rows, valid):
+        b = reference.from_blocked(scales.view(torch.uint8), rows, groups).int()
+        mx = b.amax(dim=1)
+        low = torch.where(b == 0, 256, b).amin(dim=1)
+        ref = torch.clamp(mx - 7, min=2)
+        fits = (mx < 255) & (low >= ref - 14)
+        misfit = ~fits & (torch.arange(rows, device=b.device) < valid)
+        return torch.where(misfit, -1, ref)
+
+    a_rows = 256
+    want_a, want_b = expected(sa, a_rows, m), expected(sb, 384, n)
+    assert want_a[3] == -1 and want_a[4] >= 0 and want_a[5] == -1 and want_b[7] == -1
+    assert torch.equal(refs[:a_rows], want_a.int())
+    assert torch.equal(refs[a_rows : a_rows + 384], want_b.int())
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tile_n", [64, 128])
+def test_fp16_and_bf16_tiles_in_one_launch(tile_n):
+    """Per-tile path choice: one A row with a 40-byte scale span sends its 128-row band to the
+    BF16 path, a NaN-scaled B row its column tile (and NaN into its column), an all-zero
+    group (byte 0) does not disqualify its row, K past the last full 128 (padding groups of
+    byte 127 must not count) -- every tile matches the reference, rows past M untouched."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, n, k = 300, 640, 1056
+    a_full, sa = _random_operand(tokens, k, tokens + 20, spread=8, center=100, seed=31)
+    b, sb = _random_operand(n, k, None, spread=8, center=100, seed=32)
+    a = a_full[:tokens]
+    sa_bytes, sb_bytes = sa.view(torch.uint8), sb.view(torch.uint8)
+    sa_bytes[scale_offset(150, 5, k)] = 60  # row band 128..255: BF16 path
+    sb_bytes[scale_offset(400, 30, k)] = 0xFF  # NaN column 400
+    a_full.view(torch.uint8)[7, 64:96] = 0  # row 7, group 2: all zero, byte 0
+    sa_bytes[scale_offset(7, 2, k)] = 0
+    out = torch.full((tokens + 20, n), 1234.0, device="cuda", dtype=torch.bfloat16)
+    poison = out.clone()
+    g.run(a, sa, b, sb, None, out, config=g.GemmConfig(tile_n=tile_n))
+    ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    torch.cuda.synchronize()
+    assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
+    assert ref[:, 400].isnan().all()
+    _check_close(out[:tokens], ref, a, sa, b, sb)
 
 
 def _check_run(tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows):
