@@ -47,7 +47,8 @@ class GemmConfig:
     64, and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
     most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
-    alternate stages.
+    alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
+    tile N 128).
     """
 
     tile_n: int = 128
@@ -56,6 +57,7 @@ class GemmConfig:
     num_ctas: int = 132
     tokens_tile: int = 0
     consumers: int = 3
+    converters: int = 1
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -102,7 +104,16 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
         return skinny_config(tokens, num_sms)
     tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
     stages, bf16_stages = _TILED_STAGES[tile_n]
-    return GemmConfig(tile_n=tile_n, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms)
+    # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
+    # (benchmarks/GEMM_LOG.md, variant 22); tile N 64 has one 32-element unit per thread
+    converters = 2 if tile_n == 128 else 1
+    return GemmConfig(
+        tile_n=tile_n,
+        stages=stages,
+        bf16_stages=bf16_stages,
+        num_ctas=num_sms,
+        converters=converters,
+    )
 
 
 def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:

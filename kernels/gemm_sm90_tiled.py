@@ -68,14 +68,11 @@ WG_THREADS = 128
 # the A fragment spill at 128; 176 removes the spills, 6% faster). A second converter
 # warpgroup (640 threads, consumers still at 128) measured 5% slower: the conversion is
 # not short of warps (benchmarks/GEMM_LOG.md, variants 16-17).
-PRODUCER_REGS = 40
-CONVERTER_REGS = 120
-CONSUMER_REGS = 176  # 128 x 40 + 128 x 120 + 256 x 176 = 65536, the launch's registers
-CONVERT_WGS = 1
-CONVERT_WG0 = 1  # warpgroup 1 converts B; 2-3 convert A and run the wgmma
-CONVERT_THREADS = CONVERT_WGS * WG_THREADS
-CONSUMER_WG0 = 1 + CONVERT_WGS
-NUM_WG = 3 + CONVERT_WGS
+# (producer, converter, consumer) registers after setmaxnreg, by B-converter warpgroups.
+# One: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120 + 256 x 176 = 65536.
+# Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 = 61440.
+REGS = {1: (40, 120, 176), 2: (32, 48, 176)}
+CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two convert A and run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
 # of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring:
 # words [0, 128) A rows, [128, 256) B rows (ref - 127), 256 the mode (1 = BF16).
@@ -100,8 +97,17 @@ class MXFP8TiledGemmSm90:
         # the B converter gives each of its threads whole 32-element units (_convert_b)
         if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
+        self.convert_wgs = cfg.converters
+        if self.convert_wgs not in REGS or 2 * self.tile_n < self.convert_wgs * WG_THREADS:
+            raise ValueError(f"converters must be 1, or 2 with tile_n 128, got {cfg}")
+        self.convert_threads = self.convert_wgs * WG_THREADS
+        self.consumer_wg0 = CONVERT_WG0 + self.convert_wgs
         self.stages8 = cfg.stages
         self.stages16 = cfg.bf16_stages
+        # the converter commits both halves of an FP8 stage together and the consumers
+        # release each half one half late: two 16-bit stages deadlock (measured: a hang)
+        if self.stages16 < 2 * HALVES - 1:
+            raise ValueError(f"bf16_stages must be at least {2 * HALVES - 1}, got {cfg}")
         self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
         self.n_tiles = (n + self.tile_n - 1) // self.tile_n
         self.b_chunks = ((n + 127) // 128) * self.k_tiles
@@ -176,7 +182,7 @@ class MXFP8TiledGemmSm90:
         ).launch  # fmt: skip
         launch(
             grid=grid,
-            block=[WG_THREADS * NUM_WG, 1, 1],
+            block=[WG_THREADS * (self.consumer_wg0 + 2), 1, 1],
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
@@ -219,7 +225,7 @@ class MXFP8TiledGemmSm90:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # the B converters and the A-converting consumers both read each FP8 stage
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (CONVERT_THREADS + 2 * WG_THREADS) // 32
+                pipeline.Agent.Thread, (self.convert_threads + 2 * WG_THREADS) // 32
             ),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
@@ -228,7 +234,7 @@ class MXFP8TiledGemmSm90:
         conv_pipe = pipeline.PipelineAsync.create(
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONVERT_THREADS),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.convert_threads),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * WG_THREADS),
             defer_sync=True,
         )
@@ -237,14 +243,15 @@ class MXFP8TiledGemmSm90:
             num_stages=REF_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, SCAN_THREADS),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, CONVERT_THREADS + 2 * WG_THREADS
+                pipeline.Agent.Thread, self.convert_threads + 2 * WG_THREADS
             ),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        producer_regs, converter_regs, consumer_regs = REGS[self.convert_wgs]
         if wg == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGS)  # one warp issues TMA
+            cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
             if warp == 0:
                 sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
                 sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
@@ -256,19 +263,19 @@ class MXFP8TiledGemmSm90:
                 )  # fmt: skip
             elif warp == 1:
                 self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe, sched_params)
-        elif wg < CONSUMER_WG0:
-            cute.arch.setmaxregister_decrease(CONVERTER_REGS)
+        elif wg < self.consumer_wg0:
+            cute.arch.setmaxregister_decrease(converter_regs)
             self._converter(
                 tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, ref_pipe, sched_params
             )
         else:
-            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(consumer_regs)
             sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
             sB16h = st.sB16.get_tensor(
                 b16_layout.outer, swizzle=b16_layout.inner, dtype=cutlass.Float16
             )
             self._consumer(
-                wg - CONSUMER_WG0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, (sB16, sB16h),
+                wg - self.consumer_wg0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, (sB16, sB16h),
                 mD, mBias, m, load_pipe, conv_pipe, ref_pipe, sched_params,
             )  # fmt: skip
 
@@ -359,8 +366,8 @@ class MXFP8TiledGemmSm90:
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
-        units = 2 * self.tile_n // CONVERT_THREADS
-        rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
+        units = 2 * self.tile_n // self.convert_threads
+        rows = [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
         while work.is_valid_tile:
             tn = work.tile_idx[1]
             b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
@@ -422,8 +429,8 @@ class MXFP8TiledGemmSm90:
         """
         smem = cute.AddressSpace.smem
         j = (ct // 8) % 2
-        units = 2 * self.tile_n // CONVERT_THREADS
-        rows = [(ct // 16) * 8 + ct % 8 + u * (CONVERT_THREADS // 2) for u in range(units)]
+        units = 2 * self.tile_n // self.convert_threads
+        rows = [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
         # all loads first, then the arithmetic, then the stores: one basic block
         loaded = []
         for row in rows:

@@ -276,8 +276,8 @@ def test_row_references_follow_the_fp16_rule(k):
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("tile_n", [64, 128])
-def test_fp16_and_bf16_tiles_in_one_launch(tile_n):
+@pytest.mark.parametrize("tile_n,converters", [(64, 1), (128, 1), (128, 2)])
+def test_fp16_and_bf16_tiles_in_one_launch(tile_n, converters):
     """Per-tile path choice: one A row with a 40-byte scale span sends its 128-row band to the
     BF16 path, a NaN-scaled B row its column tile (and NaN into its column), an all-zero
     group (byte 0) does not disqualify its row, K past the last full 128 (padding groups of
@@ -295,7 +295,7 @@ def test_fp16_and_bf16_tiles_in_one_launch(tile_n):
     sa_bytes[scale_offset(7, 2, k)] = 0
     out = torch.full((tokens + 20, n), 1234.0, device="cuda", dtype=torch.bfloat16)
     poison = out.clone()
-    g.run(a, sa, b, sb, None, out, config=g.GemmConfig(tile_n=tile_n))
+    g.run(a, sa, b, sb, None, out, config=g.GemmConfig(tile_n=tile_n, converters=converters))
     ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
@@ -336,6 +336,7 @@ def test_tile_configs_agree(tokens):
         g.GemmConfig(tile_n=64, stages=4, bf16_stages=4),
         g.GemmConfig(tile_n=128, stages=4, bf16_stages=4),
         g.GemmConfig(tile_n=128, stages=3, bf16_stages=6),
+        g.GemmConfig(tile_n=128, converters=2),
     ):
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
         g.run(a, sa, b, sb, None, out, config=cfg)
