@@ -26,6 +26,7 @@ launch (integer arguments through a reusable buffer: see launcher.py).
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -199,13 +200,28 @@ def _workspace(device: torch.device, index: int, num_ctas: int):
     key = (index, raw_stream(index))
     ws = _workspaces.get(key)
     if ws is None or ws[1].numel() < num_ctas:
-        ws = _workspaces[key] = _fresh_workspace(device, num_ctas)
+        ws = _workspaces[key] = _kept(lambda: _fresh_workspace(device, num_ctas, sync=True))
     return ws
 
 
-def _fresh_workspace(device: torch.device, num_ctas: int):
+def _fresh_workspace(device: torch.device, num_ctas: int, sync: bool = False):
     partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
-    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+    flags = torch.zeros(num_ctas, dtype=torch.int32, device=device)
+    if sync:  # zeroed on this thread's stream: done before any stream's kernel reads it
+        torch.cuda.synchronize(device)
+    return partials, flags
+
+
+def _kept(make):
+    """Run ``make``, an allocation kept across calls, on a fresh thread. While cudagraph
+    trees warm a function up, every allocation of the calling thread goes to the graph's
+    private pool, and a buffer that stays alive there fails the pool's liveness check
+    ("tensors in the cudagraph pool not tracked as outputs"). Runs once per buffer size."""
+    made = []
+    worker = threading.Thread(target=lambda: made.append(make()))
+    worker.start()
+    worker.join()
+    return made[0]
 
 
 # Per-row FP16 references of the tiled kernel's operands, per (device, stream): written by
@@ -220,7 +236,10 @@ def _refs_buffer(device: torch.device, index: int, words: int) -> torch.Tensor:
     key = (index, raw_stream(index))
     buf = _refs_buffers.get(key)
     if buf is None or buf.numel() < words:
-        buf = _refs_buffers[key] = torch.empty(words, dtype=torch.int32, device=device)
+        size = max(words, 2 * buf.numel() if buf is not None else 0)
+        buf = _refs_buffers[key] = _kept(
+            lambda: torch.empty(size, dtype=torch.int32, device=device)
+        )
     return buf
 
 

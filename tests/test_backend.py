@@ -271,3 +271,28 @@ def test_backend_by_name_without_importing_the_package():
         """
     )
     assert _run(script).split()[-4:] == ["ok", "True", "True", "1"]
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_with_fresh_kernel_buffers():
+    """mode="reduce-overhead" on the GPU kernels whose per-stream buffers are first made
+    during cudagraph trees' warm-up, which sends the thread's allocations to the graph's
+    private pool: kept buffers must come from outside it (a kept one inside failed the
+    pool's check: "tensors in the cudagraph pool not tracked as outputs")."""
+    from mxfp8_fusion.kernels import gemm_sm90
+
+    gemm_sm90._refs_buffers.clear()
+    gemm_sm90._workspaces.clear()
+    model = CatLinear(512, n=256).cuda()
+    for tokens in (300, 16):  # the tiled kernel's references, the swap-AB workspace
+        xs = [x.cuda() for x in inputs((256, 256), tokens=tokens)]
+        with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
+            expected = model(*xs)
+            compiled = torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead")
+            for _ in range(3):
+                got = compiled(*xs).clone()
+        assert_bitwise(got, expected)
+        torch._dynamo.reset()

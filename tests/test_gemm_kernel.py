@@ -216,18 +216,19 @@ SHAPES = [  # (tokens, N, K)
 @requires_cutlass
 @requires_sm90
 @pytest.mark.parametrize("tokens,n,k", SHAPES)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("spread", [10, 20])
-def test_matches_reference(tokens, n, k, out_dtype, with_bias, spread):
-    """Scale bytes within +-10 of each other take the tiled kernel's FP16 path, +-20 its BF16
-    path (gemm_sm90_f16: a row qualifies when its bytes span at most 21)."""
-    center = 127
-    if out_dtype == torch.float16:
+@pytest.mark.parametrize(
+    "out_dtype,spread,center",
+    [
+        (torch.bfloat16, 10, 127),  # every row's bytes span <= 20: the FP16 path
+        (torch.bfloat16, 20, 127),  # spans up to 40: the BF16 path
         # FP16 overflows past 65504: a narrow, low scale range keeps its outputs finite
-        if spread > 10:
-            pytest.skip("FP16 outputs need the narrow scale range")
-        spread, center = 4, 119
+        (torch.float16, 4, 119),
+    ],
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_reference(tokens, n, k, out_dtype, spread, center, with_bias):
+    """Tiled-kernel shapes (few-token ones take the swap-AB kernel) on both of its paths
+    (gemm_sm90_f16: a row takes FP16 when its scale bytes span at most 21)."""
     bias = torch.randn(n, device="cuda", dtype=torch.float32) * 4 if with_bias else None
     _check_run(tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n), extra_rows=37)
 
