@@ -202,6 +202,21 @@ def gemm_tensors(kernel, addrs, m, sa_chunks, b_chunks: int):
     return mA, chunks(sa_addr, sa_chunks), mB, chunks(sb_addr, b_chunks), mD, mBias
 
 
+def rs_tiled_mma(dtype, tile_mn):
+    """One warpgroup's K-major wgmma of ``dtype`` x ``dtype`` -> FP32 on ``tile_mn``, its A
+    operand in registers (RS)."""
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype,
+        dtype,
+        cute.nvgpu.OperandMajorMode.K,
+        cute.nvgpu.OperandMajorMode.K,
+        cutlass.Float32,
+        (1, 1, 1),
+        tiler_mn=tile_mn,
+        a_source=warpgroup.OperandSource.RMEM,
+    )
+
+
 def smem_layout(dtype, rows: int, k: int, stages: int):
     """K-major 128-byte-swizzled stages: byte (r, c) of a stage at r*128 + (c ^ (r%8)*16)."""
     atom = warpgroup.make_smem_layout_atom(

@@ -42,7 +42,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -55,6 +54,7 @@ from .gemm_sm90_common import (
     load_fragment_bytes,
     load_smem_words,
     mul_bf16x2,
+    rs_tiled_mma,
     scale_factors,
     smem_layout,
     store_smem_word,
@@ -160,16 +160,7 @@ class MXFP8SkinnyGemmSm90:
         )
         mFlags = cute.make_tensor(flags_ptr, cute.make_layout((self.num_ctas,)))
 
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            bf16,
-            bf16,
-            cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K,
-            cutlass.Float32,
-            (1, 1, 1),
-            tiler_mn=(TILE_W, tn),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
+        tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
         w8_layout = smem_layout(fp8, TILE_W, TILE_K8, self.stages)
         a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
         # per consumer warpgroup: the stage's two K halves of BF16 tokens

@@ -37,7 +37,6 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
@@ -49,6 +48,7 @@ from .gemm_sm90_common import (
     load_gmem_word,
     load_smem_words,
     mul_bf16x2,
+    rs_tiled_mma,
     scale_factors,
     smem_layout,
     store_smem_word,
@@ -132,19 +132,7 @@ class MXFP8TiledGemmSm90:
         addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
 
-        mmas = [
-            sm90_utils.make_trivial_tiled_mma(
-                dtype,
-                dtype,
-                cute.nvgpu.OperandMajorMode.K,
-                cute.nvgpu.OperandMajorMode.K,
-                cutlass.Float32,
-                (1, 1, 1),
-                tiler_mn=(64, self.tile_n),
-                a_source=warpgroup.OperandSource.RMEM,
-            )
-            for dtype in (bf16, cutlass.Float16)
-        ]
+        mmas = [rs_tiled_mma(dtype, (64, self.tile_n)) for dtype in (bf16, cutlass.Float16)]
         a8_layout = smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
