@@ -200,27 +200,36 @@ def _workspace(device: torch.device, index: int, num_ctas: int):
     key = (index, raw_stream(index))
     ws = _workspaces.get(key)
     if ws is None or ws[1].numel() < num_ctas:
-        ws = _workspaces[key] = _kept(lambda: _fresh_workspace(device, num_ctas, sync=True))
+        _retire(ws, index)
+        ws = _workspaces[key] = _kept(lambda: _fresh_workspace(device, num_ctas), device)
     return ws
 
 
-def _fresh_workspace(device: torch.device, num_ctas: int, sync: bool = False):
+def _fresh_workspace(device: torch.device, num_ctas: int):
     partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
-    flags = torch.zeros(num_ctas, dtype=torch.int32, device=device)
-    if sync:  # zeroed on this thread's stream: done before any stream's kernel reads it
-        torch.cuda.synchronize(device)
-    return partials, flags
+    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
 
 
-def _kept(make):
+def _retire(tensors, index: int) -> None:
+    """A kept buffer being replaced was made on another thread's stream but used on this
+    one: the allocator must not hand its memory out before this stream's kernels are done."""
+    for t in tensors or ():
+        t.record_stream(torch.cuda.current_stream(index))
+
+
+def _kept(make, device: torch.device):
     """Run ``make``, an allocation kept across calls, on a fresh thread. While cudagraph
     trees warm a function up, every allocation of the calling thread goes to the graph's
     private pool, and a buffer that stays alive there fails the pool's liveness check
-    ("tensors in the cudagraph pool not tracked as outputs"). Runs once per buffer size."""
+    ("tensors in the cudagraph pool not tracked as outputs"). The memory belongs to that
+    thread's stream, so the device is synchronized once: no earlier work there still uses
+    it, and any zeroing is done, before another stream's kernel touches it. Runs once per
+    buffer size, never while capturing."""
     made = []
     worker = threading.Thread(target=lambda: made.append(make()))
     worker.start()
     worker.join()
+    torch.cuda.synchronize(device)
     return made[0]
 
 
@@ -237,8 +246,9 @@ def _refs_buffer(device: torch.device, index: int, words: int) -> torch.Tensor:
     buf = _refs_buffers.get(key)
     if buf is None or buf.numel() < words:
         size = max(words, 2 * buf.numel() if buf is not None else 0)
+        _retire((buf,) if buf is not None else None, index)
         buf = _refs_buffers[key] = _kept(
-            lambda: torch.empty(size, dtype=torch.int32, device=device)
+            lambda: torch.empty(size, dtype=torch.int32, device=device), device
         )
     return buf
 
