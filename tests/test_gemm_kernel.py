@@ -122,6 +122,44 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
         assert finished[tile] == [c for _, c in segs]  # every part, K order, owner last
 
 
+def _finite_e4m3() -> torch.Tensor:
+    codes = torch.arange(256, dtype=torch.int32)
+    codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)  # drop the two NaN encodings
+    return codes.view(torch.float8_e4m3fn).double()
+
+
+def test_fp16_window_of_the_tiled_kernel():
+    """gemm_sm90_f16's premise: e4m3 * 2**d is an exact FP16 value for every finite E4M3 and
+    d in [-15, 7] (the path uses [-14, 7]), and the window is tight on both sides."""
+    from mxfp8_fusion.kernels.gemm_sm90_f16 import F16_ABOVE, F16_BELOW
+
+    values = _finite_e4m3()
+
+    def exact(d):
+        scaled = values * 2.0**d
+        return torch.equal(scaled.to(torch.float16).double(), scaled)
+
+    assert all(exact(d) for d in range(-F16_BELOW, F16_ABOVE + 1))
+    assert exact(-15)  # the smallest step, 2**-9, lands on FP16's 2**-24
+    assert not exact(-16) and not exact(F16_ABOVE + 1)  # 2**-25 rounds; 448 * 2**8 overflows
+
+
+def test_two_step_power_of_two_scaling():
+    """The epilogue's ``times_pow2``: v * 2**(e >> 1) * 2**(e - (e >> 1)) in FP32 equals v *
+    2**e rounded once, for |e| <= 250, whenever the result is a normal FP32 number."""
+    gen = torch.Generator().manual_seed(0)
+    v = (torch.rand(4096, generator=gen, dtype=torch.float64) + 0.5) * 2.0 ** torch.randint(
+        -60, 61, (4096,), generator=gen
+    )
+    v = v.float()
+    for e in range(-250, 251, 7):
+        e1, e2 = e >> 1, e - (e >> 1)
+        two_steps = (v * 2.0**e1) * 2.0**e2
+        want = (v.double() * 2.0**e).float()
+        normal = (want.abs() >= torch.finfo(torch.float32).tiny) & want.isfinite()
+        assert torch.equal(two_steps[normal], want[normal]), e
+
+
 def test_choose_config_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
