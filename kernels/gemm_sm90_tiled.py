@@ -63,14 +63,12 @@ TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
 HALVES = TILE_K8 // TILE_K16
 CHUNK_WORDS = 128
 WG_THREADS = 128
-# One B-converter warpgroup: 512 threads launch with 128 registers each, and setmaxnreg
-# moves the producer warpgroup's spare ones to the consumers (the 64 x 128 accumulator and
-# the A fragment spill at 128; 176 removes the spills, 6% faster). A second converter
-# warpgroup (640 threads, consumers still at 128) measured 5% slower: the conversion is
-# not short of warps (benchmarks/GEMM_LOG.md, variants 16-17).
 # (producer, converter, consumer) registers after setmaxnreg, by B-converter warpgroups.
-# One: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120 + 256 x 176 = 65536.
-# Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 = 61440.
+# The consumers need 176: the 64 x 128 accumulator and the A fragment spill at 128 (176 was
+# 6% faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x
+# 120 + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176
+# = 61440. (Two converters with the consumers at 128 measured 5% slower; with 176 and the
+# FP16 path, 3% faster: benchmarks/GEMM_LOG.md, variants 17 and 22a.)
 REGS = {1: (40, 120, 176), 2: (32, 48, 176)}
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two convert A and run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
@@ -354,8 +352,7 @@ class MXFP8TiledGemmSm90:
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
-        units = 2 * self.tile_n // self.convert_threads
-        rows = [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
+        rows = self._converter_rows(ct)
         while work.is_valid_tile:
             tn = work.tile_idx[1]
             b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
@@ -372,6 +369,11 @@ class MXFP8TiledGemmSm90:
                 ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows)
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    def _converter_rows(self, ct):
+        """The B rows of converter thread ``ct``'s units (see _convert_b)."""
+        units = 2 * self.tile_n // self.convert_threads
+        return [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
 
     @cute.jit
     def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows):
@@ -408,8 +410,8 @@ class MXFP8TiledGemmSm90:
     def _convert_b(self, ct, h: int, b_row0, src, scales, dst, row_lows):
         """Unit (row, j): the 32 FP8 bytes of scale group 2h + j of ``row``.
 
-        Thread ct takes rows (ct / 16) * 8 + ct % 8 + 64 u (u < tile N / 64) and j = (ct / 8)
-        % 2: eight consecutive threads hold eight consecutive rows, so under the 128-byte
+        Thread ct takes rows (ct / 16) * 8 + ct % 8 + (converter threads / 2) u and j = (ct /
+        8) % 2: eight consecutive threads hold eight consecutive rows, so under the 128-byte
         swizzle each quarter-warp's loads and stores hit 8 distinct 16-byte chunks. Output
         chunk 4j + 2i + hi of the BF16 row holds, in word t, the pair ``hi`` of FP8 word
         4 (t / 2) + 2 (t % 2) + i of the unit (the K slot the A fragment gives it). With
@@ -417,8 +419,7 @@ class MXFP8TiledGemmSm90:
         """
         smem = cute.AddressSpace.smem
         j = (ct // 8) % 2
-        units = 2 * self.tile_n // self.convert_threads
-        rows = [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
+        rows = self._converter_rows(ct)
         # all loads first, then the arithmetic, then the stores: one basic block
         loaded = []
         for row in rows:
