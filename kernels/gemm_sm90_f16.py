@@ -2,20 +2,22 @@
 
 Converting E4M3 to BF16 takes four ALU instructions per pair of values (PRMT, SHL, AND,
 HMUL2: gemm_sm90_common); to FP16 it takes two (``cvt.rn.f16x2.e4m3x2`` is exact, then one
-HMUL2 by the scale). At 4096 x 7168 x 43008 that cut the GEMM from 5.3 to 4.0 ms
-(benchmarks/GEMM_LOG.md, variant 21). FP16 has only 5 exponent bits, so each row r of an
+HMUL2 by the scale). At 4096 x 7168 x 43008 the GEMM went from 5.4 to 4.2 ms
+(benchmarks/GEMM_LOG.md, variants 21-22). FP16 has only 5 exponent bits, so each row r of an
 operand gets a reference exponent ``ref[r]`` and its values are converted as
 ``e4m3 * 2**(s - ref[r])``; the epilogue multiplies the FP32 sum by
-``2**(ref_a[m] - 127) * 2**(ref_b[n] - 127)``, both powers of two, so nothing rounds that the
-BF16 path would not.
+``2**(ref_a[m] - 127) * 2**(ref_b[n] - 127)``. Both steps are exact (powers of two, see
+times_pow2), so the result differs from the reference by summation order only, as the BF16
+path's does.
 
 ``e4m3 * 2**d`` is an exact FP16 value for d in [-15, 7]: 448 * 2**7 = 57344 < 65504, and the
 finest E4M3 step, 2**-9, times 2**-15 is FP16's 2**-24. The path uses d in [-14, 7], so a row
 qualifies when its largest scale byte is at most 21 above its smallest; ``ref = max - 7``.
-Byte 0 is left out of the smallest: it is the RCEIL byte of an all-zero group (any group
-whose values are at most 448 * 2**-127; the BF16 path flushes those below 2**-133 too). A
-row with a NaN scale (255), or a wider spread, sends its whole output tile down the BF16
-path. gemm_sm90_refs computes every row's reference in a launch before the GEMM; the GEMM
+Byte 0 is left out of the smallest: it is the RCEIL byte of an all-zero group. Any other
+group with byte 0 holds values of at most 448 * 2**-127; where its d falls below -14 the
+factor is 0 and they drop out (the BF16 path drops them below 2**-133). A row with a NaN
+scale (255), or a wider spread, sends its whole output tile down the BF16 path.
+gemm_sm90_refs computes every row's reference in a launch before the GEMM; the GEMM
 decides per output tile, before the tile's first conversion.
 """
 
