@@ -1,15 +1,17 @@
 """The SM90 MXFP8 GEMM kernel (kernels/gemm_sm90.py) against reference.mm_into.
 
 Tolerance, and why: E4M3 x E4M3 products times power-of-two scales are exact in FP32, and
-every operand element times its scale is an exact BF16 value, which the kernel feeds to
-BF16 wgmma with FP32 accumulation. So the result differs from the reference by summation
-order, plus whatever the tensor core's internal K-16 sum keeps less than IEEE FP32 does
-(test_tensor_core_group_sum_probe: 30 * 2**-9 next to 448*448 survives). Bound per output:
-``|ours - ref| <= ulp_out(|ref|) + 2**-14 * sum_k |a*b|`` (FP32 accumulation over K <=
-43008 stays far below it: ~sqrt(K) * 2**-24 on random data), plus aggregate checks that
-catch real bugs: relative Frobenius error below half an output ulp, and most outputs bitwise
-equal (measured >= 99.5% for BF16, >= 87% for FP16), on data whose scales span 2**+-20 per
-operand, which also exercises the kernel's two-step scaling of E8M0 bytes above 134.
+every operand element times its scale is an exact BF16 value (or, on the tiled kernel's
+FP16 path, an exact FP16 value times a per-row power of two that the epilogue restores
+exactly), which the kernel feeds to 16-bit wgmma with FP32 accumulation. So the result
+differs from the reference by summation order, plus whatever the tensor core's internal
+K-16 sum keeps less than IEEE FP32 does (test_tensor_core_group_sum_probe: 30 * 2**-9 next
+to 448*448 survives). Bound per output: ``|ours - ref| <= ulp_out(|ref|) + 2**-14 *
+sum_k |a*b|`` (FP32 accumulation over K <= 43008 stays far below it: ~sqrt(K) * 2**-24 on
+random data), plus aggregate checks that catch real bugs: relative Frobenius error below
+half an output ulp, and most outputs bitwise equal (measured >= 99.5% for BF16, >= 87% for
+FP16). Data whose scales span 2**+-20 per operand takes the BF16 path and exercises its
+two-step scaling of E8M0 bytes above 134; spans of at most 21 take the FP16 path.
 """
 
 from __future__ import annotations
