@@ -26,10 +26,9 @@ from __future__ import annotations
 import cutlass
 from cutlass import Float32, Int32
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .quantize_ptx import asm_u32
+from .quantize_ptx import asm_u32, inline_ptx
 
 # e4m3 * 2**d is exact in FP16 for d in [-15, 7]; the path uses [-14, 7] so that every
 # factor 2**d is a normal FP16 number (exponent field d + 15 >= 1, see f16_factor)
@@ -135,9 +134,8 @@ def u16x2_min(a, b, *, loc=None, ip=None) -> Int32:
 def times_pow2(value, e, *, loc=None, ip=None) -> Float32:
     """``value * 2**e`` for |e| <= 250 as two FP32 products by 2**(e >> 1) and the rest: every
     intermediate lies between the value and the result, so neither step rounds on its own."""
-    result = llvm.inline_asm(
-        ir.F32Type.get(),
-        [Float32(value).ir_value(loc=loc, ip=ip), Int32(e).ir_value(loc=loc, ip=ip)],
+    operands = [Float32(value).ir_value(loc=loc, ip=ip), Int32(e).ir_value(loc=loc, ip=ip)]
+    result = inline_ptx(
         "{\n.reg .b32 a, b;\n"
         "shr.s32 a, $2, 1;\n"
         "sub.s32 b, $2, a;\n"
@@ -148,9 +146,8 @@ def times_pow2(value, e, *, loc=None, ip=None) -> Float32:
         "mul.rn.f32 $0, $1, a;\n"
         "mul.rn.f32 $0, $0, b;\n}",
         "=f,f,r",
-        has_side_effects=False,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
+        operands,
+        ir.F32Type.get(),
         loc=loc,
         ip=ip,
     )

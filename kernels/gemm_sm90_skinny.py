@@ -43,7 +43,6 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 from cutlass import Int32, Uint32
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -61,6 +60,7 @@ from .gemm_sm90_common import (
     tma_load,
     tma_views,
 )
+from .quantize_ptx import inline_ptx
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
 TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
@@ -76,17 +76,7 @@ def _flag_asm(asm: str, constraints: str, ptr, *values, loc=None, ip=None) -> No
     """An inline-PTX statement on the global address of flag ``ptr`` (kept: side effects)."""
     operands = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)]
     operands += [Int32(v).ir_value(loc=loc, ip=ip) for v in values]
-    llvm.inline_asm(
-        None,
-        operands,
-        asm,
-        constraints,
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+    inline_ptx(asm, constraints, operands, None, side_effects=True, loc=loc, ip=ip)
 
 
 @dsl_user_op

@@ -24,21 +24,27 @@ BYTE_INF = 254
 BYTE_NAN = 255
 
 
-def asm_u32(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
-    """One inline-PTX block with 32-bit register operands and one 32-bit result."""
-    operands = [Int32(a).ir_value(loc=loc, ip=ip) for a in args]
-    result = llvm.inline_asm(
-        ir.IntegerType.get_signless(32),
+def inline_ptx(asm: str, constraints: str, operands, result_type, side_effects=False, *, loc, ip):
+    """One inline-PTX block: MLIR ``operands``, one result of ``result_type`` (None: none,
+    then it is kept only with ``side_effects``)."""
+    return llvm.inline_asm(
+        result_type,
         operands,
         asm,
         constraints,
-        has_side_effects=False,
+        has_side_effects=side_effects,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
     )
-    return Int32(result)
+
+
+def asm_u32(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
+    """One inline-PTX block with 32-bit register operands and one 32-bit result."""
+    operands = [Int32(a).ir_value(loc=loc, ip=ip) for a in args]
+    i32 = ir.IntegerType.get_signless(32)
+    return Int32(inline_ptx(asm, constraints, operands, i32, loc=loc, ip=ip))
 
 
 @dsl_user_op
