@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_fusion.format import GROUP
+from mxfp8_fusion.format import GROUP, padded_rows
 
-from .launcher import Launcher, raw_stream
+from .launcher import compile_for_scalars, launch, raw_stream
 
 _TILE_M = 128  # two consumer warpgroups x 64 rows (one wgmma M)
 _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 words
@@ -165,7 +165,7 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
-    return _compile(kernel, _KINDS)
+    return compile_for_scalars(kernel, _KINDS)
 
 
 @functools.cache
@@ -173,36 +173,33 @@ def _compiled_refs(k: int):
     """The per-row FP16 reference scan (gemm_sm90_refs): one compile per K."""
     from .gemm_sm90_refs import RowReferencesSm90
 
-    return _compile(RowReferencesSm90(k), _REFS_KINDS)
+    return compile_for_scalars(RowReferencesSm90(k), _REFS_KINDS)
 
 
-def _compile(kernel, kinds: str):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream
-
-    fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
-    return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
-
-
-# Stream-K workspace of the swap-AB kernel, per (device, stream): FP32 partial sums (two
-# slots per CTA, up to 32 values per consumer thread) and one flag per CTA. The kernel
-# re-arms every flag it raises, so one zeroed allocation serves every later launch on that
-# stream; launches on one stream never overlap. Under CUDA Graph capture each launch gets
-# its own zeroed temporaries from the graph's pool instead (the zeroing is captured too).
+# Buffers of the kernels per (device, stream), kept across calls: the swap-AB kernel's
+# stream-K workspace (FP32 partial sums, two slots per CTA of up to 32 values per consumer
+# thread, and one zeroed flag per CTA; the kernel re-arms every flag it raises) and the
+# tiled kernel's per-row FP16 references (rewritten by the scan launch before each GEMM).
+# Launches on one stream never overlap, so one set serves every later launch there. Under
+# CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
 _WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
-_workspaces: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
 
 
-def _workspace(device: torch.device, index: int, num_ctas: int):
+def _stream_buffers(name: str, device: torch.device, index: int, size: int, make):
+    """``make(size)``'s tensors for the current stream, grown (at least 2x) when a call needs
+    more than the kept ones hold."""
     if torch.cuda.is_current_stream_capturing():
-        return _fresh_workspace(device, num_ctas)
-    key = (index, raw_stream(index))
-    ws = _workspaces.get(key)
-    if ws is None or ws[1].numel() < num_ctas:
-        _retire(ws, index)
-        ws = _workspaces[key] = _kept(lambda: _fresh_workspace(device, num_ctas), device)
-    return ws
+        return make(size)
+    key = (name, index, raw_stream(index))
+    kept = _kept_buffers.get(key)
+    if kept is None or kept[0] < size:
+        if kept is not None:
+            size = max(size, 2 * kept[0])
+            for t in kept[1]:  # made on another thread's stream, used on this one
+                t.record_stream(torch.cuda.current_stream(index))
+        kept = _kept_buffers[key] = (size, _made_outside_graph_pools(lambda: make(size), device))
+    return kept[1]
 
 
 def _fresh_workspace(device: torch.device, num_ctas: int):
@@ -210,14 +207,7 @@ def _fresh_workspace(device: torch.device, num_ctas: int):
     return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
 
 
-def _retire(tensors, index: int) -> None:
-    """A kept buffer being replaced was made on another thread's stream but used on this
-    one: the allocator must not hand its memory out before this stream's kernels are done."""
-    for t in tensors or ():
-        t.record_stream(torch.cuda.current_stream(index))
-
-
-def _kept(make, device: torch.device):
+def _made_outside_graph_pools(make, device: torch.device):
     """Run ``make``, an allocation kept across calls, on a fresh thread. While cudagraph
     trees warm a function up, every allocation of the calling thread goes to the graph's
     private pool, and a buffer that stays alive there fails the pool's liveness check
@@ -231,26 +221,6 @@ def _kept(make, device: torch.device):
     worker.join()
     torch.cuda.synchronize(device)
     return made[0]
-
-
-# Per-row FP16 references of the tiled kernel's operands, per (device, stream): written by
-# the scan launch right before each GEMM on that stream, so one buffer serves them all (a
-# captured launch gets its own from the graph's pool, like the stream-K workspace).
-_refs_buffers: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _refs_buffer(device: torch.device, index: int, words: int) -> torch.Tensor:
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(words, dtype=torch.int32, device=device)
-    key = (index, raw_stream(index))
-    buf = _refs_buffers.get(key)
-    if buf is None or buf.numel() < words:
-        size = max(words, 2 * buf.numel() if buf is not None else 0)
-        _retire((buf,) if buf is not None else None, index)
-        buf = _refs_buffers[key] = _kept(
-            lambda: torch.empty(size, dtype=torch.int32, device=device), device
-        )
-    return buf
 
 
 @functools.cache
@@ -292,13 +262,16 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
         a_scales.numel() // (4 * _CHUNK_WORDS),
     )
     if cfg.tokens_tile:
-        partials, flags = _workspace(a_values.device, dev, cfg.num_ctas)
+        partials, flags = _stream_buffers(
+            "stream-K", a_values.device, dev, cfg.num_ctas,
+            lambda ctas: _fresh_workspace(a_values.device, ctas),
+        )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
         refs = row_references(a_scales, b_scales, m, n, k)
-        args += (refs.data_ptr(), refs.data_ptr() + 4 * -(-m // _TILE_M) * _TILE_M)
+        args += (refs.data_ptr(), refs.data_ptr() + 4 * padded_rows(m))
     key = (cfg, n, k, out.stride(0), out.dtype, bias_dtype, dev)
-    _launch(key, lambda: _compiled(*key[:-1]), _KINDS, args, dev)
+    launch(key, lambda: _compiled(*key[:-1]), _KINDS, (*args, raw_stream(dev)), dev)
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
@@ -306,20 +279,11 @@ def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
     stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
     row's reference byte or -1 if the row must take the BF16 path. No sync."""
     dev = a_scales.device.index if a_scales.device.index is not None else 0
-    a_rows = -(-m // _TILE_M) * _TILE_M
-    refs = _refs_buffer(a_scales.device, dev, a_rows + -(-n // _TILE_M) * _TILE_M)
-    scan = (a_scales.data_ptr(), b_scales.data_ptr(), refs.data_ptr(), m, n)
-    _launch(("refs", k, dev), lambda: _compiled_refs(k), _REFS_KINDS, scan, dev)
+    words = padded_rows(m) + padded_rows(n)
+    (refs,) = _stream_buffers(
+        "references", a_scales.device, dev, words,
+        lambda size: (torch.empty(size, dtype=torch.int32, device=a_scales.device),),
+    )  # fmt: skip
+    scan = (a_scales.data_ptr(), b_scales.data_ptr(), refs.data_ptr(), m, n, raw_stream(dev))
+    launch(("refs", k, dev), lambda: _compiled_refs(k), _REFS_KINDS, scan, dev)
     return refs
-
-
-def _launch(key, compile_fn, kinds: str, args: tuple, dev: int) -> None:
-    launcher = _launchers.get(key)
-    if launcher is None:
-        compiled = compile_fn()
-        with torch.cuda.device(dev):
-            launcher = _launchers[key] = Launcher(compiled, kinds, (*args, raw_stream(dev)))
-    launcher((*args, raw_stream(dev)))
-
-
-_launchers: dict[tuple, Launcher] = {}

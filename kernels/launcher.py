@@ -69,3 +69,33 @@ class Launcher:
                 slot.value = value
             self._stream.value = args[-1]
             self._executor.run_compiled_program(self._args)
+
+
+def compile_for_scalars(kernel, kinds: str):
+    """``cute.compile`` of a scalar-argument kernel: ``kinds`` as for :class:`Launcher`, each
+    argument a placeholder of its type, then a placeholder stream (works without a GPU
+    under ``CUTE_DSL_ARCH``)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
+    fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
+    return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
+
+
+_launchers: dict = {}
+_launchers_lock = threading.Lock()
+
+
+def launch(key, compile_fn, kinds: str, args: tuple, device: int) -> None:
+    """Launch ``args`` (trailing raw stream included) with the :class:`Launcher` cached under
+    ``key``, made on first use from ``compile_fn()`` on ``device``."""
+    launcher = _launchers.get(key)
+    if launcher is None:
+        compiled = compile_fn()
+        with _launchers_lock:
+            launcher = _launchers.get(key)
+            if launcher is None:
+                with torch.cuda.device(device):
+                    launcher = _launchers[key] = Launcher(compiled, kinds, args)
+    launcher(args)

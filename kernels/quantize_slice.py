@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .launcher import Launcher, raw_stream
+from .launcher import compile_for_scalars, launch, raw_stream
 
 _GROUP = 32
 _TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
@@ -469,14 +469,7 @@ def compile_kernel(config: _Config):
     Raises ``ValueError`` for an invalid config and ``ImportError`` without nvidia-cutlass-dsl.
     """
     _check_config(config)
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream
-
-    kernel = _build(config)
-    fake = {"q": cutlass.Int64(0), "i": cutlass.Int32(1)}
-    args = [fake[kind] for kind in _kinds(config)]
-    return cute.compile(kernel, *args, make_fake_stream())
+    return compile_for_scalars(_build(config), _kinds(config))
 
 
 def config_for(
@@ -519,20 +512,8 @@ def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     return source.device == values.device
 
 
-_launchers: dict[tuple, Launcher] = {}
-
-
 def _launch(config: _Config, device: int, args: tuple) -> None:
-    launcher = _launchers.get((config, device))
-    if launcher is None:
-        compiled = _compiled(config)
-        with _lock:
-            launcher = _launchers.get((config, device))
-            if launcher is None:
-                with torch.cuda.device(device):
-                    launcher = Launcher(compiled, _kinds(config), args)
-                _launchers[(config, device)] = launcher
-    launcher(args)
+    launch((config, device), lambda: _compiled(config), _kinds(config), args, device)
 
 
 def _device_index(t: torch.Tensor) -> int:

@@ -284,8 +284,7 @@ def test_reduce_overhead_with_fresh_kernel_buffers():
     pool's check: "tensors in the cudagraph pool not tracked as outputs")."""
     from mxfp8_fusion.kernels import gemm_sm90
 
-    gemm_sm90._refs_buffers.clear()
-    gemm_sm90._workspaces.clear()
+    gemm_sm90._kept_buffers.clear()
     model = CatLinear(512, n=256).cuda()
     for tokens in (300, 16):  # the tiled kernel's references, the swap-AB workspace
         xs = [x.cuda() for x in inputs((256, 256), tokens=tokens)]

@@ -75,6 +75,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     import cuda.bindings.driver as cuda
     from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.launcher import Launcher
 
     cfg = g.choose_config(tokens, 256, 512)
     compiled = g._compiled(cfg, 256, 512, 256, torch.bfloat16, None)
@@ -84,7 +85,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = g.Launcher(compiled, kinds, probe)
+    launcher = Launcher(compiled, kinds, probe)
     assert launcher._same_layout(generic, probe)
     assert not launcher._same_layout(generic, (*probe[:6], tokens + 1, *probe[7:]))
 

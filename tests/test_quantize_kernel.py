@@ -200,13 +200,14 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     import cuda.bindings.driver as cuda
     from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.launcher import Launcher
 
     compiled = kernel._compiled(kernel._Config(fp16=False, width=256))
     probe = (1 << 40, (1 << 40) + 4096, (1 << 41) + 512, 4097, 1024, 2048, 768, 16, 0xABC)
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = kernel.Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
+    launcher = Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
     assert launcher._same_layout(generic, probe)
     assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
 
@@ -216,7 +217,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     generic, _ = many.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
     )
-    launcher = kernel.Launcher(many, kernel._MANY_KINDS, probe)
+    launcher = Launcher(many, kernel._MANY_KINDS, probe)
     assert launcher._same_layout(generic, probe)
 
 
