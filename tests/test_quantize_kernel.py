@@ -555,6 +555,7 @@ def test_edge_case_blocks_few_token_tile(dtype, small_tokens):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_cuda_graph_capture_and_replay(dtype):
     from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.launcher import _launchers
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     static = _wide_range(200, 1024, dtype, "cuda", gen)
@@ -564,7 +565,7 @@ def test_cuda_graph_capture_and_replay(dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kernel.run(static, values, scales, 1024)
-    assert all(launcher._executor is not None for launcher in kernel._launchers.values())
+    assert all(launcher._executor is not None for launcher in _launchers.values())
     for seed in (4, 5):
         gen.manual_seed(seed)
         static.copy_(_wide_range(200, 1024, dtype, "cuda", gen))
