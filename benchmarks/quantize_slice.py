@@ -12,7 +12,9 @@ Measured side by side in one run, on one GPU:
   six slices also ``run_many`` (one launch, checked bitwise against the reference at each
   token count) and, as a graph replay, ``run_many`` with the few-token tile turned off
   (``small_tokens=0``: the 64-row tile at every token count);
-* host time per call at one token (Python launch overhead), both ways.
+* host time per call at one token (Python launch overhead), both ways;
+* the six launches and the latency rows again with ``pdl=False`` (plain launches instead of
+  programmatic dependent launch), side by side.
 
 Writes a JSON receipt (``--out``) and prints a table. Times are medians of
 ``triton.testing.do_bench`` runs.
@@ -68,10 +70,10 @@ def _storage(tokens: int, k: int):
     return values, scales
 
 
-def _ours(slices, values, scales, tile_rows):
+def _ours(slices, values, scales, tile_rows, pdl=True):
     def fn():
         for i, s in enumerate(slices):
-            kernel.run(s, values, scales, i * s.shape[1], tile_rows=tile_rows)
+            kernel.run(s, values, scales, i * s.shape[1], tile_rows=tile_rows, pdl=pdl)
 
     return fn
 
@@ -168,6 +170,17 @@ def main() -> None:
         nbytes,
         graph=True,
     )
+    # the same six launches without programmatic dependent launch, side by side
+    plain_fn = _ours(slices, values, scales, kernel.DEFAULT_TILE_ROWS, pdl=False)
+    plain_fn()
+    ours_plain = _measure(
+        "ours_plain_launch", "CuTe DSL slice kernel, 6 plain launches (pdl=False)", plain_fn, nbytes
+    )
+    ours_plain_graph = _measure(
+        "ours_plain_launch_graph", "6 plain launches replayed from a CUDA graph", plain_fn, nbytes,
+        graph=True,
+    )  # fmt: skip
+    results += [ours_plain, ours_plain_graph]
     one_slice = _measure(
         "ours_one_slice",
         "CuTe DSL slice kernel, one 4096 x 7168 slice (one launch)",
@@ -225,6 +238,10 @@ def main() -> None:
                 row[f"ours_ms_{key}"] = mo.median_ms
                 row[f"inductor_ms_{key}"] = mi.median_ms
                 row[f"ours_over_inductor_time_{key}"] = mo.median_ms / mi.median_ms
+                plain = _ours(small, v, sc, kernel.DEFAULT_TILE_ROWS, pdl=False)
+                mp = _measure(f"ours_plain_t{tokens}_s{count}_{key}", "pdl=False", plain, b, graph)
+                results.append(mp)
+                row[f"ours_plain_launch_ms_{key}"] = mp.median_ms
             if count > 1:
                 many_fn = _ours_many(small, v, sc)
                 want_v, want_s = reference.quantize(torch.cat(small, dim=1))
@@ -267,6 +284,8 @@ def main() -> None:
         "inductor_time_over_ours_time": inductor.median_ms / ours.median_ms,
         "inductor_over_copy_bandwidth": inductor.tb_per_s / copy.tb_per_s,
         "ours_graph_over_copy_bandwidth": ours_graph.tb_per_s / copy.tb_per_s,
+        "ours_plain_launch_over_copy_bandwidth": ours_plain.tb_per_s / copy.tb_per_s,
+        "ours_plain_launch_graph_over_copy_bandwidth": ours_plain_graph.tb_per_s / copy.tb_per_s,
         "inductor_graph_time_over_ours_graph_time": inductor_graph.median_ms / ours_graph.median_ms,
         "ours_one_slice_over_copy_bandwidth": one_slice.tb_per_s / copy.tb_per_s,
         "ours_many_over_copy_bandwidth": ours_many.tb_per_s / copy.tb_per_s,
@@ -307,6 +326,9 @@ def main() -> None:
             "inductor_time_over_ours_time": "> 1 means ours is faster",
             "inductor_over_copy_bandwidth": "Inductor's fraction of the copy ceiling",
             "ours_graph_over_copy_bandwidth": "as ours_over_copy_bandwidth, graph replay",
+            "ours_plain_launch_over_copy_bandwidth": "six launches without programmatic "
+            "dependent launch, same run; higher is better",
+            "ours_plain_launch_graph_over_copy_bandwidth": "same, graph replay",
             "inductor_graph_time_over_ours_graph_time": "> 1 means ours is faster",
             "ours_one_slice_over_copy_bandwidth": "one launch, no gaps between kernels",
             "ours_many_over_copy_bandwidth": "six slices in one launch; higher is better",
@@ -326,18 +348,18 @@ def main() -> None:
     print(f"{receipt['gpu']}  torch {receipt['torch']}  cutlass-dsl {receipt['cutlass_dsl']}")
     print(f"bitwise equal to reference: 6 launches {bitwise}, one launch {many_ok}")
     print(f"{'what':<34}{'median ms':>12}{'TB/s':>10}")
-    table = [copy, *ours_by_tile.values(), ours_graph, one_slice, ours_many, ours_many_graph]
+    table = [copy, *ours_by_tile.values(), ours_graph, ours_plain, ours_plain_graph, one_slice]
+    table += [ours_many, ours_many_graph]
     for m in [*table, inductor, inductor_graph]:
         print(f"{m.name:<34}{m.median_ms:>12.4f}{m.tb_per_s:>10.3f}")
     for name, value in ratios.items():
         print(f"{name:<34}{value:>12.3f}")
-    print(f"{'tokens':>6}{'slices':>7}{'ours ev':>10}{'ind ev':>10}{'ours gr':>10}{'ind gr':>10}")
+    head = ["ours ev", "plain ev", "ind ev", "ours gr", "plain gr", "ind gr"]
+    print(f"{'tokens':>6}{'slices':>7}" + "".join(f"{h:>10}" for h in head))
     for row in latency:
-        print(
-            f"{row['tokens']:>6}{row['slices']:>7}{row['ours_ms_events']:>10.4f}"
-            f"{row['inductor_ms_events']:>10.4f}{row['ours_ms_graph']:>10.4f}"
-            f"{row['inductor_ms_graph']:>10.4f}"
-        )
+        cells = [row[f"{w}_ms_{key}"] for key in ("events", "graph")
+                 for w in ("ours", "ours_plain_launch", "inductor")]  # fmt: skip
+        print(f"{row['tokens']:>6}{row['slices']:>7}" + "".join(f"{c:>10.4f}" for c in cells))
     for row in latency:
         if "ours_many_ms_events" in row:
             print(

@@ -83,6 +83,21 @@ def compile_for_scalars(kernel, kinds: str):
     return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
 
 
+def wait_for_previous_kernel() -> None:
+    """Device side of programmatic dependent launch (kernels launched with ``use_pdl=True``).
+
+    Such a launch may start its CTAs while the previous kernel on the stream still runs: it
+    lets the next kernel's CTAs be scheduled now (they too wait here), then waits until the
+    previous kernel has finished and its writes are visible. Call it before reading or
+    writing anything in global memory; only set-up (barriers, descriptor prefetch) may come
+    first. Stream order is kept; the launch latency between back-to-back kernels is hidden.
+    """
+    import cutlass.cute as cute
+
+    cute.arch.griddepcontrol_launch_dependents()
+    cute.arch.griddepcontrol_wait()
+
+
 _launchers: dict = {}
 _launchers_lock = threading.Lock()
 

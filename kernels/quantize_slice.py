@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .launcher import compile_for_scalars, launch, raw_stream
+from .launcher import compile_for_scalars, launch, raw_stream, wait_for_previous_kernel
 
 _GROUP = 32
 _TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
@@ -69,13 +69,15 @@ _MAX_PASSES = DEFAULT_TILE_ROWS // _ROWS_PER_PASS
 class _Config:
     """Compile-time facts of one kernel: source dtype, slice width, tile height, how many
     equal-width slices one launch quantizes (1 for :func:`run`, up to 8 for
-    :func:`run_many`), and the token count up to which the few-token tile is used."""
+    :func:`run_many`), the token count up to which the few-token tile is used, and whether
+    launches use programmatic dependent launch (see :func:`run`)."""
 
     fp16: bool
     width: int
     tile_rows: int = DEFAULT_TILE_ROWS
     slices: int = 1
     small_tokens: int = SMALL_TOKENS
+    pdl: bool = True
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,8 @@ def _build(config: _Config):
         row tile, so always the last one), else the default tile, with guards and padding
         only in the last row tile. The slice is picked once, before the branch: with one
         copy of the selects per tile variant the kernel needed 48 registers instead of 40."""
+        if const_expr(config.pdl):
+            wait_for_previous_kernel()  # the source slice may be the previous kernel's output
         bx, by, _ = cute.arch.block_idx()
         # grid.x = slices x (blocks / tile blocks): the slice and its first column tile.
         s = bx // blocks
@@ -375,7 +379,7 @@ def _build(config: _Config):
         ):
             self.kernel(
                 src_addr, dst_addr, scale_addr, tokens, src_ld, dst_ld, column, scale_g4
-            ).launch(grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream)
+            ).launch(grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream, use_pdl=config.pdl)
 
         @cute.kernel
         def kernel(
@@ -420,7 +424,9 @@ def _build(config: _Config):
                 a0, a1, a2, a3, a4, a5, a6, a7,
                 l0, l1, l2, l3, l4, l5, l6, l7,
                 c0, c1, c2, c3, c4, c5, c6, c7,
-            ).launch(grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream)  # fmt: skip
+            ).launch(
+                grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream, use_pdl=config.pdl
+            )  # fmt: skip
 
         @cute.kernel
         def kernel(
@@ -477,9 +483,11 @@ def config_for(
     tile_rows: int = DEFAULT_TILE_ROWS,
     slices: int = 1,
     small_tokens: int = SMALL_TOKENS,
+    pdl: bool = True,
 ) -> _Config:
     """The compile-time facts of a call (the token count is not one of them)."""
-    return _Config(source.dtype == torch.float16, source.shape[1], tile_rows, slices, small_tokens)
+    fp16 = source.dtype == torch.float16
+    return _Config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl)
 
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
@@ -531,13 +539,17 @@ def run(
     column: int,
     tile_rows: int = DEFAULT_TILE_ROWS,
     small_tokens: int = SMALL_TOKENS,
+    pdl: bool = True,
 ) -> None:
     """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
 
     Same contract and bytes as ``mxfp8_fusion.reference.quantize_slice_``; only where
     :func:`supported` holds. Launches on the current stream; no sync, no allocation.
     ``tile_rows`` and ``small_tokens`` select the compiled tile shapes (benchmarks, tests);
-    every choice writes the same bytes.
+    every choice writes the same bytes. ``pdl`` launches with programmatic dependent launch:
+    the grid may be scheduled while the previous kernel's last CTAs run and waits for that
+    kernel's completion before it reads anything, so stream order is kept while the launch
+    latency between back-to-back kernels is hidden (``False``: plain launch, benchmarks).
     """
     k = values.shape[1]
     device = _device_index(source)
@@ -552,7 +564,7 @@ def run(
         (k // _GROUP + 3) // 4,
         raw_stream(device),
     )
-    _launch(config_for(source, tile_rows, 1, small_tokens), device, args)
+    _launch(config_for(source, tile_rows, 1, small_tokens, pdl), device, args)
 
 
 def supported_many(sources, values: torch.Tensor, columns) -> bool:
@@ -576,6 +588,7 @@ def run_many(
     columns,
     tile_rows: int = DEFAULT_TILE_ROWS,
     small_tokens: int = SMALL_TOKENS,
+    pdl: bool = True,
 ) -> None:
     """:func:`run` for several equal-shape slices in one launch (where :func:`supported_many`).
 
@@ -599,5 +612,5 @@ def run_many(
         *[0] * pad,
         raw_stream(device),
     )
-    config = config_for(sources[0], tile_rows, len(sources), small_tokens)
+    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl)
     _launch(config, device, args)

@@ -68,7 +68,7 @@ def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
 
 # Compile-time variants: both tile shapes in one kernel, the few-token tile off or 32 rows
 # high, every tile height, one slice and several, a width the few-token tile cannot
-# split 4 ways (3 column tiles).
+# split 4 ways (3 column tiles), a plain launch instead of programmatic dependent launch.
 VARIANTS = [
     dict(width=7168, slices=6),
     dict(width=7168, slices=6, small_tokens=0),
@@ -77,6 +77,7 @@ VARIANTS = [
     dict(width=1024, slices=8, tile_rows=32),
     dict(width=1024, slices=2, tile_rows=128),
     dict(width=384, slices=3),
+    dict(width=1024, slices=1, pdl=False),
 ]
 
 
@@ -575,6 +576,32 @@ def test_cuda_graph_capture_and_replay(dtype):
         torch.cuda.synchronize()
         assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
         assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
+def test_programmatic_launch_reads_only_after_the_previous_kernel():
+    """Launches use programmatic dependent launch: each lets the next kernel's CTAs start
+    early. The next one must still read nothing before this one has finished. Here the
+    second launch's source is the destination the first launch writes, viewed as BF16, so
+    an early read would see the poison."""
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for _ in range(3):
+        first = torch.randn(4096, 8192, dtype=torch.bfloat16, device="cuda", generator=gen)
+        values, scales = _poisoned(4096, 8192, "cuda")
+        chained = values.view(torch.bfloat16)  # [4096, 4096]
+        values2, scales2 = _poisoned(4096, 4096, "cuda")
+        kernel.run(first, values, scales, 0)
+        kernel.run(chained, values2, scales2, 0)
+        want_v, want_s = _poisoned(4096, 8192, "cuda")
+        reference.quantize_slice_(first, want_v, want_s, 0)
+        want_v2, want_s2 = _poisoned(4096, 4096, "cuda")
+        reference.quantize_slice_(want_v.view(torch.bfloat16), want_v2, want_s2, 0)
+        assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
+        assert torch.equal(values2.view(torch.uint8), want_v2.view(torch.uint8))
+        assert torch.equal(scales2.view(torch.uint8), want_s2.view(torch.uint8))
 
 
 def _count_kernel_runs(monkeypatch) -> list[int]:
