@@ -19,14 +19,22 @@ def cute_dsl_installed() -> bool:
 
 
 @functools.cache
-def _capability(index: int) -> tuple[int, int]:
+def _capability(index: int) -> tuple[int, int] | None:
+    if not torch.cuda.is_available():
+        return None
     return torch.cuda.get_device_capability(index)
 
 
 def _device_capability(device: torch.device) -> tuple[int, int] | None:
-    if device.type != "cuda" or not torch.cuda.is_available():
+    # Runs on every kernel call: a CUDA tensor's device carries its index, so the answer is
+    # one cached lookup (torch.cuda.is_available() alone costs a few us per call).
+    if device.type != "cuda":
         return None
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    if device.index is not None:
+        return _capability(device.index)
+    if not torch.cuda.is_available():
+        return None
+    return _capability(torch.cuda.current_device())
 
 
 def unavailable_reason(device: torch.device) -> str:
