@@ -49,8 +49,7 @@ class GemmConfig:
     most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
     alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
-    tile N 128). ``pdl``: launch with programmatic dependent launch (the CTAs set up while
-    the previous kernel finishes, and wait for it before touching memory; launcher.py).
+    tile N 128).
     """
 
     tile_n: int = 128
@@ -60,7 +59,6 @@ class GemmConfig:
     tokens_tile: int = 0
     consumers: int = 3
     converters: int = 1
-    pdl: bool = True
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K

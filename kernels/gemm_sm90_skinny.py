@@ -60,7 +60,6 @@ from .gemm_sm90_common import (
     tma_load,
     tma_views,
 )
-from .launcher import wait_for_previous_kernel
 from .quantize_ptx import inline_ptx
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
@@ -109,7 +108,6 @@ class MXFP8SkinnyGemmSm90:
         self.stages = cfg.stages
         self.consumers = cfg.consumers
         self.num_ctas_cap = cfg.num_ctas
-        self.pdl = cfg.pdl
         self.n = n
         self.k = k
         self.ld_out = ld_out
@@ -187,7 +185,6 @@ class MXFP8SkinnyGemmSm90:
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
-            use_pdl=self.pdl,
         )
 
     @cute.kernel
@@ -235,8 +232,6 @@ class MXFP8SkinnyGemmSm90:
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.pdl):
-            wait_for_previous_kernel()  # A, its scales (and the references) come from it
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
             sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)

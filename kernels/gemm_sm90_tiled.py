@@ -56,7 +56,6 @@ from .gemm_sm90_common import (
     tma_views,
 )
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor, times_pow2
-from .launcher import wait_for_previous_kernel
 
 TILE_M = 128
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
@@ -173,7 +172,6 @@ class MXFP8TiledGemmSm90:
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
-            use_pdl=self.cfg.pdl,
         )
 
     @cute.kernel
@@ -237,8 +235,6 @@ class MXFP8TiledGemmSm90:
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.cfg.pdl):
-            wait_for_previous_kernel()  # A, its scales (and the references) come from it
         producer_regs, converter_regs, consumer_regs = REGS[self.convert_wgs]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
