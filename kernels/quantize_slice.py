@@ -56,7 +56,8 @@ _PADDING_BYTE = 127  # E8M0 1.0: what the layout holds for rows past the live on
 # Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
 # 4096 x 7168 slice. H200, six such slices, six launches (benchmarks/quantize_slice.py --tiles):
 # 32 rows 0.1614 ms, 64 rows 0.1621 ms, 128 rows 0.1645 ms, 16 rows 0.1665 ms; 32 and 64 are
-# within run-to-run noise (see benchmarks/QUANTIZE_LOG.md).
+# within run-to-run noise (see benchmarks/QUANTIZE_LOG.md). With PDL (17ab7dd): 32 rows
+# 0.1533, 64 rows 0.1537, 128 rows 0.1573 ms.
 DEFAULT_TILE_ROWS = 64
 
 # Calls with at most this many tokens use the few-token tile (16 rows x up to 4 column tiles).
@@ -406,7 +407,7 @@ def _build(config: _Config):
 
         Slice descriptors are 8 fixed scalar slots (address, row stride, column); slots past
         ``slices`` are never read. H200, six 4096 x 7168 slices: 0.132 ms (0.98 of the copy
-        bandwidth) against 0.162 ms for six launches.
+        bandwidth) against 0.154 ms for six launches (0.162 ms without PDL).
         """
 
         @cute.jit
