@@ -3,7 +3,8 @@
 The DSL's generic call path converts every argument on every call: about 60-80 us per
 launch on the H200 host, longer than a few-token GEMM or a slice quantization on the GPU.
 Kernels here take integer addresses and sizes instead of tensors, so a :class:`Launcher`
-keeps their C storage, packed once, and refills it per call.
+keeps their C storage, packed once, and refills it per call. Also here: the device side of
+programmatic dependent launch, :func:`wait_for_previous_kernel`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Launcher:
 
     ``kinds`` names each argument but the trailing stream: ``q`` a 64-bit integer, ``i`` a
     32-bit one. The layout is checked once against the DSL's own marshalling of
-    ``probe_args``; if it ever differs, every call takes the generic path.
+    ``probe_args``; if it ever differs, or the executor's internals are not as expected,
+    every call takes the DSL's generic path.
     """
 
     def __init__(self, compiled, kinds: str, probe_args: tuple) -> None:
@@ -39,7 +41,6 @@ class Launcher:
         self._stream = ctypes.c_uint64()
         self._args = [ctypes.c_void_p(ctypes.addressof(v)) for v in self._slots]
         self._args.append(ctypes.addressof(self._stream))
-        self._executor = None
         self._entry = None
         try:
             import cuda.bindings.driver as cuda
@@ -47,24 +48,21 @@ class Launcher:
             probe = (*probe_args[:-1], cuda.CUstream(probe_args[-1]))
             generic, _ = compiled.execution_args.generate_execution_args(probe, {})
             if self._same_layout(generic, probe_args):
-                self._executor = compiled.to(None)
-                self._entry = self._direct_entry(self._executor)
+                self._entry = self._direct_entry(compiled.to(None))
         except Exception:  # any internal change: keep the generic path
-            self._executor = None
             self._entry = None
 
     def _direct_entry(self, executor):
         """(C entry point, its packed argument array, CUDA result slot or None).
 
-        ``run_compiled_program`` re-packs the argument pointers on every call (a Python loop
-        over them: several us per launch). Ours never move, so they are packed once here,
-        with the executor's own trailing arguments (result slot, kernel handles); a launch
-        is then one ctypes call. ``None`` where the executor's internals are not as
-        expected (the launch then goes through ``run_compiled_program``)."""
+        The executor's ``run_compiled_program`` re-packs the argument pointers on every call
+        (a Python loop over them: several us per launch). Ours never move, so they are
+        packed once here, with the executor's own trailing arguments (result slot, kernel
+        handles); a launch is then one ctypes call."""
         packed = executor._get_invoke_packed_args(self._args)
         count = len(self._args) + executor._num_extra_args
         if len(packed) < count:
-            return None
+            raise ValueError("unexpected packed-argument layout")
         own = (ctypes.c_void_p * count)(*packed[:count])
         result = executor.cuda_result if executor._has_cuda_result else None
         return executor.capi_func, own, result
@@ -78,19 +76,16 @@ class Launcher:
         return ctypes.c_uint64.from_address(generic[-1]).value == probe_args[-1]
 
     def __call__(self, args: tuple) -> None:
-        if self._executor is None:
+        if self._entry is None:
             import cuda.bindings.driver as cuda
 
             self._compiled(*args[:-1], cuda.CUstream(args[-1]))
             return
+        entry, packed, result = self._entry
         with self._lock:
             for slot, value in zip(self._slots, args, strict=False):
                 slot.value = value
             self._stream.value = args[-1]
-            if self._entry is None:
-                self._executor.run_compiled_program(self._args)
-                return
-            entry, packed, result = self._entry
             entry(packed)
             if result is not None and result.value != 0:
                 raise RuntimeError(f"CUDA error {result.value} launching a CuTe DSL kernel")
