@@ -100,6 +100,12 @@ def _wait_flag(ptr, *, loc=None, ip=None):
     )
 
 
+# L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
+# EVICT_FIRST). On the weight stream: 16 tokens 0.572-0.574 of cuBLAS BF16's time against
+# 0.582 without, 1 token 0.576 against 0.582-0.585 (H200, two runs each, alternated).
+L2_EVICT_FIRST = 0x12F0000000000000
+
+
 class MXFP8SkinnyGemmSm90:
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
 
@@ -256,17 +262,24 @@ class MXFP8SkinnyGemmSm90:
         tSWs, tSWg = tma_views(tma_sw, sSW, gSW_full, (CHUNK_WORDS, 1))
         tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        evict_first = cutlass.Int64(L2_EVICT_FIRST)
         for u in range(begin, end):
             tile = u // self.k_tiles
             kt = u - tile * self.k_tiles
             w_chunk0 = ((tile * TILE_W) // 128) * self.k_tiles
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
-            cute.copy(tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar)
+            # the weight and its scales are read once: evict them first, so they do not push
+            # the tokens (read by every CTA) out of L2
+            cute.copy(
+                tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
+                cache_policy=evict_first,
+            )  # fmt: skip
             cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
             cute.copy(
-                tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar
-            )
+                tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar,
+                cache_policy=evict_first,
+            )  # fmt: skip
             # tokens <= 128: every stage's token scales are chunk kt of row block 0
             cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
             load_pipe.producer_commit(ps)
