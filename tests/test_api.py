@@ -98,6 +98,27 @@ def test_weight_from_checkpoint_matches_quantized_weight():
         assert torch.equal(bits(again.scales), bits(packed.scales))
 
 
+def test_checkpoint_nan_value_gets_the_nan_scale():
+    """A NaN E4M3 value in a checkpoint block: the packed block's scale becomes 255 and the
+    GEMM's output row stays NaN for every token (as the values say), the rest unchanged."""
+    from mxfp8_fusion import reference
+
+    w = torch.randn(128, 256, dtype=torch.bfloat16)
+    values, scale_rows = reference.quantize_rows(w)
+    values.view(torch.uint8)[5, 70] = 0x7F  # row 5, block 2
+    packed = mf.pack_weight(values, scale_rows)
+    # the same from a non-contiguous view of the values
+    assert torch.equal(
+        bits(mf.pack_weight(values.t().contiguous().t(), scale_rows).scales), bits(packed.scales)
+    )
+    want_rows = scale_rows.clone()
+    want_rows[5, 2] = 255
+    assert torch.equal(bits(packed.scales), bits(reference.to_blocked(want_rows)))
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    out = mf.mm(x, packed).float()
+    assert out[:, 5].isnan().all() and not out[:, [0, 4, 6]].isnan().any()
+
+
 def test_empty_token_count():
     weight = make_weight(256)
     dest = mf.empty_input(8, 256)
