@@ -110,8 +110,9 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
         scales: the checkpoint's row-major ``[out_features, in_features / 32]`` scales,
             ``float8_e8m0fnu`` or ``uint8`` bytes; ``None`` to quantize ``weight``. A
             checkpoint block holding a NaN value gets the NaN scale (byte 255), as the
-            quantizer gives such a block: every output of that row is NaN either way, and
-            the GPU GEMM's 16-bit conversions propagate NaN through the scale.
+            quantizer gives such a block: the output column of that weight row is NaN for
+            every token either way, and the GPU GEMM's 16-bit conversions propagate NaN
+            through the scale.
 
     Returns:
         An :class:`MXFP8Weight` with contiguous values and blocked scales.
@@ -147,8 +148,8 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
     )
     _require_same_device(scales, weight.device, "scales")
     rows = scales.contiguous().view(torch.uint8)
-    # E4M3 NaN is 0x7F / 0xFF; a NaN value makes its output row NaN for every token, and a
-    # NaN scale says so in the one place the GEMM kernels' conversions read NaN from
+    # E4M3 NaN is 0x7F / 0xFF; a NaN value makes its output column NaN for every token, and
+    # a NaN scale says so in the one place the GEMM kernels' conversions read NaN from
     values = weight.contiguous()
     nan_block = ((values.view(torch.uint8) & 0x7F) == 0x7F).view(n, k // GROUP, GROUP).any(-1)
     rows = torch.where(nan_block, torch.full_like(rows, 255), rows)
