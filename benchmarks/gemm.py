@@ -18,14 +18,12 @@ benchmarks/results/gemm.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
-from machine import cutlass_dsl_version, git_revision
+from machine import environment, write_receipt
 
 from mxfp8_fusion import reference
 
@@ -236,10 +234,7 @@ def main() -> None:
         "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row: tokens_tile > 0 = swap-AB kernel "
         "for few tokens, else the tiled kernel) vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
         "+ cuBLAS; BF16 output, no bias",
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cutlass_dsl": cutlass_dsl_version(),
-        "git_revision": git_revision(args.git_rev),
+        **environment(args.git_rev),
         "timing": "median of CUDA-event timings, interleaved rounds; before every sample 50 ms "
         "idle and an untimed run of the same launches (ours, cuBLAS and dequant alike), so "
         "no sample inherits the previous kernel's power and clock state",
@@ -247,9 +242,7 @@ def main() -> None:
         "rows": [asdict(r) for r in rows],
         "variants_ms": variants,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(receipt, indent=2) + "\n")
-    print("wrote", args.out)
+    write_receipt(args.out, receipt)
 
 
 if __name__ == "__main__":

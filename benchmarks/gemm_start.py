@@ -18,13 +18,11 @@ Events bracket the GEMM only. Writes benchmarks/results/gemm_start.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from machine import cutlass_dsl_version, git_revision, gpu_driver
+from machine import environment, write_receipt
 from mxfp8_fusion.kernels import gemm_sm90
 
 from mxfp8_fusion import reference
@@ -91,18 +89,12 @@ def main() -> None:
     receipt = {
         "what": "one GEMM at tokens 4096, N 7168, K 43008 (ours: MXFP8 SM90 kernel; cuBLAS: BF16 "
         "torch.mm), timed alone by CUDA events after each start state",
-        "gpu": torch.cuda.get_device_name(),
-        "driver": gpu_driver(),
-        "torch": torch.__version__,
-        "cutlass_dsl": cutlass_dsl_version(),
-        "git_revision": git_revision(args.git_rev),
+        **environment(args.git_rev),
         "rounds": args.rounds,
         "ratio_direction": "ours_ms / cublas_bf16_ms; < 1 means ours is faster",
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(receipt, indent=2) + "\n")
-    print("wrote", args.out)
+    write_receipt(args.out, receipt)
 
 
 if __name__ == "__main__":

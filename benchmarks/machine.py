@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import subprocess
+from pathlib import Path
 
 import torch
 
@@ -52,3 +54,11 @@ def environment(git_rev: str | None = None) -> dict:
         "nvidia_cutlass_dsl": cutlass_dsl_version(),
         "git_revision": git_revision(git_rev),
     }
+
+
+def write_receipt(path: str, receipt: dict) -> None:
+    """``receipt`` as indented JSON at ``path`` (folders made as needed)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(receipt, indent=2) + "\n")
+    print("wrote", path)
