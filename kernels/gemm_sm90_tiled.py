@@ -93,7 +93,7 @@ class MXFP8TiledGemmSm90:
         self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
         # the B converter gives each of its threads whole 32-element units (_convert_b)
-        if self.tile_n % 64 or not 64 <= self.tile_n <= 128:
+        if self.tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
         self.convert_wgs = cfg.converters
         if self.convert_wgs not in REGS or 2 * self.tile_n < self.convert_wgs * WG_THREADS:

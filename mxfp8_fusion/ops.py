@@ -258,9 +258,9 @@ def call(op, *args):
 
     Even a plain dispatcher call (argument parsing, the Python kernel hop) costs host time
     that a slice quantization or a few-token GEMM does not have to spare: the staged path
-    makes eight such calls per projection. They are needed only while tracing (torch.compile, fake tensors, a dispatch
-    mode), for tensor subclasses, or when autograd records; a plain inference call runs the
-    op's body directly, with the same result.
+    makes eight such calls per projection. The dispatcher is needed only while tracing
+    (torch.compile, fake tensors, a dispatch mode), for tensor subclasses, or when autograd
+    records; a plain inference call runs the op's body directly, with the same result.
     """
     if _needs_dispatcher(args):
         return op(*args)
