@@ -7,9 +7,9 @@ order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 benchmarks/GEMM_LOG.md.)
 
-* gemm_sm90_tiled (more than 64 tokens): 128 x 128 (or 128 x 64) output tiles, persistent;
-  consumer warpgroups convert their A rows straight into RS-wgmma register fragments, one
-  converter warpgroup turns the weight tile into 16-bit shared memory. Tiles whose rows'
+* gemm_sm90_tiled (more than 64 tokens): 128 x 128, 128 x 64 or 192 x 128 output tiles,
+  persistent; consumer warpgroups convert their A rows straight into RS-wgmma register
+  fragments, converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
   the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
   (gemm_sm90_refs); the others BF16.
@@ -35,7 +35,7 @@ from mxfp8_fusion.format import GROUP, padded_rows
 
 from .launcher import compile_for_scalars, launch, raw_stream
 
-_TILE_M = 128  # two consumer warpgroups x 64 rows (one wgmma M)
+_TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
 _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 words
 
 
@@ -43,9 +43,10 @@ _CHUNK_WORDS = 128  # a 512-byte chunk of the blocked scale layout, as int32 wor
 class GemmConfig:
     """Compile-time tiling.
 
-    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile N ``tile_n``
-    (128 or 64), ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K
-    64, and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
+    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128,
+    or 192 with three consumer warpgroups and one converter) x ``tile_n`` (128 or 64),
+    ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
+    persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
     most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
     alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
@@ -59,6 +60,7 @@ class GemmConfig:
     tokens_tile: int = 0
     consumers: int = 3
     converters: int = 1
+    tile_m: int = 128
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -66,6 +68,14 @@ class GemmConfig:
 # (tile 128, one run): 4 + 4 5.29 ms, 3 + 6 5.64 ms, 2 + 8 6.04 ms; the earlier kernel that
 # also staged A as BF16 in shared memory 6.16 ms (benchmarks/GEMM_LOG.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
+# 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 3.727 ms, 3 + 5 3.735, 4 + 3
+# 3.825, 2 + 6 4.178 at 4096 tokens, one run (GEMM_LOG.md, variant 30)
+_TALL_STAGES = (3, 4)
+# Time of a 192-row tile over a 128-row one (tile N 128, 4096 tokens: 0.394 vs 0.281 ms per
+# round of 132 tiles). Three consumer warpgroups keep the tensor pipe busier than two, so a
+# row costs 7% less, but the tile is coarser: at 512 tokens 128-row tiles win (0.557 vs
+# 0.690 ms), at 4096 and 16384 192-row ones (3.727 vs 3.939, 17.4 vs 18.9 ms).
+_TALL_TILE_COST = 1.4
 
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
@@ -104,6 +114,13 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     if tokens <= SKINNY_MAX_TOKENS:
         return skinny_config(tokens, num_sms)
     tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
+    if tile_n == 128 and _tiled_time(tokens, n, 192, num_sms) < _tiled_time(
+        tokens, n, 128, num_sms
+    ):
+        stages, bf16_stages = _TALL_STAGES
+        return GemmConfig(
+            tile_m=192, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms, converters=1
+        )
     stages, bf16_stages = _TILED_STAGES[tile_n]
     # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
     # (benchmarks/GEMM_LOG.md, variant 22); tile N 64 has one 32-element unit per thread
@@ -115,6 +132,21 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
         num_ctas=num_sms,
         converters=converters,
     )
+
+
+def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
+    """The busiest CTA's work, in 128 x 128 tile times, when ``num_sms`` persistent CTAs
+    take the tiles round-robin in the tiled kernel's order: full row tiles first, the partial
+    one last. A partial tile is charged a third (its B conversion) plus two thirds times its
+    share of live consumer warpgroups: an estimate, not a measurement."""
+    n_tiles = -(-n // 128)
+    full_m, rest = divmod(tokens, tile_m)
+    cost = _TALL_TILE_COST if tile_m == 192 else 1.0
+    costs = [cost] * (full_m * n_tiles)
+    if rest:
+        live = -(-rest // 64) * 64 / tile_m
+        costs += [cost * (1 + 2 * live) / 3] * n_tiles
+    return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
 
 def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:

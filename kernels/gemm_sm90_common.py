@@ -26,6 +26,8 @@ from cutlass.cutlass_dsl import dsl_user_op
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 from .quantize_ptx import asm_u32
 
+CHUNK_BYTES = 512  # one 128-row x 4-group chunk of the blocked scale layout
+
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
 ONE_FACTOR_MAX = 134
 
@@ -103,7 +105,9 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0):
         for b in groups:
             words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
         r = scale_row0 + row
-        scale_words.append(load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4))
+        # rows past 128 lie in the next chunk (a 192-row tile's A spans two)
+        offset = (r // 128) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % 128) // 32
+        scale_words.append(load_smem_words(scales + offset * 4, 1, 4))
     return words, scale_words
 
 

@@ -14,16 +14,19 @@ converts its own 64 rows from the TMA'd FP8 stage straight into the register fra
 an RS wgmma. Only the weight operand B is converted into a 16-bit shared-memory tile, by
 dedicated converter warps.
 
-One CTA = 4 warpgroups (128 x tile_n output tile), persistent over output tiles:
+One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgroups, tile_m
+192: three), persistent over output tiles, the full row tiles first and a partial one last:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
   each tile's row references and path into a two-stage ring (``ref_pipe``);
-* warpgroup 1: B converter, FP8 stage -> two 16-bit stages of K 64 (``conv_pipe``). Per
-  32-element unit: two 16-byte shared loads, 16 pair conversions, four 16-byte shared
-  stores, conflict-free under the 128-byte swizzle;
-* warpgroups 2-3: consumers, 64 A rows each: per K 64, convert A into the fragment, then
-  four m64 x tile_n x k16 wgmmas against the 16-bit B stage.
+* warpgroup 1 (and 2 with ``converters`` 2): B converter, FP8 stage -> two 16-bit stages of
+  K 64 (``conv_pipe``). Per 32-element unit: two 16-byte shared loads, 16 pair conversions,
+  four 16-byte shared stores, conflict-free under the 128-byte swizzle;
+* the last two or three warpgroups: consumers, 64 A rows each: per K 64, convert A into the
+  fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage. A consumer's
+  conversion does not overlap its own wgmmas (they read the fragment), only the other
+  consumers', so a third consumer keeps the tensor pipe busier (GEMM_LOG.md, variant 30).
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
@@ -57,27 +60,26 @@ from .gemm_sm90_common import (
 )
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor, times_pow2
 
-TILE_M = 128
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
 TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
 HALVES = TILE_K8 // TILE_K16
 CHUNK_WORDS = 128
 WG_THREADS = 128
-# (producer, converter, consumer) registers after setmaxnreg, by B-converter warpgroups.
-# The consumers need 176: the 64 x 128 accumulator and the A fragment spill at 128 (176 was
-# 6% faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x
+# (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
+# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6% faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x
 # 120 + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176
 # = 61440. (Two converters with the consumers at 128 measured 5% slower; with 176 and the
 # FP16 path, 3% faster: benchmarks/GEMM_LOG.md, variants 17 and 22a.)
-REGS = {1: (40, 120, 176), 2: (32, 48, 176)}
+# Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
+# 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
+# launch are fewer than an m64n128 wgmma needs.) Keyed by (converters, consumers).
+REGS = {(1, 2): (40, 120, 176), (2, 2): (32, 48, 176), (1, 3): (32, 64, 128)}
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two convert A and run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
 # of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring:
 # words [0, 128) A rows, [128, 256) B rows (ref - 127), 256 the mode (1 = BF16).
 SCAN_THREADS = 32
 REF_STAGES = 2
-REF_WORDS = 260
-MODE_WORD = 256
 
 
 class MXFP8TiledGemmSm90:
@@ -95,9 +97,21 @@ class MXFP8TiledGemmSm90:
         # the B converter gives each of its threads whole 32-element units (_convert_b)
         if self.tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
+        self.tile_m = cfg.tile_m
+        if self.tile_m not in (128, 192):
+            raise ValueError(f"tile_m must be 128 or 192, got {self.tile_m}")
+        self.consumers = self.tile_m // 64
         self.convert_wgs = cfg.converters
-        if self.convert_wgs not in REGS or 2 * self.tile_n < self.convert_wgs * WG_THREADS:
-            raise ValueError(f"converters must be 1, or 2 with tile_n 128, got {cfg}")
+        if (self.convert_wgs, self.consumers) not in REGS or (
+            2 * self.tile_n < self.convert_wgs * WG_THREADS
+        ):
+            raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
+        # a tile's A rows span one 512-byte scale chunk per stage at 128 rows, two at 192
+        self.a_chunks = 1 if self.tile_m == 128 else 2
+        # ring words: A rows' references, then B rows', then the mode
+        self.b_ref0 = self.tile_m
+        self.mode_word = self.tile_m + 128
+        self.ref_words = self.mode_word + 4
         self.convert_threads = self.convert_wgs * WG_THREADS
         self.consumer_wg0 = CONVERT_WG0 + self.convert_wgs
         self.stages8 = cfg.stages
@@ -131,44 +145,48 @@ class MXFP8TiledGemmSm90:
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
 
         mmas = [rs_tiled_mma(dtype, (64, self.tile_n)) for dtype in (bf16, cutlass.Float16)]
-        a8_layout = smem_layout(fp8, TILE_M, TILE_K8, self.stages8)
+        a8_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
-        tma_a, gA = tma_load(mA, a8_layout, (TILE_M, TILE_K8))
+        sa_slots = self.stages8 * self.a_chunks
+        sa_layout = cute.make_layout((CHUNK_WORDS, 1, sa_slots), stride=(1, 1, CHUNK_WORDS))
+        tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
-        tma_sa, gSA = tma_load(mSA, s_layout, (CHUNK_WORDS, 1))
+        tma_sa, gSA = tma_load(mSA, sa_layout, (CHUNK_WORDS, 1))
         tma_sb, gSB = tma_load(mSB, s_layout, (CHUNK_WORDS, 1))
-        self.tx_bytes = (TILE_M + self.tile_n) * TILE_K8 + 2 * CHUNK_WORDS * 4
+        scale_bytes = (self.a_chunks + 1) * CHUNK_WORDS * 4
+        self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
 
         sched = utils.PersistentTileSchedulerParams(
-            ((m + TILE_M - 1) // TILE_M, self.n_tiles, 1), (1, 1, 1)
+            (((m + self.tile_m - 1) // self.tile_m) * self.n_tiles, 1, 1), (1, 1, 1)
         )
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.cfg.num_ctas)
         stages8 = self.stages8
         stages16 = self.stages16
+        ref_words = self.ref_words
 
         @cute.struct
         class Storage:
             load_bar: cute.struct.MemRange[cutlass.Int64, stages8 * 2]
             conv_bar: cute.struct.MemRange[cutlass.Int64, stages16 * 2]
             ref_bar: cute.struct.MemRange[cutlass.Int64, REF_STAGES * 2]
-            refs: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, REF_WORDS * REF_STAGES], 16]
+            refs: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, ref_words * REF_STAGES], 16]
             sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
             sB8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(b8_layout)], 1024]
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
-            sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
+            sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * sa_slots], 128]
             sSB: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
 
         self.storage = Storage
         launch = self.kernel(
             tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, refs_a, refs_b, mD, mBias, m,
-            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sched,
+            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sa_layout, sched,
         ).launch  # fmt: skip
         launch(
             grid=grid,
-            block=[WG_THREADS * (self.consumer_wg0 + 2), 1, 1],
+            block=[WG_THREADS * (self.consumer_wg0 + self.consumers), 1, 1],
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
@@ -196,6 +214,7 @@ class MXFP8TiledGemmSm90:
         b8_layout: cute.ComposedLayout,
         b16_layout: cute.ComposedLayout,
         s_layout: cute.Layout,
+        sa_layout: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -211,7 +230,7 @@ class MXFP8TiledGemmSm90:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             # the B converters and the A-converting consumers both read each FP8 stage
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (self.convert_threads + 2 * WG_THREADS) // 32
+                pipeline.Agent.Thread, (self.convert_threads + self.consumers * WG_THREADS) // 32
             ),
             tx_count=self.tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
@@ -221,7 +240,9 @@ class MXFP8TiledGemmSm90:
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.convert_threads),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 2 * WG_THREADS),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.consumers * WG_THREADS
+            ),
             defer_sync=True,
         )
         ref_pipe = pipeline.PipelineAsync.create(
@@ -229,31 +250,30 @@ class MXFP8TiledGemmSm90:
             num_stages=REF_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, SCAN_THREADS),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.convert_threads + 2 * WG_THREADS
+                pipeline.Agent.Thread, self.convert_threads + self.consumers * WG_THREADS
             ),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        producer_regs, converter_regs, consumer_regs = REGS[self.convert_wgs]
+        producer_regs, converter_regs, consumer_regs = REGS[(self.convert_wgs, self.consumers)]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
             if warp == 0:
                 sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
                 sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
-                sSA = st.sSA.get_tensor(s_layout)
+                sSA = st.sSA.get_tensor(sa_layout)
                 sSB = st.sSB.get_tensor(s_layout)
                 self._producer(
                     tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-                    sA8, sB8, sSA, sSB, load_pipe, sched_params,
+                    sA8, sB8, sSA, sSB, load_pipe, m, sched_params,
                 )  # fmt: skip
             elif warp == 1:
                 self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe, sched_params)
         elif wg < self.consumer_wg0:
             cute.arch.setmaxregister_decrease(converter_regs)
-            self._converter(
-                tidx - CONVERT_WG0 * WG_THREADS, st, load_pipe, conv_pipe, ref_pipe, sched_params
-            )
+            ct = tidx - CONVERT_WG0 * WG_THREADS
+            self._converter(ct, m, st, load_pipe, conv_pipe, ref_pipe, sched_params)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
@@ -268,9 +288,9 @@ class MXFP8TiledGemmSm90:
     @cute.jit
     def _producer(
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-        sA8, sB8, sSA, sSB, load_pipe, sched_params,
+        sA8, sB8, sSA, sSB, load_pipe, m, sched_params,
     ):  # fmt: skip
-        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (TILE_M, TILE_K8))
+        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
         tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
         tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
         tSBs, tSBg = tma_views(tma_sb, sSB, gSB_full, (CHUNK_WORDS, 1))
@@ -281,18 +301,22 @@ class MXFP8TiledGemmSm90:
         work = sched.initial_work_tile_info()
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
         while work.is_valid_tile:
-            tm = work.tile_idx[0]
-            tn = work.tile_idx[1]
+            tm, tn = self._tile_mn(work, m)
             b_chunk0 = ((tn * self.tile_n) // 128) * k_tiles
-            a_chunk0 = tm * k_tiles
+            a_chunk0 = ((tm * self.tile_m) // 128) * k_tiles
             for kt in range(k_tiles):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
-                cute.copy(
-                    tma_sa, tSAg[(None, 0, a_chunk0 + kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar
-                )
+                for c in cutlass.range_constexpr(self.a_chunks):
+                    # past the last chunk (the tile's rows past M) TMA fills zeros
+                    cute.copy(
+                        tma_sa,
+                        tSAg[(None, 0, a_chunk0 + c * k_tiles + kt)],
+                        tSAs[(None, ps.index * self.a_chunks + c)],
+                        tma_bar_ptr=bar,
+                    )
                 cute.copy(
                     tma_sb, tSBg[(None, 0, b_chunk0 + kt)], tSBs[(None, ps.index)], tma_bar_ptr=bar
                 )
@@ -301,6 +325,23 @@ class MXFP8TiledGemmSm90:
             sched.advance_to_next_work()
             work = sched.get_current_work()
         load_pipe.producer_tail(ps)
+
+    @cute.jit
+    def _tile_mn(self, work, m):
+        """(row tile, column tile) of the scheduler's linear tile: the full row tiles first,
+        M fastest, then the partial row tile along N. The partial one has fewer live consumer
+        warpgroups, so it is cheaper; last, it fills the final round. (M fastest over all row
+        tiles puts it on the same CTAs every round when the grid is a multiple of the row
+        tile count: 4096 tokens in 192-row tiles are 22 row tiles, 132 SMs.)"""
+        idx = work.tile_idx[0]
+        full_m = m // self.tile_m
+        full = full_m * self.n_tiles
+        rows = cutlass.max(full_m, 1)
+        in_full = idx < full
+        return (
+            cutlass.select_(in_full, idx % rows, full_m),
+            cutlass.select_(in_full, idx // rows, idx - full),
+        )
 
     @cute.jit
     def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe, sched_params):
@@ -314,11 +355,11 @@ class MXFP8TiledGemmSm90:
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, REF_STAGES)
         b_parts = self.tile_n // 32
         while work.is_valid_tile:
-            tm = work.tile_idx[0]
-            tn = work.tile_idx[1]
-            a_rows = [tm * TILE_M + lane + 32 * i for i in range(4)]
+            tm, tn = self._tile_mn(work, m)
+            a_rows = [tm * self.tile_m + lane + 32 * i for i in range(self.tile_m // 32)]
             b_rows = [tn * self.tile_n + lane + 32 * i for i in range(b_parts)]
-            a_refs = [load_gmem_word(refs_a + r * 4) for r in a_rows]
+            # the scan wrote padded_rows(M) words; a 192-row tile may reach past them
+            a_refs = [load_gmem_word(refs_a + cutlass.min(r, m - 1) * 4) for r in a_rows]
             b_refs = [load_gmem_word(refs_b + r * 4) for r in b_rows]
             misfit = Int32(0)
             for r, v in zip(a_rows, a_refs, strict=True):
@@ -327,13 +368,13 @@ class MXFP8TiledGemmSm90:
                 misfit = misfit | cutlass.select_((r < self.n) & (v < 0), Int32(1), Int32(0))
             mode = cute.arch.vote_any_sync(misfit != 0)
             ref_pipe.producer_acquire(ps)
-            buf = refs + ps.index * (REF_WORDS * 4)
-            for i in cutlass.range_constexpr(4):
+            buf = refs + ps.index * (self.ref_words * 4)
+            for i in cutlass.range_constexpr(self.tile_m // 32):
                 store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - 127)
             for i in cutlass.range_constexpr(b_parts):
-                store_smem_word(buf + (128 + lane + 32 * i) * 4, b_refs[i] - 127)
+                store_smem_word(buf + (self.b_ref0 + lane + 32 * i) * 4, b_refs[i] - 127)
             if lane == 0:
-                store_smem_word(buf + MODE_WORD * 4, cutlass.select_(mode, Int32(1), Int32(0)))
+                store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)
             ps.advance()
             sched.advance_to_next_work()
@@ -341,7 +382,7 @@ class MXFP8TiledGemmSm90:
         ref_pipe.producer_tail(ps)
 
     @cute.jit
-    def _converter(self, ct, st, load_pipe, conv_pipe, ref_pipe, sched_params):
+    def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe, sched_params):
         """B half of each FP8 stage -> one scaled BF16 (or FP16) stage of K 64, K permuted
         per group."""
         refs = st.refs.data_ptr().toint()
@@ -354,13 +395,15 @@ class MXFP8TiledGemmSm90:
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         rows = self._converter_rows(ct)
         while work.is_valid_tile:
-            tn = work.tile_idx[1]
+            _tm, tn = self._tile_mn(work, m)
             b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
             ref_pipe.consumer_wait(rfs)
-            buf = refs + rfs.index * (REF_WORDS * 4)
-            mode = load_smem_words(buf + MODE_WORD * 4, 1, 4)[0]
+            buf = refs + rfs.index * (self.ref_words * 4)
+            mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             # the FP16 factors want ref - 15 (f16_factor)
-            row_lows = [Int32(load_smem_words(buf + (128 + r) * 4, 1, 4)[0]) + 112 for r in rows]
+            row_lows = [
+                Int32(load_smem_words(buf + (self.b_ref0 + r) * 4, 1, 4)[0]) + 112 for r in rows
+            ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
             if mode != 0:
@@ -495,17 +538,17 @@ class MXFP8TiledGemmSm90:
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         while work.is_valid_tile:
-            tm = work.tile_idx[0]
-            tn = work.tile_idx[1]
+            tm, tn = self._tile_mn(work, m)
             ref_pipe.consumer_wait(rfs)
-            buf = refs + rfs.index * (REF_WORDS * 4)
-            mode = load_smem_words(buf + MODE_WORD * 4, 1, 4)[0]
-            if tm * TILE_M + cwg * 64 < m:
+            buf = refs + rfs.index * (self.ref_words * 4)
+            mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
+            scale_row0 = (tm * self.tile_m) % 128  # tile row 0 within its first scale chunk
+            if tm * self.tile_m + cwg * 64 < m:
                 acc.fill(0.0)
                 if mode != 0:
                     ls, rs, rel = self._mainloop(
-                        ct, mmas[0], sBs[0], acc, st, row0, load_pipe, conv_pipe, ls, rs, rel,
-                        None,
+                        ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                        ls, rs, rel, None,
                     )  # fmt: skip
                 else:
                     # the FP16 factors want ref - 15 (f16_factor)
@@ -514,15 +557,15 @@ class MXFP8TiledGemmSm90:
                         for rr in range(2)
                     ]
                     ls, rs, rel = self._mainloop(
-                        ct, mmas[1], sBs[1], acc, st, row0, load_pipe, conv_pipe, ls, rs, rel,
-                        row_lows,
+                        ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                        ls, rs, rel, row_lows,
                     )  # fmt: skip
                 warpgroup.wait_group(0)
                 conv_pipe.consumer_release(rel)
                 rel.advance()
                 if mode == 0:
                     self._unscale(acc, thr, buf, row0)
-                self._epilogue(acc, thr, mD, mBias, m, tm * TILE_M + cwg * 64, tn)
+                self._epilogue(acc, thr, mD, mBias, m, tm * self.tile_m + cwg * 64, tn)
             else:
                 # every row of this warpgroup lies past M: keep the pipelines in step
                 for _kt in range(self.k_tiles):
@@ -541,7 +584,8 @@ class MXFP8TiledGemmSm90:
 
     @cute.jit
     def _mainloop(
-        self, ct, tiled_mma, sB16, acc, st, row0, load_pipe, conv_pipe, ls, rs, rel, row_lows
+        self, ct, tiled_mma, sB16, acc, st, row0, scale_row0, load_pipe, conv_pipe, ls, rs, rel,
+        row_lows,
     ):  # fmt: skip
         """One output tile's K loop: per K 64, convert A into the fragment (FP16 with
         ``row_lows``, else BF16), then four wgmmas against the converted B stage. Leaves the
@@ -561,8 +605,8 @@ class MXFP8TiledGemmSm90:
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
-                    a8 + ls.index * (TILE_M * TILE_K8), row0, t, groups,
-                    sa + ls.index * (CHUNK_WORDS * 4), 0,
+                    a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
+                    sa + ls.index * (self.a_chunks * CHUNK_WORDS * 4), scale_row0,
                 )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
                 warpgroup.wait_group(0)
@@ -594,7 +638,7 @@ class MXFP8TiledGemmSm90:
         a_exp = [Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) for rr in range(2)]
         for i in cutlass.range_constexpr(cute.size(acc)):
             r, c = coords[i]
-            b_exp = Int32(load_smem_words(buf + (128 + c) * 4, 1, 4)[0])
+            b_exp = Int32(load_smem_words(buf + (self.b_ref0 + c) * 4, 1, 4)[0])
             # the thread's rows are row0 and row0 + 8: r % 16 tells which
             e = cutlass.select_(r % 16 < 8, a_exp[0], a_exp[1]) + b_exp
             acc[i] = times_pow2(acc[i], e)
