@@ -14,7 +14,8 @@ Measured side by side in one run, on one GPU:
   (``small_tokens=0``: the 64-row tile at every token count);
 * host time per call at one token (Python launch overhead), both ways;
 * the six launches and the latency rows again with ``pdl=False`` (plain launches instead of
-  programmatic dependent launch), side by side.
+  programmatic dependent launch), and the six launches with ``prefetch=False`` (no L2
+  prefetch before the launch's wait), side by side.
 
 Writes a JSON receipt (``--out``) and prints a table. Times are medians of
 ``triton.testing.do_bench`` runs.
@@ -70,10 +71,10 @@ def _storage(tokens: int, k: int):
     return values, scales
 
 
-def _ours(slices, values, scales, tile_rows, pdl=True):
+def _ours(slices, values, scales, tile_rows, **launch):
     def fn():
         for i, s in enumerate(slices):
-            kernel.run(s, values, scales, i * s.shape[1], tile_rows=tile_rows, pdl=pdl)
+            kernel.run(s, values, scales, i * s.shape[1], tile_rows=tile_rows, **launch)
 
     return fn
 
@@ -180,7 +181,14 @@ def main() -> None:
         "ours_plain_launch_graph", "6 plain launches replayed from a CUDA graph", plain_fn, nbytes,
         graph=True,
     )  # fmt: skip
-    results += [ours_plain, ours_plain_graph]
+    # and with PDL but without the L2 prefetch before its wait
+    no_prefetch_fn = _ours(slices, values, scales, kernel.DEFAULT_TILE_ROWS, prefetch=False)
+    no_prefetch_fn()
+    ours_no_prefetch = _measure(
+        "ours_no_prefetch", "6 PDL launches without the L2 prefetch (prefetch=False)",
+        no_prefetch_fn, nbytes,
+    )  # fmt: skip
+    results += [ours_plain, ours_plain_graph, ours_no_prefetch]
     one_slice = _measure(
         "ours_one_slice",
         "CuTe DSL slice kernel, one 4096 x 7168 slice (one launch)",
@@ -285,6 +293,7 @@ def main() -> None:
         "inductor_over_copy_bandwidth": inductor.tb_per_s / copy.tb_per_s,
         "ours_graph_over_copy_bandwidth": ours_graph.tb_per_s / copy.tb_per_s,
         "ours_plain_launch_over_copy_bandwidth": ours_plain.tb_per_s / copy.tb_per_s,
+        "ours_no_prefetch_over_copy_bandwidth": ours_no_prefetch.tb_per_s / copy.tb_per_s,
         "ours_plain_launch_graph_over_copy_bandwidth": ours_plain_graph.tb_per_s / copy.tb_per_s,
         "inductor_graph_time_over_ours_graph_time": inductor_graph.median_ms / ours_graph.median_ms,
         "ours_one_slice_over_copy_bandwidth": one_slice.tb_per_s / copy.tb_per_s,
@@ -348,7 +357,8 @@ def main() -> None:
     print(f"{receipt['gpu']}  torch {receipt['torch']}  cutlass-dsl {receipt['cutlass_dsl']}")
     print(f"bitwise equal to reference: 6 launches {bitwise}, one launch {many_ok}")
     print(f"{'what':<34}{'median ms':>12}{'TB/s':>10}")
-    table = [copy, *ours_by_tile.values(), ours_graph, ours_plain, ours_plain_graph, one_slice]
+    table = [copy, *ours_by_tile.values(), ours_graph, ours_plain, ours_plain_graph]
+    table += [ours_no_prefetch, one_slice]
     table += [ours_many, ours_many_graph]
     for m in [*table, inductor, inductor_graph]:
         print(f"{m.name:<34}{m.median_ms:>12.4f}{m.tb_per_s:>10.3f}")

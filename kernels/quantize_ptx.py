@@ -14,7 +14,7 @@ the RCEIL rule defines, independent of any fast-math lowering:
 
 from __future__ import annotations
 
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
@@ -38,6 +38,15 @@ def inline_ptx(asm: str, constraints: str, operands, result_type, side_effects=F
         loc=loc,
         ip=ip,
     )
+
+
+@dsl_user_op
+def prefetch_l2(addr, *, loc=None, ip=None) -> None:
+    """Hint: bring the line holding global byte address ``addr`` into L2. It changes no
+    value anyone reads (L2 is the GPU's point of coherence for global memory), so it may be
+    issued before a programmatic-dependent-launch wait."""
+    operand = Int64(addr).ir_value(loc=loc, ip=ip)
+    inline_ptx("prefetch.global.L2 [$0];", "l", [operand], None, True, loc=loc, ip=ip)
 
 
 def asm_u32(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:

@@ -85,6 +85,7 @@ class _Config:
     slices: int = 1
     small_tokens: int = SMALL_TOKENS
     pdl: bool = True
+    prefetch: bool = True
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,19 @@ def _build(config: _Config):
             # a pass, so "the warp holds a live row" is the same test in all its lanes.
             warp_row0 = by * shape.rows + (tidx // 32) * 2
             last = tokens - 1
+            if const_expr(config.pdl):
+                if const_expr(config.prefetch):
+                    # While the previous kernel drains, pull this tile's source lines into
+                    # L2 (one thread per 128-byte line), so the loads after the wait hit L2.
+                    if tx % 8 == 0:
+                        for i in cutlass.range_constexpr(passes):
+                            row = row0 + i * _ROWS_PER_PASS
+                            if const_expr(partial):
+                                row = cutlass.min(row, last)
+                            line = src_addr + (Int64(row) * src_ld8 + Int64(col0)) * 2
+                            for c in cutlass.range_constexpr(tile_blocks):
+                                ptx.prefetch_l2(line + c * _TILE_COLS * 2)
+                wait_for_previous_kernel()  # the source may be the previous kernel's output
 
             words = []
             for _i in cutlass.range_constexpr(passes):
@@ -326,8 +340,6 @@ def _build(config: _Config):
         row tile, so always the last one), else the default tile, with guards and padding
         only in the last row tile. The slice is picked once, before the branch: with one
         copy of the selects per tile variant the kernel needed 48 registers instead of 40."""
-        if const_expr(config.pdl):
-            wait_for_previous_kernel()  # the source slice may be the previous kernel's output
         bx, by, _ = cute.arch.block_idx()
         # grid.x = slices x (blocks / tile blocks): the slice and its first column tile.
         s = bx // blocks
@@ -491,10 +503,11 @@ def config_for(
     slices: int = 1,
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
+    prefetch: bool = True,
 ) -> _Config:
     """The compile-time facts of a call (the token count is not one of them)."""
     fp16 = source.dtype == torch.float16
-    return _Config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl)
+    return _Config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl, prefetch)
 
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
@@ -547,6 +560,7 @@ def run(
     tile_rows: int = DEFAULT_TILE_ROWS,
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
+    prefetch: bool = True,
 ) -> None:
     """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
 
@@ -557,6 +571,7 @@ def run(
     the grid may be scheduled while the previous kernel's last CTAs run and waits for that
     kernel's completion before it reads anything, so stream order is kept while the launch
     latency between back-to-back kernels is hidden (``False``: plain launch, benchmarks).
+    ``prefetch`` (with ``pdl``): before that wait, each CTA pulls its source lines into L2.
     """
     k = values.shape[1]
     device = _device_index(source)
@@ -571,7 +586,7 @@ def run(
         (k // _GROUP + 3) // 4,
         raw_stream(device),
     )
-    _launch(config_for(source, tile_rows, 1, small_tokens, pdl), device, args)
+    _launch(config_for(source, tile_rows, 1, small_tokens, pdl, prefetch), device, args)
 
 
 def supported_many(sources, values: torch.Tensor, columns) -> bool:
@@ -596,6 +611,7 @@ def run_many(
     tile_rows: int = DEFAULT_TILE_ROWS,
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
+    prefetch: bool = True,
 ) -> None:
     """:func:`run` for several equal-shape slices in one launch (where :func:`supported_many`).
 
@@ -619,5 +635,5 @@ def run_many(
         *[0] * pad,
         raw_stream(device),
     )
-    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl)
+    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl, prefetch)
     _launch(config, device, args)
