@@ -97,6 +97,10 @@ class _Shape:
 
 
 MAX_SLICES = 8
+# CTAs that may start while the previous kernel drains: 6 resident per SM (256 threads, 40
+# registers) x 132 H200 SMs = 792. Only these prefetch before the PDL wait; in one large
+# launch every CTA prefetching cost 3% (0.954 vs 0.978 of copy bandwidth).
+_PREFETCH_CTAS = 1024
 
 # Scalar arguments of the two launchers, in order: q = 64-bit, i = 32-bit (then the stream).
 #   one slice:  src, dst, scales, tokens, src_ld, dst_ld, column, scale_g4
@@ -279,9 +283,12 @@ def _build(config: _Config):
             last = tokens - 1
             if const_expr(config.pdl):
                 if const_expr(config.prefetch):
-                    # While the previous kernel drains, pull this tile's source lines into
-                    # L2 (one thread per 128-byte line), so the loads after the wait hit L2.
-                    if tx % 8 == 0:
+                    # While the previous kernel drains, the CTAs that can already be resident
+                    # pull their source lines into L2 (one thread per 128-byte line), so their
+                    # loads after the wait hit L2. Later CTAs start after the wait anyway.
+                    bx, _, _ = cute.arch.block_idx()
+                    gx, _, _ = cute.arch.grid_dim()
+                    if (by * gx + bx < _PREFETCH_CTAS) & (tx % 8 == 0):
                         for i in cutlass.range_constexpr(passes):
                             row = row0 + i * _ROWS_PER_PASS
                             if const_expr(partial):
