@@ -606,7 +606,7 @@ class MXFP8TiledGemmSm90:
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
                     a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                    sa + ls.index * (self.a_chunks * CHUNK_WORDS * 4), scale_row0,
+                    sa + ls.index * (self.a_chunks * CHUNK_WORDS * 4), scale_row0, self.a_chunks,
                 )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
                 warpgroup.wait_group(0)
