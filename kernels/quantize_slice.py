@@ -30,7 +30,9 @@ Launches use programmatic dependent launch (``_Config.pdl``): a launch's CTAs ma
 scheduled while the previous kernel's last ones run, and wait for it to finish before they
 read anything. Six back-to-back slice launches then lose less between kernels (H200: 0.84
 instead of 0.80 of copy bandwidth with CUDA events, 0.88 instead of 0.86 as a graph replay;
-at 16 tokens 7.6 instead of 10.3 us for the six; benchmarks/QUANTIZE_LOG.md).
+at 16 tokens 7.6 instead of 10.3 us for the six). While they wait, the first CTAs prefetch
+their source lines into L2 (``_Config.prefetch``): 0.86 instead of 0.84
+(benchmarks/QUANTIZE_LOG.md).
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
 column, the three addresses) is a runtime argument, so one compile serves every call of a
