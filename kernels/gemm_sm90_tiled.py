@@ -21,8 +21,7 @@ One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgro
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
   each tile's row references and path into a two-stage ring (``ref_pipe``);
 * warpgroup 1 (and 2 with ``converters`` 2): B converter, FP8 stage -> two 16-bit stages of
-  K 64 (``conv_pipe``). Per 32-element unit: two 16-byte shared loads, 16 pair conversions,
-  four 16-byte shared stores, conflict-free under the 128-byte swizzle;
+  K 64 (``conv_pipe``; the role's methods are in gemm_sm90_tiled_convert);
 * the last two or three warpgroups: consumers, 64 A rows each: per K 64, convert A into the
   fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage. A consumer's
   conversion does not overlap its own wgmmas (they read the fragment), only the other
@@ -40,49 +39,51 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass import Int32, Uint32
+from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_sm90_common import (
     convert_fragment,
-    dequant_pair,
     gemm_tensors,
     load_fragment_bytes,
     load_gmem_word,
     load_smem_words,
-    mul_bf16x2,
     rs_tiled_mma,
-    scale_factors,
     smem_layout,
     store_smem_word,
     tma_load,
     tma_views,
 )
-from .gemm_sm90_f16 import dequant_pair_f16, f16_factor, times_pow2
+from .gemm_sm90_f16 import times_pow2
+from .gemm_sm90_tiled_convert import (
+    CHUNK_WORDS,
+    HALVES,
+    REF_STAGES,
+    TILE_K8,
+    TILE_K16,
+    WeightConverterRole,
+)
 
-TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
-TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
-HALVES = TILE_K8 // TILE_K16
-CHUNK_WORDS = 128
 WG_THREADS = 128
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
-# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6% faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x
-# 120 + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176
-# = 61440. (Two converters with the consumers at 128 measured 5% slower; with 176 and the
+# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
+# faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
+# + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 =
+# 61440. (Two converters with the consumers at 128 measured 5% slower; with 176 and the
 # FP16 path, 3% faster: benchmarks/GEMM_LOG.md, variants 17 and 22a.)
 # Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
 # launch are fewer than an m64n128 wgmma needs.) Keyed by (converters, consumers).
 REGS = {(1, 2): (40, 120, 176), (2, 2): (32, 48, 176), (1, 3): (32, 64, 128)}
-CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two convert A and run the wgmma
+CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
-# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring:
-# words [0, 128) A rows, [128, 256) B rows (ref - 127), 256 the mode (1 = BF16).
+# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring
+# (REF_STAGES): words [0, tile_m) A rows, then 128 B rows (ref - 127), then the mode (1 =
+# BF16).
 SCAN_THREADS = 32
-REF_STAGES = 2
 
 
-class MXFP8TiledGemmSm90:
+class MXFP8TiledGemmSm90(WeightConverterRole):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
@@ -380,142 +381,6 @@ class MXFP8TiledGemmSm90:
             sched.advance_to_next_work()
             work = sched.get_current_work()
         ref_pipe.producer_tail(ps)
-
-    @cute.jit
-    def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe, sched_params):
-        """B half of each FP8 stage -> one scaled BF16 (or FP16) stage of K 64, K permuted
-        per group."""
-        refs = st.refs.data_ptr().toint()
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
-        ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
-        cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
-        rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
-        rows = self._converter_rows(ct)
-        while work.is_valid_tile:
-            _tm, tn = self._tile_mn(work, m)
-            b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
-            ref_pipe.consumer_wait(rfs)
-            buf = refs + rfs.index * (self.ref_words * 4)
-            mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
-            # the FP16 factors want ref - 15 (f16_factor)
-            row_lows = [
-                Int32(load_smem_words(buf + (self.b_ref0 + r) * 4, 1, 4)[0]) + 112 for r in rows
-            ]
-            ref_pipe.consumer_release(rfs)
-            rfs.advance()
-            if mode != 0:
-                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None)
-            else:
-                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows)
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
-
-    def _converter_rows(self, ct):
-        """The B rows of converter thread ``ct``'s units (see _convert_b)."""
-        units = 2 * self.tile_n // self.convert_threads
-        return [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
-
-    @cute.jit
-    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows):
-        """One output tile's B stages (FP16 with ``row_lows``, else BF16)."""
-        b8 = st.sB8.data_ptr().toint()
-        b16 = st.sB16.data_ptr().toint()
-        sb = st.sSB.data_ptr().toint()
-        for _kt in range(self.k_tiles):
-            load_pipe.consumer_wait(ls)
-            first = cs.clone()
-            for h in cutlass.range_constexpr(HALVES):
-                if cutlass.const_expr(h > 0):
-                    cs.advance()
-                conv_pipe.producer_acquire(cs)
-                self._convert_b(
-                    ct,
-                    h,
-                    b_row0,
-                    b8 + ls.index * (self.tile_n * TILE_K8),
-                    sb + ls.index * (CHUNK_WORDS * 4),
-                    b16 + cs.index * (self.tile_n * TILE_K16 * 2),
-                    row_lows,
-                )
-            # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
-            cute.arch.fence_proxy("async.shared", space="cta")
-            conv_pipe.producer_commit(first)
-            conv_pipe.producer_commit(cs)
-            cs.advance()
-            load_pipe.consumer_release(ls)
-            ls.advance()
-        return ls, cs
-
-    @cute.jit
-    def _convert_b(self, ct, h: int, b_row0, src, scales, dst, row_lows):
-        """Unit (row, j): the 32 FP8 bytes of scale group 2h + j of ``row``.
-
-        Thread ct takes rows (ct / 16) * 8 + ct % 8 + (converter threads / 2) u and j = (ct /
-        8) % 2: eight consecutive threads hold eight consecutive rows, so under the 128-byte
-        swizzle each quarter-warp's loads and stores hit 8 distinct 16-byte chunks. Output
-        chunk 4j + 2i + hi of the BF16 row holds, in word t, the pair ``hi`` of FP8 word
-        4 (t / 2) + 2 (t % 2) + i of the unit (the K slot the A fragment gives it). With
-        ``row_lows`` (``ref - 15`` of the thread's rows) the stage is FP16 instead.
-        """
-        smem = cute.AddressSpace.smem
-        j = (ct // 8) % 2
-        rows = self._converter_rows(ct)
-        # all loads first, then the arithmetic, then the stores: one basic block
-        loaded = []
-        for row in rows:
-            words = cute.make_rmem_tensor((8,), Uint32)
-            for q in cutlass.range_constexpr(2):
-                chunk = ((4 * h + 2 * j + q) ^ (row % 8)) << 4
-                cute.autovec_copy(
-                    cute.make_tensor(
-                        cute.make_ptr(Uint32, src + row * TILE_K8 + chunk, smem, assumed_align=16),
-                        cute.make_layout(4),
-                    ),
-                    cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
-                )
-            r = b_row0 + row
-            sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
-            loaded.append((words, sword))
-        outs = []
-        big = Int32(0)
-        rests = []
-        for u, (words, sword) in enumerate(loaded):
-            s = Int32(sword[0] >> (8 * (2 * h + j))) & 0xFF
-            if cutlass.const_expr(row_lows is not None):
-                factor = f16_factor(s, row_lows[u])
-            else:
-                factor, rest, is_big = scale_factors(s)
-                big = big | is_big
-                rests.append(rest)
-            out = cute.make_rmem_tensor((16,), Int32)
-            for i in cutlass.range_constexpr(2):
-                for hi in cutlass.range_constexpr(2):
-                    for t in cutlass.range_constexpr(4):
-                        w = words[4 * (t // 2) + 2 * (t % 2) + i]
-                        if cutlass.const_expr(row_lows is not None):
-                            pair = dequant_pair_f16(w, factor, hi == 1)
-                        else:
-                            pair = dequant_pair(w, factor, hi == 1)
-                        out[4 * (2 * i + hi) + t] = pair
-            outs.append(out)
-        if cutlass.const_expr(row_lows is None):
-            if big != 0:
-                for out, rest in zip(outs, rests, strict=True):
-                    for x in cutlass.range_constexpr(16):
-                        out[x] = mul_bf16x2(out[x], rest)
-        for row, out in zip(rows, outs, strict=True):
-            for c in cutlass.range_constexpr(4):
-                dst_addr = dst + row * (TILE_K16 * 2) + (((4 * j + c) ^ (row % 8)) << 4)
-                cute.autovec_copy(
-                    cute.make_tensor(out.iterator + 4 * c, cute.make_layout(4)),
-                    cute.make_tensor(
-                        cute.make_ptr(Int32, dst_addr, smem, assumed_align=16),
-                        cute.make_layout(4),
-                    ),
-                )
 
     @cute.jit
     def _consumer(
