@@ -1,7 +1,8 @@
 """mxfp8_fusion: quantize concatenated BF16 slices straight into MXFP8 GEMM storage.
 
-Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice`,
-:func:`mm_quantized`, :func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`.
+Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice` (or
+:func:`quantize_input_slices` for several at once), :func:`mm_quantized`,
+:func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`.
 Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``
 so the BF16 concatenation is never materialized; :func:`explain` reports what it did at
 every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
@@ -16,6 +17,7 @@ from .api import (
     pack_weight,
     quantize,
     quantize_input_slice,
+    quantize_input_slices,
 )
 from .format import MXFP8Input, MXFP8Weight
 from .nn import MXFP8Linear, convert
@@ -35,6 +37,7 @@ __all__ = [
     "pack_weight",
     "quantize",
     "quantize_input_slice",
+    "quantize_input_slices",
 ]
 
 _PASS_EXPORTS = ("FusionOptions", "FusionPass", "explain")

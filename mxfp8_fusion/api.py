@@ -200,16 +200,52 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
     Raises:
         TypeError, ValueError: before anything is written.
     """
-    _require_tensor(source, "source")
+    _check_dest(dest)
+    _require_int(destination_column, "destination_column")
+    _check_column(destination_column)
+    _check_slice(source, "source", dest, destination_column)
+    ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
+
+
+def quantize_input_slices(
+    sources: list[Tensor] | tuple[Tensor, ...], dest: MXFP8Input, destination_column: int = 0
+) -> None:
+    """Quantize ``sources`` side by side into ``dest``, the first at ``destination_column``:
+    the bytes of one :func:`quantize_input_slice` per slice, in one kernel launch where the
+    slices share dtype and shape (up to 8 of them), as the compiled path does.
+
+    Every slice must have the same token count; each is checked as
+    :func:`quantize_input_slice` checks its ``source``.
+
+    Raises:
+        TypeError, ValueError: naming ``sources[i]`` where a slice is at fault, before
+        anything is written.
+    """
+    _check_dest(dest)
+    if not isinstance(sources, (list, tuple)) or not sources:
+        _fail(TypeError, "sources", "a non-empty list or tuple of tensors", type(sources).__name__)
+    _require_int(destination_column, "destination_column")
+    _check_column(destination_column)
+    columns = []
+    column = destination_column
+    for i, source in enumerate(sources):
+        _check_slice(source, f"sources[{i}]", dest, column)
+        if source.shape[0] != sources[0].shape[0]:
+            _fail(
+                ValueError, f"sources[{i}]", f"{sources[0].shape[0]} rows, as sources[0]",
+                source.shape[0],
+            )  # fmt: skip
+        columns.append(column)
+        column += source.shape[1]
+    ops.call(ops.quantize_slices_, list(sources), dest.values, _raw(dest.scales), columns)
+
+
+def _check_dest(dest) -> None:
     if not isinstance(dest, MXFP8Input):
         _fail(TypeError, "dest", "an MXFP8Input", type(dest).__name__)
-    _require_2d(source, "source")
-    _require_source_dtype(source, "source")
-    _require_same_device(source, dest.device, "source")
-    _require_int(destination_column, "destination_column")
-    tokens, width = source.shape
-    if width <= 0 or width % STAGE_ALIGN:
-        _fail(ValueError, "source", f"a width that is a positive multiple of {STAGE_ALIGN}", width)
+
+
+def _check_column(destination_column: int) -> None:
     if destination_column < 0 or destination_column % STAGE_ALIGN:
         _fail(
             ValueError,
@@ -217,17 +253,27 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
             f"a non-negative multiple of {STAGE_ALIGN}",
             destination_column,
         )
-    if destination_column + width > dest.in_features:
+
+
+def _check_slice(source, argument: str, dest: MXFP8Input, column: int) -> None:
+    """``source`` is a 2-D BF16/FP16 tensor on ``dest``'s device whose width is a multiple
+    of 128 and whose columns from ``column`` and rows fit in ``dest``."""
+    _require_tensor(source, argument)
+    _require_2d(source, argument)
+    _require_source_dtype(source, argument)
+    _require_same_device(source, dest.device, argument)
+    tokens, width = source.shape
+    if width <= 0 or width % STAGE_ALIGN:
+        _fail(ValueError, argument, f"a width that is a positive multiple of {STAGE_ALIGN}", width)
+    if column + width > dest.in_features:
         _fail(
             ValueError,
-            "source",
-            f"columns [{destination_column}, {destination_column + width}) within in_features "
-            f"{dest.in_features}",
+            argument,
+            f"columns [{column}, {column + width}) within in_features {dest.in_features}",
             f"width {width}",
         )
     if tokens > dest.capacity:
-        _fail(ValueError, "source", f"at most {dest.capacity} rows (dest.capacity)", tokens)
-    ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
+        _fail(ValueError, argument, f"at most {dest.capacity} rows (dest.capacity)", tokens)
 
 
 def mm_quantized(

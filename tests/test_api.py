@@ -86,6 +86,49 @@ def test_slices_in_any_order_and_other_columns_untouched():
     assert not (v[:, 128:384] == 0xAB).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 129])
+@pytest.mark.parametrize("widths", [[256] * 6, [128, 256, 384], [128] * 9])
+def test_quantize_input_slices_equals_one_call_per_slice(widths, tokens, dtype):
+    """Several slices in one call write the bytes of one quantize_input_slice per slice, from
+    destination_column on, and nothing else (equal shapes: one launch on the GPU; mixed
+    widths or more than 8 slices: one launch per slice)."""
+    gen = torch.Generator().manual_seed(tokens + len(widths))
+    slices = [torch.randn(tokens, w, generator=gen).to(dtype) for w in widths]
+    k = 128 + sum(widths) + 128
+    dests = []
+    for _ in range(2):
+        dest = mf.empty_input(tokens + 3, k, "cpu", dtype)
+        dest.values.view(torch.uint8).fill_(0xAB)
+        dest.scales.view(torch.uint8).fill_(0xCD)
+        dests.append(dest)
+    mf.quantize_input_slices(slices, dests[0], 128)
+    column = 128
+    for s in slices:
+        mf.quantize_input_slice(s, dests[1], column)
+        column += s.shape[1]
+    assert torch.equal(bits(dests[0].values), bits(dests[1].values))
+    assert torch.equal(bits(dests[0].scales), bits(dests[1].scales))
+    assert (dests[0].values.view(torch.uint8)[:, :128] == 0xAB).all()
+
+
+def test_quantize_input_slices_in_a_compiled_function():
+    """The multi-slice call traces under torch.compile (its op is functionalized) and gives
+    eager's result."""
+    slices = make_slices(3, 40, torch.bfloat16, seed=5)
+    k = sum(s.shape[1] for s in slices)
+    weight = make_weight(k)
+
+    def staged(*xs):
+        dest = mf.empty_input(xs[0].shape[0], k, xs[0].device)
+        mf.quantize_input_slices(list(xs), dest)
+        return mf.mm_quantized(dest, weight)
+
+    expected = mf.mm(torch.cat(slices, -1), weight)
+    assert torch.equal(bits(staged(*slices)), bits(expected))
+    assert torch.equal(bits(torch.compile(staged, fullgraph=True)(*slices)), bits(expected))
+
+
 def test_weight_from_checkpoint_matches_quantized_weight():
     w = torch.randn(256, 512, dtype=torch.bfloat16)
     packed = mf.pack_weight(w)
@@ -190,6 +233,43 @@ def test_bad_slice_raises_and_writes_nothing(make_source, column, error, argumen
     before = (dest.values.view(torch.uint8).clone(), dest.scales.view(torch.uint8).clone())
     with pytest.raises(error, match=f"^{argument}: expected"):
         mf.quantize_input_slice(make_source(), dest, column)
+    assert torch.equal(dest.values.view(torch.uint8), before[0])
+    assert torch.equal(dest.scales.view(torch.uint8), before[1])
+
+
+BAD_SLICE_LISTS = [
+    ("empty list", lambda: [], 0, TypeError, "sources"),
+    ("a tensor, not a list", lambda: _source(), 0, TypeError, "sources"),
+    ("token counts differ", lambda: [_source(), _source(tokens=7)], 0, ValueError, r"sources\[1\]"),
+    (
+        "third slice past in_features",
+        lambda: [_source(width=128)] * 3 + [_source(width=256)],
+        0,
+        ValueError,
+        r"sources\[3\]",
+    ),
+    (
+        "float32 second slice",
+        lambda: [_source(), _source(dtype=torch.float32)],
+        0,
+        TypeError,
+        r"sources\[1\]",
+    ),
+    ("not a tensor", lambda: [_source(), [[1.0] * 128]], 0, TypeError, r"sources\[1\]"),
+    ("column not a multiple of 128", lambda: [_source()], 64, ValueError, "destination_column"),
+]
+
+
+@pytest.mark.parametrize(
+    "make_sources,column,error,argument",
+    [case[1:] for case in BAD_SLICE_LISTS],
+    ids=[case[0] for case in BAD_SLICE_LISTS],
+)
+def test_bad_slice_list_raises_and_writes_nothing(make_sources, column, error, argument):
+    dest = _dest()
+    before = (dest.values.view(torch.uint8).clone(), dest.scales.view(torch.uint8).clone())
+    with pytest.raises(error, match=f"^{argument}: expected"):
+        mf.quantize_input_slices(make_sources(), dest, column)
     assert torch.equal(dest.values.view(torch.uint8), before[0])
     assert torch.equal(dest.scales.view(torch.uint8), before[1])
 

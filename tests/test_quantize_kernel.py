@@ -358,6 +358,32 @@ def test_six_slices_equal_quantize_of_the_concatenation():
 
 @pytest.mark.gpu
 @requires_sm90
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+def test_eager_multi_slice_call_is_one_launch(monkeypatch, tokens):
+    """``quantize_input_slices`` with six equal slices takes the one-launch kernel and writes
+    the bytes of the one-shot quantizer on the concatenation."""
+    from mxfp8_fusion.kernels import dispatch
+
+    import mxfp8_fusion as mf
+
+    launches = []
+    run_many = dispatch.quantize_slices
+    monkeypatch.setattr(
+        dispatch, "quantize_slices", lambda *args: launches.append(1) or run_many(*args)
+    )
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    slices = [_wide_range(tokens, 768, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    dest = mf.empty_input(tokens + 5, 6 * 768, "cuda")
+    mf.quantize_input_slices(slices, dest)
+    assert len(launches) == 1
+    want = mf.quantize(torch.cat(slices, -1))
+    assert torch.equal(dest.values[:tokens].view(torch.uint8), want.values.view(torch.uint8))
+    live = scale_bytes(tokens, 6 * 768)
+    assert torch.equal(dest.scales[:live].view(torch.uint8), want.scales.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [1, 129, 300])
 def test_run_many_equals_per_slice_reference(dtype, tokens):
