@@ -287,8 +287,9 @@ def build(config: _Config):
         """One launch for up to 8 equal-width slices: grid.x runs over (slice, column tiles).
 
         Slice descriptors are 8 fixed scalar slots (address, row stride, column); slots past
-        ``slices`` are never read. H200, six 4096 x 7168 slices: 0.132 ms (0.98 of the copy
-        bandwidth) against 0.154 ms for six launches (0.162 ms without PDL).
+        ``slices`` are never read. H200, six 4096 x 7168 slices: 0.133 ms (0.97 of the copy
+        bandwidth) against 0.150 ms for six launches (0.162 ms without PDL; receipt
+        benchmarks/results/quantize_slice.json).
         """
 
         @cute.jit
