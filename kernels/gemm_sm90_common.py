@@ -93,9 +93,10 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int 
 
     ``stage`` is the byte address of a 128-byte-swizzled FP8 tile (rows of K 128),
     ``scales`` of its 512-byte blocked scale chunk, in which tile row r is chunk row
-    ``scale_row0 + r`` (with ``chunks`` 2, rows past 128 in the next chunk, 512 bytes on). Thread (g, t) of its warp reads rows ``row0`` and ``row0 + 8``: for
-    each scale group b in ``groups`` the 8 bytes 8t..8t+7 (one 8-byte load), and each row's
-    scale word. Returns (words[2 * len(groups)], scale words[2]), row-major.
+    ``scale_row0 + r`` (with ``chunks`` 2, rows past 128 lie in the next chunk, 512 bytes
+    on). Thread (g, t) of its warp reads rows ``row0`` and ``row0 + 8``: for each scale
+    group b in ``groups`` the 8 bytes 8t..8t+7 (one 8-byte load), and each row's scale word.
+    Returns (words[2 * len(groups)], scale words[2]), row-major.
     """
     words = []
     scale_words = []
@@ -105,9 +106,10 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int 
         for b in groups:
             words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
         r = scale_row0 + row
-        offset = (r % 32) * 4 + r // 32
         if cutlass.const_expr(chunks > 1):  # a 192-row tile's A spans two chunks
             offset = (r // 128) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % 128) // 32
+        else:
+            offset = (r % 32) * 4 + r // 32
         scale_words.append(load_smem_words(scales + offset * 4, 1, 4))
     return words, scale_words
 

@@ -49,11 +49,9 @@ from .launcher import compile_for_scalars, launch, raw_stream
 
 _GROUP = 32
 _TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
-_CHUNK = 512  # scale bytes of one 128-row x 128-column tile
 _THREADS = 256
 _THREADS_PER_ROW = _TILE_COLS // 8  # 16-byte loads of 8 halves
 _ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
-_PADDING_BYTE = 127  # E8M0 1.0: what the layout holds for rows past the live ones
 
 # Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
 # 4096 x 7168 slice. H200, six such slices, six launches (benchmarks/quantize_slice.py --tiles):
@@ -99,10 +97,6 @@ class _Shape:
 
 
 MAX_SLICES = 8
-# CTAs that may start while the previous kernel drains: 6 resident per SM (256 threads, 40
-# registers) x 132 H200 SMs = 792. Only these prefetch before the PDL wait; in one large
-# launch every CTA prefetching cost 3% (0.954 vs 0.978 of copy bandwidth).
-_PREFETCH_CTAS = 1024
 
 # Scalar arguments of the two launchers, in order: q = 64-bit, i = 32-bit (then the stream).
 #   one slice:  src, dst, scales, tokens, src_ld, dst_ld, column, scale_g4
