@@ -201,7 +201,6 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
         TypeError, ValueError: before anything is written.
     """
     _check_dest(dest)
-    _require_int(destination_column, "destination_column")
     _check_column(destination_column)
     _check_slice(source, "source", dest, destination_column)
     ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
@@ -224,7 +223,6 @@ def quantize_input_slices(
     _check_dest(dest)
     if not isinstance(sources, (list, tuple)) or not sources:
         _fail(TypeError, "sources", "a non-empty list or tuple of tensors", type(sources).__name__)
-    _require_int(destination_column, "destination_column")
     _check_column(destination_column)
     columns = []
     column = destination_column
@@ -245,7 +243,8 @@ def _check_dest(dest) -> None:
         _fail(TypeError, "dest", "an MXFP8Input", type(dest).__name__)
 
 
-def _check_column(destination_column: int) -> None:
+def _check_column(destination_column) -> None:
+    _require_int(destination_column, "destination_column")
     if destination_column < 0 or destination_column % STAGE_ALIGN:
         _fail(
             ValueError,
