@@ -54,49 +54,55 @@ def _sm90_or_newer(device: torch.device) -> bool:
     return cap is not None and cap >= (9, 0) and cute_dsl_installed()
 
 
+# The host modules below import torch only (cutlass loads at the first compile), but they are
+# imported on first use, once: an import statement in a function costs ~1 us per call.
+
+
+@functools.cache
+def _quantize_slice():
+    from . import quantize_slice
+
+    return quantize_slice
+
+
+@functools.cache
+def _gemm_sm90():
+    from . import gemm_sm90
+
+    return gemm_sm90
+
+
 def quantize_slice_supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     """Whether the slice-quantizer kernel serves this call."""
     if not _sm90_or_newer(source.device):
         return False
-    from . import quantize_slice
-
-    return quantize_slice.supported(source, values, column)
+    return _quantize_slice().supported(source, values, column)
 
 
 def quantize_slice(source, values, scales, column) -> None:
     """Run the slice-quantizer kernel (only where :func:`quantize_slice_supported`)."""
-    from . import quantize_slice as kernel
-
-    kernel.run(source, values, scales, column)
+    _quantize_slice().run(source, values, scales, column)
 
 
 def quantize_slices_supported(sources, values: torch.Tensor, columns) -> bool:
     """Whether one kernel launch serves all these slices (equal shapes, at most 8)."""
     if not sources or not _sm90_or_newer(sources[0].device):
         return False
-    from . import quantize_slice
-
-    return quantize_slice.supported_many(sources, values, columns)
+    return _quantize_slice().supported_many(sources, values, columns)
 
 
 def quantize_slices(sources, values, scales, columns) -> None:
     """Run the multi-slice quantizer kernel (only where :func:`quantize_slices_supported`)."""
-    from . import quantize_slice as kernel
-
-    kernel.run_many(sources, values, scales, columns)
+    _quantize_slice().run_many(sources, values, scales, columns)
 
 
 def mm_supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether the MXFP8 GEMM kernel serves this call (wgmma: exactly sm_90)."""
     if _device_capability(a_values.device) != (9, 0) or not cute_dsl_installed():
         return False
-    from . import gemm_sm90
-
-    return gemm_sm90.supported(a_values, b_values, out)
+    return _gemm_sm90().supported(a_values, b_values, out)
 
 
 def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
     """Run the MXFP8 GEMM kernel (only where :func:`mm_supported`)."""
-    from . import gemm_sm90
-
-    gemm_sm90.run(a_values, a_scales, b_values, b_scales, bias, out)
+    _gemm_sm90().run(a_values, a_scales, b_values, b_scales, bias, out)

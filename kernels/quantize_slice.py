@@ -40,6 +40,7 @@ column, the three addresses) is a runtime argument, so one compile serves every 
 safe).
 """
 
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -194,7 +195,12 @@ def config_for(
 ) -> _Config:
     """The compile-time facts of a call (the token count is not one of them)."""
     fp16 = source.dtype == torch.float16
-    return _Config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl, prefetch)
+    return _cached_config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl, prefetch)
+
+
+# One instance per set of facts, made once: building a frozen dataclass per call costs more
+# than looking it up by a plain tuple.
+_cached_config = functools.cache(_Config)
 
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
@@ -282,10 +288,17 @@ def supported_many(sources, values: torch.Tensor, columns) -> bool:
     if not 1 <= len(sources) <= MAX_SLICES or len(columns) != len(sources):
         return False
     first = sources[0]
-    for source, column in zip(sources, columns, strict=True):
-        if source.dtype != first.dtype or source.shape != first.shape:
+    if not supported(first, values, columns[0]):
+        return False
+    # the rest share the first's dtype, shape and row stride (checked above): only their
+    # own pointers, columns and device remain
+    width, k, ld, device = first.shape[1], values.shape[1], first.stride(), first.device
+    for source, column in zip(sources[1:], columns[1:], strict=True):
+        if source.dtype != first.dtype or source.shape != first.shape or source.stride() != ld:
             return False
-        if not supported(source, values, column):
+        if column % _TILE_COLS or column + width > k or source.data_ptr() % 16:
+            return False
+        if source.device != device:
             return False
     return True
 

@@ -270,6 +270,12 @@ def call(op, *args):
 def _needs_dispatcher(args) -> bool:
     if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
         return True
-    if torch.is_grad_enabled():
-        return _any_tensor(args, lambda t: type(t) is not Tensor or t.requires_grad)
-    return _any_tensor(args, lambda t: type(t) is not Tensor)
+    grad = torch.is_grad_enabled()
+    for arg in args:  # one loop, no predicate calls: this runs per eager op call
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if type(t) is Tensor:
+                if grad and t.requires_grad:
+                    return True
+            elif isinstance(t, Tensor):  # a subclass: its own dispatch must run
+                return True
+    return False
