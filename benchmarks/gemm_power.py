@@ -19,9 +19,9 @@ import time
 
 import torch
 from machine import environment, write_receipt
+from mxfp8_fusion.kernels import gemm_sm90
 
 from mxfp8_fusion import reference
-from mxfp8_fusion.kernels import gemm_sm90
 
 _QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
 
