@@ -290,15 +290,16 @@ def supported_many(sources, values: torch.Tensor, columns) -> bool:
     first = sources[0]
     if not supported(first, values, columns[0]):
         return False
-    # the rest share the first's dtype, shape and row stride (checked above): only their
-    # own pointers, columns and device remain
-    width, k, ld, device = first.shape[1], values.shape[1], first.stride(), first.device
+    # the rest share the first's dtype and shape, so the facts checked above on it hold for
+    # them too: only each one's own layout, pointer, column and device remain
+    width, k, device = first.shape[1], values.shape[1], first.device
     for source, column in zip(sources[1:], columns[1:], strict=True):
-        if source.dtype != first.dtype or source.shape != first.shape or source.stride() != ld:
+        if source.dtype != first.dtype or source.shape != first.shape:
             return False
-        if column % _TILE_COLS or column + width > k or source.data_ptr() % 16:
+        src_ld = _row_stride(source)
+        if source.stride(1) != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
             return False
-        if source.device != device:
+        if column % _TILE_COLS or column + width > k or source.device != device:
             return False
     return True
 

@@ -508,8 +508,8 @@ def test_run_many_benchmark_geometry_few_tokens(dtype, tokens):
 
 
 def test_supported_many_needs_equal_shapes():
-    """Every slice after the first is checked against the first's facts: shape, dtype, row
-    stride, its own alignment and column."""
+    """Slices after the first must match its dtype and shape; each has its own layout,
+    alignment and column."""
     from mxfp8_fusion.kernels.quantize_slice import supported_many
 
     values = torch.empty(256, 4096, dtype=torch.float8_e4m3fn)
@@ -521,7 +521,11 @@ def test_supported_many_needs_equal_shapes():
     assert not supported_many([a, a], values, [0, 64])
     assert not supported_many([a, a], values, [0, 3840])  # the second runs past K
     wide = torch.empty(100, 1024, dtype=torch.bfloat16)
-    assert not supported_many([a, wide[:, :512]], values, [0, 512])  # another row stride
+    assert supported_many([a, wide[:, :512]], values, [0, 512])  # each its own row stride
+    odd = torch.empty(100, 516, dtype=torch.bfloat16)
+    assert not supported_many([a, odd[:, :512]], values, [0, 512])  # rows not 16-byte aligned
+    columns_major = torch.empty(512, 100, dtype=torch.bfloat16).t()
+    assert not supported_many([a, columns_major], values, [0, 512])  # column stride 100
     flat = torch.empty(100 * 512 + 4, dtype=torch.bfloat16)
     shifted = flat[4:].view(100, 512)  # data 8 bytes past a 16-byte boundary
     assert not supported_many([a, shifted], values, [0, 512])
