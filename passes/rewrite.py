@@ -10,7 +10,7 @@ Before::
 After::
 
     values = aten.empty([M, K], float8_e4m3fn)
-    scales = aten.empty([scale_bytes(M, K)], float8_e8m0fnu)
+    scales = aten.empty([scale_bytes(M, K)], uint8)
     mxfp8.quantize_slices_([view(s0, [M, w0]), view(s1, [M, w1]), ...],
                            values, scales, [0, w0, ...])   # one launch for equal slices
     y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every GEMM of the site
@@ -28,7 +28,7 @@ import torch
 from torch import fx
 from torch.fx.node import map_arg
 
-from ..format import CHUNK_BYTES, GROUP, GROUP_BLOCK, ROW_BLOCK, SCALE_DTYPE, VALUE_DTYPE
+from ..format import CHUNK_BYTES, GROUP, GROUP_BLOCK, ROW_BLOCK, VALUE_DTYPE
 from .pattern import Site
 
 aten = torch.ops.aten
@@ -106,7 +106,9 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
         with graph.inserting_before(site.cat):
             rows = build.rows(site.slices[0])
             values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
-            scales = build.empty([build.scale_bytes(rows, k)], SCALE_DTYPE, cat_val.device)
+            # raw scale bytes, as the eager API passes them: Inductor allocates a uint8
+            # buffer in its own wrapper code, an e8m0 one through a slower aten fallback
+            scales = build.empty([build.scale_bytes(rows, k)], torch.uint8, cat_val.device)
             sources, columns, column = [], [], 0
             for source, width in zip(site.slices, site.widths, strict=True):
                 if source.meta["val"].dim() != 2:
