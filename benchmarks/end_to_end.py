@@ -118,15 +118,20 @@ _QUEUE_CYCLES = 6_000_000
 
 
 def time_interleaved(fns: dict, hidden, rounds: int, queued: bool) -> dict[str, float]:
-    """Median ms of each callable, timed A B A B with CUDA events around one call.
+    """Median ms of each callable, timed A B A B with CUDA events around one call, the
+    order rotated by one each round.
 
     ``queued=False``: the GPU is idle when the call starts, so host launch time before each
     kernel is on the clock. ``queued=True``: a sleep kernel runs first and the events bracket
     the call's kernels only, so the time is GPU work plus the gaps the GPU cannot hide.
     """
     samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        # each round starts at the next variant, so none always follows the same one (the
+        # previous call's power draw changes the clock the next one starts at)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = fns[name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if queued:
                 torch.cuda._sleep(_QUEUE_CYCLES)
@@ -326,7 +331,8 @@ def main() -> None:
         "benchmark": "end_to_end",
         "environment": environment(args.git_rev),
         "method": (
-            "median of CUDA-event timings of one call, variants interleaved A B A B per round, "
+            "median of CUDA-event timings of one call, variants interleaved A B A B per round "
+            "(each round's order rotated by one), "
             "two ways: median_ms starts on an idle GPU (host launch time before each kernel is "
             "on the clock); median_ms_queued starts after a ~3 ms sleep kernel the host launches "
             "the call behind (GPU work only, as when the host runs ahead in a serving loop); "
