@@ -17,7 +17,8 @@ def main() -> None:
     print(
         f"{env['gpu']}, driver {env['driver']}, torch {env['torch']}, nvidia-cutlass-dsl "
         f"{env['nvidia_cutlass_dsl']}, revision {env['git_revision']}; median of "
-        f"{receipt['rounds']} interleaved rounds. Ratios are to (1); lower is better. "
+        f"{receipt['rounds']} interleaved rounds (order rotated each round). Ratios are to "
+        "(1); lower is better. "
         "*Queued*: the call's kernels timed behind a sleep kernel, so the host has launched "
         "them all before they run (GPU work only, as in a serving loop that runs ahead); "
         "*isolated*: the call starts on an idle GPU, so host launch time is on the clock.\n"
