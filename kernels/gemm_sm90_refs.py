@@ -16,6 +16,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from mxfp8_fusion.format import CHUNK_BYTES
+
 from .gemm_sm90_common import load_smem_words, store_smem_word
 from .gemm_sm90_f16 import (
     BYTES_MAX_INIT,
@@ -28,7 +30,6 @@ from .gemm_sm90_f16 import (
 )
 
 WARPS = 16
-CHUNK_BYTES = 512
 
 
 class RowReferencesSm90:

@@ -47,6 +47,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .gemm_sm90_common import (
+    CHUNK_WORDS,
     convert_fragment,
     dequant_pair,
     gemm_tensors,
@@ -67,7 +68,6 @@ TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 ro
 TILE_K16 = 64  # BF16 K per token half-tile: one 128-byte swizzle row
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
-CHUNK_WORDS = 128
 WG_THREADS = 128
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
 

@@ -43,6 +43,7 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_sm90_common import (
+    CHUNK_WORDS,
     convert_fragment,
     gemm_tensors,
     load_fragment_bytes,
@@ -56,7 +57,6 @@ from .gemm_sm90_common import (
 )
 from .gemm_sm90_f16 import times_pow2
 from .gemm_sm90_tiled_convert import (
-    CHUNK_WORDS,
     HALVES,
     REF_STAGES,
     TILE_K8,

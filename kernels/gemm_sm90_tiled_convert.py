@@ -14,13 +14,18 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 from cutlass import Int32, Uint32
 
-from .gemm_sm90_common import dequant_pair, load_smem_words, mul_bf16x2, scale_factors
+from .gemm_sm90_common import (
+    CHUNK_WORDS,
+    dequant_pair,
+    load_smem_words,
+    mul_bf16x2,
+    scale_factors,
+)
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 
 TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
 TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
 HALVES = TILE_K8 // TILE_K16
-CHUNK_WORDS = 128
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 
 

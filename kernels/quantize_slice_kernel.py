@@ -11,6 +11,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
+from mxfp8_fusion.format import CHUNK_BYTES
+
 from . import quantize_ptx as ptx
 from .launcher import wait_for_previous_kernel
 from .quantize_slice import (
@@ -25,7 +27,6 @@ from .quantize_slice import (
     _small_shape,
 )
 
-_CHUNK = 512  # scale bytes of one 128-row x 128-column tile
 _PADDING_BYTE = 127  # E8M0 1.0: what the layout holds for rows past the live ones
 # CTAs that may start while the previous kernel drains: 6 resident per SM (256 threads, 40
 # registers) x 132 H200 SMs = 792. Only these prefetch before the PDL wait; in one large
@@ -79,7 +80,7 @@ def build(config: _Config):
             # column tile ct, so g % 4 = tx // 4 and g // 4 = column/128 + ct (column is a
             # multiple of 128); chunk0 is the byte offset of the first column tile's chunk.
             scale_row = chunk0 + (
-                Int64(row // 128) * Int64(g4) * _CHUNK
+                Int64(row // 128) * Int64(g4) * CHUNK_BYTES
                 + Int64((row % 32) * 16 + ((row // 32) % 4) * 4 + tx // 4)
             )
             dst_row = Int64(row) * dst_ld8 + dst_col0
@@ -104,7 +105,7 @@ def build(config: _Config):
                     out[0] = Uint32(ptx.quantize4_special(w[0], w[1], byte, fp16))
                     out[1] = Uint32(ptx.quantize4_special(w[2], w[3], byte, fp16))
                 value_addr = dst_addr + dst_row + c * _TILE_COLS
-                scale_addr_c = scale_addr + scale_row + c * _CHUNK
+                scale_addr_c = scale_addr + scale_row + c * CHUNK_BYTES
                 if const_expr(partial):
                     if row < tokens:
                         store_values(out, value_addr)
@@ -121,13 +122,15 @@ def build(config: _Config):
             chunks. The 256 threads walk each 512-byte chunk in address order (two bytes
             per thread and chunk), so every warp store covers 32 consecutive bytes."""
             row_block = (tokens - 1) // 128
-            base = scale_addr + chunk0 + Int64(row_block) * Int64(g4) * _CHUNK
+            base = scale_addr + chunk0 + Int64(row_block) * Int64(g4) * CHUNK_BYTES
             ty = tidx // _THREADS_PER_ROW
             tx = tidx % _THREADS_PER_ROW
             for k in cutlass.range_constexpr(2 * tile_blocks):
                 padding_row = _padding_row(row_block, ty, tx, k % 2)
                 if padding_row >= tokens:
-                    store_byte(base + (k // 2) * _CHUNK + (k % 2) * _THREADS + tidx, _PADDING_BYTE)
+                    store_byte(
+                        base + (k // 2) * CHUNK_BYTES + (k % 2) * _THREADS + tidx, _PADDING_BYTE
+                    )
 
         @cute.jit
         def tile(src_addr, src_ld, column, ct0, by, dst_addr, scale_addr, tokens, dst_ld, g4):
@@ -142,7 +145,7 @@ def build(config: _Config):
             src_ld8 = cute.assume(Int64(src_ld), divby=8)
             dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
             dst_col0 = Int64(column + col0)
-            chunk0 = Int64(column // _TILE_COLS + ct0) * _CHUNK
+            chunk0 = Int64(column // _TILE_COLS + ct0) * CHUNK_BYTES
             # First row of this thread's warp in pass 0: a warp covers rows 2w and 2w + 1 of
             # a pass, so "the warp holds a live row" is the same test in all its lanes.
             warp_row0 = by * shape.rows + (tidx // 32) * 2

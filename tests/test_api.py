@@ -229,10 +229,16 @@ BAD_SLICES = [
     ids=[case[0] for case in BAD_SLICES],
 )
 def test_bad_slice_raises_and_writes_nothing(make_source, column, error, argument):
+    _assert_raises_and_writes_nothing(mf.quantize_input_slice, make_source, column, error, argument)
+
+
+def _assert_raises_and_writes_nothing(quantize, make_sources, column, error, argument):
+    """``quantize(make_sources(), dest, column)`` raises ``error`` naming ``argument`` and
+    leaves ``dest``'s bytes as they were."""
     dest = _dest()
     before = (dest.values.view(torch.uint8).clone(), dest.scales.view(torch.uint8).clone())
     with pytest.raises(error, match=f"^{argument}: expected"):
-        mf.quantize_input_slice(make_source(), dest, column)
+        quantize(make_sources(), dest, column)
     assert torch.equal(dest.values.view(torch.uint8), before[0])
     assert torch.equal(dest.scales.view(torch.uint8), before[1])
 
@@ -266,12 +272,9 @@ BAD_SLICE_LISTS = [
     ids=[case[0] for case in BAD_SLICE_LISTS],
 )
 def test_bad_slice_list_raises_and_writes_nothing(make_sources, column, error, argument):
-    dest = _dest()
-    before = (dest.values.view(torch.uint8).clone(), dest.scales.view(torch.uint8).clone())
-    with pytest.raises(error, match=f"^{argument}: expected"):
-        mf.quantize_input_slices(make_sources(), dest, column)
-    assert torch.equal(dest.values.view(torch.uint8), before[0])
-    assert torch.equal(dest.scales.view(torch.uint8), before[1])
+    _assert_raises_and_writes_nothing(
+        mf.quantize_input_slices, make_sources, column, error, argument
+    )
 
 
 def test_bad_gemm_arguments_raise_and_leave_out_unchanged():
