@@ -1,7 +1,8 @@
 """Which calls a CuTe DSL kernel serves, and the entry points the custom ops call.
 
-Every ``*_supported`` predicate is cheap (no compile, no device sync) and only looks at
-facts of the call: device, dtype, alignment. A call it rejects runs the reference.
+Each entry point checks the call's facts (device, dtype, shape, alignment: cheap, no
+compile, no device sync) and launches the kernel where it serves them, in one pass; it
+returns False where it does not, and the op runs the reference.
 """
 
 from __future__ import annotations
@@ -72,37 +73,25 @@ def _gemm_sm90():
     return gemm_sm90
 
 
-def quantize_slice_supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
-    """Whether the slice-quantizer kernel serves this call."""
+def quantize_slice(source, values, scales, column) -> bool:
+    """Run the slice-quantizer kernel where it serves the call; False (nothing launched)
+    where it does not, and the caller runs the reference."""
     if not _sm90_or_newer(source.device):
         return False
-    return _quantize_slice().supported(source, values, column)
+    return _quantize_slice().run_if_supported(source, values, scales, column)
 
 
-def quantize_slice(source, values, scales, column) -> None:
-    """Run the slice-quantizer kernel (only where :func:`quantize_slice_supported`)."""
-    _quantize_slice().run(source, values, scales, column)
-
-
-def quantize_slices_supported(sources, values: torch.Tensor, columns) -> bool:
-    """Whether one kernel launch serves all these slices (equal shapes, at most 8)."""
+def quantize_slices(sources, values, scales, columns) -> bool:
+    """Quantize all ``sources`` in one kernel launch where that serves them (equal shapes,
+    at most 8); False (nothing launched) otherwise."""
     if not sources or not _sm90_or_newer(sources[0].device):
         return False
-    return _quantize_slice().supported_many(sources, values, columns)
+    return _quantize_slice().run_many_if_supported(sources, values, scales, columns)
 
 
-def quantize_slices(sources, values, scales, columns) -> None:
-    """Run the multi-slice quantizer kernel (only where :func:`quantize_slices_supported`)."""
-    _quantize_slice().run_many(sources, values, scales, columns)
-
-
-def mm_supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether the MXFP8 GEMM kernel serves this call (wgmma: exactly sm_90)."""
+def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+    """Run the MXFP8 GEMM kernel (wgmma: exactly sm_90) where it serves the call; False
+    (nothing launched) where it does not."""
     if _device_capability(a_values.device) != (9, 0) or not cute_dsl_installed():
         return False
-    return _gemm_sm90().supported(a_values, b_values, out)
-
-
-def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
-    """Run the MXFP8 GEMM kernel (only where :func:`mm_supported`)."""
-    _gemm_sm90().run(a_values, a_scales, b_values, b_scales, bias, out)
+    return _gemm_sm90().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)

@@ -149,25 +149,33 @@ def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
 
-def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether this kernel serves the call (cheap: no compile, no sync)."""
+def _shape_if_served(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor):
+    """``(M, N, K)`` where this kernel serves the call, else None (cheap: no compile, no
+    sync; one read of each tensor fact)."""
     if a_values.dim() != 2 or b_values.dim() != 2 or out.dim() != 2:
-        return False
+        return None
     m, k = a_values.shape
     n = b_values.shape[0]
     if a_values.dtype != torch.float8_e4m3fn or b_values.dtype != torch.float8_e4m3fn:
-        return False
+        return None
     if out.dtype not in (torch.bfloat16, torch.float16):
-        return False
+        return None
     if k % GROUP != 0 or k == 0 or n == 0 or b_values.shape[1] != k:
-        return False
+        return None
     if a_values.stride(1) != 1 or a_values.stride(0) != k:
-        return False
+        return None
     if not b_values.is_contiguous() or out.stride(1) != 1 or out.shape[1] != n:
-        return False
+        return None
     if (out.stride(0) * out.element_size()) % 16 != 0 or out.shape[0] < m:
-        return False
-    return all(t.data_ptr() % 16 == 0 for t in (a_values, b_values, out))
+        return None
+    if a_values.data_ptr() % 16 or b_values.data_ptr() % 16 or out.data_ptr() % 16:
+        return None
+    return m, n, k
+
+
+def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether this kernel serves the call (cheap: no compile, no sync)."""
+    return _shape_if_served(a_values, b_values, out) is not None
 
 
 _TORCH_TO_CUTLASS = {
@@ -218,12 +226,12 @@ _WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
 _kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
 
 
-def _stream_buffers(name: str, device: torch.device, index: int, size: int, make):
-    """``make(size)``'s tensors for the current stream, grown (at least 2x) when a call needs
-    more than the kept ones hold."""
+def _stream_buffers(name: str, device: torch.device, index: int, stream: int, size: int, make):
+    """``make(size)``'s tensors for ``stream`` (the current one), grown (at least 2x) when a
+    call needs more than the kept ones hold."""
     if torch.cuda.is_current_stream_capturing():
         return make(size)
-    key = (name, index, raw_stream(index))
+    key = (name, index, stream)
     kept = _kept_buffers.get(key)
     if kept is None or kept[0] < size:
         if kept is not None:
@@ -267,55 +275,77 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     benchmarks). Compiles once per (config, N, K, out row stride, out dtype, bias dtype).
     """
     m, k = a_values.shape
-    n = b_values.shape[0]
+    _run(m, b_values.shape[0], k, a_values, a_scales, b_values, b_scales, bias, out, config)
+
+
+def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+    """:func:`run` where :func:`supported` holds; False (nothing launched) where it does
+    not. The ops' one entry point: checks and launches in one pass over the call's facts."""
+    shape = _shape_if_served(a_values, b_values, out)
+    if shape is None:
+        return False
+    _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, None)
+    return True
+
+
+def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> None:
     if m == 0:
         return
     odd_bias = bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1)
-    if odd_bias or a_scales.data_ptr() % 16 or b_scales.data_ptr() % 16:
+    a_scales_ptr, b_scales_ptr = a_scales.data_ptr(), b_scales.data_ptr()
+    if odd_bias or a_scales_ptr % 16 or b_scales_ptr % 16:
         # TMA needs 16-byte aligned scale chunks; the kernel reads bias as a contiguous
         # BF16/FP16/FP32 vector. Such calls are rare: the reference serves them.
         from mxfp8_fusion import reference
 
         reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
         return
-    dev = a_values.device.index if a_values.device.index is not None else 0
+    device = a_values.device
+    dev = device.index if device.index is not None else 0
     cfg = config or choose_config(m, n, k, _num_sms(dev))
     if cfg.tokens_tile and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
-    bias_dtype = bias.dtype if bias is not None else None
+    out_ptr = out.data_ptr()
     args = (
         a_values.data_ptr(),
-        a_scales.data_ptr(),
+        a_scales_ptr,
         b_values.data_ptr(),
-        b_scales.data_ptr(),
-        bias.data_ptr() if bias is not None else out.data_ptr(),
-        out.data_ptr(),
+        b_scales_ptr,
+        bias.data_ptr() if bias is not None else out_ptr,
+        out_ptr,
         m,
         a_scales.numel() // (4 * _CHUNK_WORDS),
     )
+    stream = raw_stream(dev)
     if cfg.tokens_tile:
         partials, flags = _stream_buffers(
-            "stream-K", a_values.device, dev, cfg.num_ctas,
-            lambda ctas: _fresh_workspace(a_values.device, ctas),
+            "stream-K", device, dev, stream, cfg.num_ctas,
+            lambda ctas: _fresh_workspace(device, ctas),
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
-        refs = row_references(a_scales, b_scales, m, n, k)
-        args += (refs.data_ptr(), refs.data_ptr() + 4 * padded_rows(m))
-    key = (cfg, n, k, out.stride(0), out.dtype, bias_dtype, dev)
-    launch(key, lambda: _compiled(*key[:-1]), _KINDS, (*args, raw_stream(dev)), dev)
+        refs = _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream)
+        refs_ptr = refs.data_ptr()
+        args += (refs_ptr, refs_ptr + 4 * padded_rows(m))
+    key = (cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None, dev)
+    launch(key, lambda: _compiled(*key[:-1]), _KINDS, (*args, stream), dev)
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
     """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
     stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
     row's reference byte or -1 if the row must take the BF16 path. No sync."""
-    dev = a_scales.device.index if a_scales.device.index is not None else 0
-    words = padded_rows(m) + padded_rows(n)
+    device = a_scales.device
+    dev = device.index if device.index is not None else 0
+    a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
+    return _row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+
+
+def _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
     (refs,) = _stream_buffers(
-        "references", a_scales.device, dev, words,
-        lambda size: (torch.empty(size, dtype=torch.int32, device=a_scales.device),),
+        "references", device, dev, stream, padded_rows(m) + padded_rows(n),
+        lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
     )  # fmt: skip
-    scan = (a_scales.data_ptr(), b_scales.data_ptr(), refs.data_ptr(), m, n, raw_stream(dev))
+    scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
     launch(("refs", k, dev), lambda: _compiled_refs(k), _REFS_KINDS, scan, dev)
     return refs

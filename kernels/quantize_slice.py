@@ -2,9 +2,10 @@
 
 Layers: :class:`_SliceQuantizer` (the ``@cute.jit`` launcher and ``@cute.kernel`` body) ->
 :func:`_compiled` (one compile per :class:`_Config`, cached on compile-time facts only) ->
-:func:`run` (the in-place op the dispatcher calls) and :func:`supported` (its predicate).
-:func:`run_many` / :func:`supported_many` quantize up to 8 equal-shape slices in one launch
-(the same tile code; one launch instead of six removes the gaps between kernels).
+:func:`run_if_supported` (what the ops call: checks and launches in one pass over the call's
+facts), with :func:`supported` and :func:`run` as its two halves for tests and benchmarks.
+The ``*_many`` functions quantize up to 8 equal-shape slices in one launch (the same tile
+code; one launch instead of six removes the gaps between kernels).
 
 Work split. A CTA of 256 threads quantizes a tile of ``rows`` rows x ``blocks`` column tiles
 of 128 columns (4 scale groups each). 16 threads cover 128 columns of one row, each loading
@@ -206,6 +207,30 @@ _cached_config = functools.cache(_Config)
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def _row_stride_if_served(source: torch.Tensor, values: torch.Tensor, column: int) -> int | None:
+    """``source``'s row stride where :func:`run` serves the call, else None: the checks of
+    :func:`supported` in one pass that also yields what the launch needs (an eager call
+    pays each tensor attribute read once)."""
+    if source.dtype not in _SOURCE_DTYPES or source.dim() != 2 or values.dim() != 2:
+        return None
+    if values.dtype != torch.float8_e4m3fn or not values.is_contiguous():
+        return None
+    tokens, width = source.shape
+    k = values.shape[1]
+    if width == 0 or width % _TILE_COLS or column % _TILE_COLS or column + width > k:
+        return None
+    if tokens > values.shape[0] or source.stride(1) != 1:
+        return None
+    if (tokens + 127) // 128 * (128 // DEFAULT_TILE_ROWS) > 65535:  # grid.y limit
+        return None
+    src_ld = source.stride(0) if tokens > 1 else width
+    if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
+        return None
+    if k % 8 or values.data_ptr() % 8 or source.device != values.device:
+        return None
+    return src_ld
+
+
 def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     """Whether :func:`run` serves this call: layout and alignment facts only, no compile.
 
@@ -213,24 +238,7 @@ def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     aligned rows (data pointer and row stride), a contiguous E4M3 destination with 8-byte
     aligned rows, and a column that is a multiple of 128 inside the destination.
     """
-    if source.dtype not in _SOURCE_DTYPES or source.dim() != 2 or values.dim() != 2:
-        return False
-    if values.dtype != torch.float8_e4m3fn or not values.is_contiguous():
-        return False
-    tokens, width = source.shape
-    k = values.shape[1]
-    if width == 0 or width % _TILE_COLS or column % _TILE_COLS or column + width > k:
-        return False
-    if tokens > values.shape[0] or source.stride(1) != 1:
-        return False
-    if (tokens + 127) // 128 * (128 // DEFAULT_TILE_ROWS) > 65535:  # grid.y limit
-        return False
-    src_ld = source.stride(0) if tokens > 1 else width
-    if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
-        return False
-    if k % 8 or values.data_ptr() % 8:
-        return False
-    return source.device == values.device
+    return _row_stride_if_served(source, values, column) is not None
 
 
 def _launch(config: _Config, device: int, args: tuple) -> None:
@@ -266,6 +274,27 @@ def run(
     latency between back-to-back kernels is hidden (``False``: plain launch, benchmarks).
     ``prefetch`` (with ``pdl``): before that wait, each CTA pulls its source lines into L2.
     """
+    config = config_for(source, tile_rows, 1, small_tokens, pdl, prefetch)
+    _launch_one(config, source, values, scales, column, _row_stride(source))
+
+
+def run_if_supported(
+    source: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, column: int
+) -> bool:
+    """:func:`run` with the default tiles where :func:`supported` holds; False (nothing
+    launched) where it does not. The eager and compiled calls' one entry point."""
+    src_ld = _row_stride_if_served(source, values, column)
+    if src_ld is None:
+        return False
+    config = _cached_config(
+        source.dtype == torch.float16, source.shape[1], DEFAULT_TILE_ROWS, 1, SMALL_TOKENS,
+        True, True,
+    )  # fmt: skip
+    _launch_one(config, source, values, scales, column, src_ld)
+    return True
+
+
+def _launch_one(config: _Config, source, values, scales, column: int, src_ld: int) -> None:
     k = values.shape[1]
     device = _device_index(source)
     args = (
@@ -273,35 +302,43 @@ def run(
         values.data_ptr(),
         scales.data_ptr(),
         source.shape[0],
-        _row_stride(source),
+        src_ld,
         k,
         column,
         (k // _GROUP + 3) // 4,
         raw_stream(device),
     )
-    _launch(config_for(source, tile_rows, 1, small_tokens, pdl, prefetch), device, args)
+    _launch(config, device, args)
+
+
+def _row_strides_if_served(sources, values: torch.Tensor, columns) -> list[int] | None:
+    """Each slice's row stride where :func:`run_many` serves the call, else None."""
+    if not 1 <= len(sources) <= MAX_SLICES or len(columns) != len(sources):
+        return None
+    first = sources[0]
+    first_ld = _row_stride_if_served(first, values, columns[0])
+    if first_ld is None:
+        return None
+    # the rest share the first's dtype and shape, so the facts checked above on it hold for
+    # them too: only each one's own layout, pointer, column and device remain
+    strides = [first_ld]
+    width, k, device = first.shape[1], values.shape[1], first.device
+    for source, column in zip(sources[1:], columns[1:], strict=True):
+        if source.dtype != first.dtype or source.shape != first.shape:
+            return None
+        src_ld = _row_stride(source)
+        if source.stride(1) != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
+            return None
+        if column % _TILE_COLS or column + width > k or source.device != device:
+            return None
+        strides.append(src_ld)
+    return strides
 
 
 def supported_many(sources, values: torch.Tensor, columns) -> bool:
     """Whether :func:`run_many` serves this call: 1 to 8 slices of one dtype, one width and
     one token count, each one :func:`supported`."""
-    if not 1 <= len(sources) <= MAX_SLICES or len(columns) != len(sources):
-        return False
-    first = sources[0]
-    if not supported(first, values, columns[0]):
-        return False
-    # the rest share the first's dtype and shape, so the facts checked above on it hold for
-    # them too: only each one's own layout, pointer, column and device remain
-    width, k, device = first.shape[1], values.shape[1], first.device
-    for source, column in zip(sources[1:], columns[1:], strict=True):
-        if source.dtype != first.dtype or source.shape != first.shape:
-            return False
-        src_ld = _row_stride(source)
-        if source.stride(1) != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
-            return False
-        if column % _TILE_COLS or column + width > k or source.device != device:
-            return False
-    return True
+    return _row_strides_if_served(sources, values, columns) is not None
 
 
 def run_many(
@@ -319,9 +356,29 @@ def run_many(
     Slice ``i`` goes to columns ``[columns[i], columns[i] + width)``; the bytes written are
     exactly those of calling :func:`run` once per slice.
     """
+    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl, prefetch)
+    _launch_many(config, sources, values, scales, columns, [_row_stride(s) for s in sources])
+
+
+def run_many_if_supported(sources, values: torch.Tensor, scales: torch.Tensor, columns) -> bool:
+    """:func:`run_many` with the default tiles where :func:`supported_many` holds; False
+    (nothing launched) where it does not."""
+    strides = _row_strides_if_served(sources, values, columns)
+    if strides is None:
+        return False
+    first = sources[0]
+    config = _cached_config(
+        first.dtype == torch.float16, first.shape[1], DEFAULT_TILE_ROWS, len(sources),
+        SMALL_TOKENS, True, True,
+    )  # fmt: skip
+    _launch_many(config, sources, values, scales, columns, strides)
+    return True
+
+
+def _launch_many(config: _Config, sources, values, scales, columns, strides) -> None:
     k = values.shape[1]
     device = _device_index(sources[0])
-    pad = MAX_SLICES - len(sources)
+    pad = [0] * (MAX_SLICES - len(sources))
     args = (
         values.data_ptr(),
         scales.data_ptr(),
@@ -329,12 +386,11 @@ def run_many(
         k,
         (k // _GROUP + 3) // 4,
         *[s.data_ptr() for s in sources],
-        *[0] * pad,
-        *[_row_stride(s) for s in sources],
-        *[0] * pad,
+        *pad,
+        *strides,
+        *pad,
         *columns,
-        *[0] * pad,
+        *pad,
         raw_stream(device),
     )
-    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl, prefetch)
     _launch(config, device, args)

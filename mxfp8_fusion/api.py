@@ -31,6 +31,11 @@ def _raw(scales: Tensor) -> Tensor:
     return scales.view(torch.uint8)
 
 
+def _live_rows(t: Tensor, tokens: int) -> Tensor:
+    # t[:tokens]; the whole tensor itself when that is all of it (a view costs ~1 us a call)
+    return t if tokens == t.shape[0] else t[:tokens]
+
+
 def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
     if not ok:
         _fail(error, argument, expected, given)
@@ -296,7 +301,7 @@ def mm_quantized(
     _require(out_dtype in SOURCE_DTYPES, TypeError, "out_dtype", "bfloat16 or float16", out_dtype)
     return ops.call(
         ops.mm,
-        inp.values[:tokens],
+        _live_rows(inp.values, tokens),
         _raw(inp.scales),
         weight.values,
         _raw(weight.scales),
@@ -312,7 +317,8 @@ def mm_quantized_into(
     tokens: int | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """Write ``inp[:tokens] @ weight.T (+ bias)`` into ``out[:tokens]`` and return that view.
+    """Write ``inp[:tokens] @ weight.T (+ bias)`` into ``out[:tokens]`` and return that view
+    (``out`` itself when it has ``tokens`` rows).
 
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
     device; its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be
@@ -334,14 +340,14 @@ def mm_quantized_into(
         _fail(ValueError, "out", f"shape [>= {tokens}, {n}]", tuple(out.shape))
     ops.call(
         ops.mm_into,
-        inp.values[:tokens],
+        _live_rows(inp.values, tokens),
         _raw(inp.scales),
         weight.values,
         _raw(weight.scales),
         bias,
         out,
     )
-    return out[:tokens]
+    return _live_rows(out, tokens)
 
 
 def quantize(x: Tensor) -> MXFP8Input:

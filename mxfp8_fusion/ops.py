@@ -16,6 +16,7 @@ import warnings
 
 import torch
 from torch import Tensor
+from torch.nn import Parameter
 from torch.utils import _python_dispatch
 
 from . import reference
@@ -105,8 +106,7 @@ def _quantize_slice_body(source: Tensor, values: Tensor, scales: Tensor, column:
     """Quantize ``source`` ``[tokens, width]`` into columns ``[column, column+width)``."""
     if source.shape[0] == 0:
         return
-    if kernels.quantize_slice_supported(source, values, column):
-        kernels.quantize_slice(source, values, scales, column)
+    if kernels.quantize_slice(source, values, scales, column):
         return
     _fallback_warning("slice quantizer", source.device)
     reference.quantize_slice_(source, values, scales, column)
@@ -129,8 +129,7 @@ def _quantize_slices_body(
     calling :func:`quantize_slice_` per slice, in as few kernel launches as possible."""
     if not sources or sources[0].shape[0] == 0:
         return
-    if kernels.quantize_slices_supported(sources, values, columns):
-        kernels.quantize_slices(sources, values, scales, columns)
+    if kernels.quantize_slices(sources, values, scales, columns):
         return
     for source, column in zip(sources, columns, strict=True):
         _quantize_slice_body(source, values, scales, column)
@@ -154,8 +153,7 @@ def _quantize_body(x: Tensor) -> tuple[Tensor, Tensor]:
     values, scales = _empty_storage(x.shape[0], x.shape[1], x.device)
     if x.shape[0] == 0:
         return values, scales
-    if kernels.quantize_slice_supported(x, values, 0):
-        kernels.quantize_slice(x, values, scales, 0)
+    if kernels.quantize_slice(x, values, scales, 0):
         return values, scales
     _fallback_warning("slice quantizer", x.device)
     return reference.quantize(x)
@@ -175,8 +173,7 @@ def _(x: Tensor) -> tuple[Tensor, Tensor]:
 def _mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
     if a_values.shape[0] == 0:
         return
-    if kernels.mm_supported(a_values, b_values, out):
-        kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    if kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out):
         return
     _fallback_warning("GEMM", a_values.device)
     reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
@@ -270,12 +267,20 @@ def call(op, *args):
 def _needs_dispatcher(args) -> bool:
     if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() is not None:
         return True
-    grad = torch.is_grad_enabled()
-    for arg in args:  # one loop, no predicate calls: this runs per eager op call
-        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if type(t) is Tensor:
-                if grad and t.requires_grad:
-                    return True
-            elif isinstance(t, Tensor):  # a subclass: its own dispatch must run
+    return _records_or_subclass(args, torch.is_grad_enabled())
+
+
+def _records_or_subclass(args, grad: bool) -> bool:
+    """Whether autograd would record on ``args`` or one is a tensor subclass (in lists too).
+    Type tests only, no predicate calls: this runs on every eager op call."""
+    for arg in args:
+        kind = type(arg)
+        if kind is Tensor or kind is Parameter:  # a Parameter dispatches as a plain Tensor
+            if grad and arg.requires_grad:
                 return True
+        elif kind is list or kind is tuple:
+            if _records_or_subclass(arg, grad):
+                return True
+        elif isinstance(arg, Tensor):  # a subclass: its own dispatch must run
+            return True
     return False

@@ -106,3 +106,23 @@ def test_functional_ops_refuse_backward_and_mutating_ops_record_nothing():
     assert not out.requires_grad
     with torch.no_grad():
         assert not ops.linear(x, bv, bsc, None).requires_grad
+
+
+def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it():
+    """``ops.call`` runs an op's body directly for plain inference calls (a module's
+    Parameter bias included) and goes through the dispatcher for anything autograd records
+    or a tensor subclass must see."""
+    plain = torch.zeros(4)
+    frozen = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    trained = torch.nn.Parameter(torch.zeros(4))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    sub = plain.as_subclass(Subclass)
+    with torch.no_grad():
+        assert not ops._needs_dispatcher((plain, [plain, plain], frozen, trained, 3, None))
+        assert ops._needs_dispatcher((plain, [plain, sub]))
+    assert not ops._needs_dispatcher((plain, frozen))
+    assert ops._needs_dispatcher((plain, trained))
+    assert ops._needs_dispatcher(([plain, trained],))
