@@ -219,11 +219,12 @@ def _row_stride_if_served(source: torch.Tensor, values: torch.Tensor, column: in
     k = values.shape[1]
     if width == 0 or width % _TILE_COLS or column % _TILE_COLS or column + width > k:
         return None
-    if tokens > values.shape[0] or source.stride(1) != 1:
+    row, unit = source.stride()
+    if tokens > values.shape[0] or unit != 1:
         return None
     if (tokens + 127) // 128 * (128 // DEFAULT_TILE_ROWS) > 65535:  # grid.y limit
         return None
-    src_ld = source.stride(0) if tokens > 1 else width
+    src_ld = row if tokens > 1 else width
     if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
         return None
     if k % 8 or values.data_ptr() % 8 or source.device != values.device:
@@ -322,12 +323,14 @@ def _row_strides_if_served(sources, values: torch.Tensor, columns) -> list[int] 
     # the rest share the first's dtype and shape, so the facts checked above on it hold for
     # them too: only each one's own layout, pointer, column and device remain
     strides = [first_ld]
-    width, k, device = first.shape[1], values.shape[1], first.device
+    dtype, shape, k, device = first.dtype, first.shape, values.shape[1], first.device
+    tokens, width = shape
     for source, column in zip(sources[1:], columns[1:], strict=True):
-        if source.dtype != first.dtype or source.shape != first.shape:
+        if source.dtype != dtype or source.shape != shape:
             return None
-        src_ld = _row_stride(source)
-        if source.stride(1) != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
+        row, unit = source.stride()
+        src_ld = row if tokens > 1 else width
+        if unit != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
             return None
         if column % _TILE_COLS or column + width > k or source.device != device:
             return None
