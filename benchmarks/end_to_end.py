@@ -177,6 +177,59 @@ def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, f
     return result
 
 
+def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str, float]]:
+    """Where an isolated call's time goes: the GPU timeline of ``rounds`` isolated calls per
+    variant (the order rotated as in :func:`time_interleaved`) under torch.profiler.
+
+    Per variant, medians in us from the call's start on the host: when its first kernel and
+    its GEMM (its longest kernel) start, the GPU time of the kernels before the GEMM, the
+    GEMM's duration and when the last kernel ends. The profiler adds host time per op, so
+    the start offsets are larger than in the untraced timing; the kernels' durations are not.
+    """
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    names = list(fns)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                torch.cuda.synchronize()
+                with record_function(f"call:{name}"):
+                    fns[name](*hidden)
+                torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    calls = sorted(
+        (e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("call:")),
+        key=lambda e: e["ts"],
+    )
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    rows = {name: [] for name in names}
+    for i, call in enumerate(calls):
+        t0 = call["ts"]
+        t1 = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
+        ks = [k for k in kernels if t0 <= k["ts"] < t1]
+        if not ks:
+            continue
+        gemm = max(ks, key=lambda k: k["dur"])
+        rows[call["name"][len("call:") :]].append(
+            {
+                "first_kernel_start_us": ks[0]["ts"] - t0,
+                "gemm_start_us": gemm["ts"] - t0,
+                "kernels_before_gemm_us": sum(k["dur"] for k in ks if k["ts"] < gemm["ts"]),
+                "gemm_us": gemm["dur"],
+                "last_kernel_end_us": max(k["ts"] + k["dur"] for k in ks) - t0,
+            }
+        )
+    return {
+        name: {key: round(statistics.median(r[key] for r in rs), 1) for key in rs[0]}
+        for name, rs in rows.items()
+        if rs
+    }
+
+
 def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
     torch._dynamo.reset()
     cfg = DemoConfig(tokens=geo.tokens, hidden=geo.hidden, slices=geo.slices)
@@ -233,6 +286,7 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
         times = time_interleaved(fns, hidden, rounds, queued=False)
         queued = time_interleaved(fns, hidden, rounds, queued=True)
         host = {name: host_ms(fn, hidden) for name, fn in fns.items()}
+        timeline = isolated_timeline(fns, hidden)
         diagnosis = kernel_breakdown(fns, hidden) if breakdown else None
         traces = {
             name: allocation_trace(fns[name], hidden)
@@ -294,6 +348,7 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
         "measurements": [asdict(m) for m in measurements],
         "ratios": ratios,
         "bitwise_equal_to_1": bitwise,
+        "isolated_timeline_us": timeline,
         "memory_traces": traces,
     } | ({"kernel_breakdown": diagnosis} if diagnosis else {})
 
@@ -314,6 +369,12 @@ def print_table(result: dict) -> None:
             f"{m['transient_peak_bytes']:>16,} {m['transient_peak_bytes'] / p1:>6.3f}"
         )
     print("bitwise equal to (1):", result["bitwise_equal_to_1"])
+    print("isolated calls, profiled (us from the call's start): first kernel / GEMM start / GEMM")
+    for name, t in result["isolated_timeline_us"].items():
+        print(
+            f"  {name:<30} {t['first_kernel_start_us']:8.1f} {t['gemm_start_us']:8.1f} "
+            f"{t['gemm_us']:8.1f}"
+        )
 
 
 def main() -> None:
@@ -337,6 +398,9 @@ def main() -> None:
             "on the clock); median_ms_queued starts after a ~3 ms sleep kernel the host launches "
             "the call behind (GPU work only, as when the host runs ahead in a serving loop); "
             "host_ms = median host time for a call to return; "
+            "isolated_timeline_us = the GPU timeline of 8 isolated calls per variant under "
+            "torch.profiler (medians from the call's start on the host; the profiler adds host "
+            "time per op, not kernel time); "
             "transient peak = max_memory_allocated during the call minus memory_allocated "
             "before it; ratios are variant / (1) concatenated eager"
         ),
