@@ -287,11 +287,7 @@ def run_if_supported(
     src_ld = _row_stride_if_served(source, values, column)
     if src_ld is None:
         return False
-    config = _cached_config(
-        source.dtype == torch.float16, source.shape[1], DEFAULT_TILE_ROWS, 1, SMALL_TOKENS,
-        True, True,
-    )  # fmt: skip
-    _launch_one(config, source, values, scales, column, src_ld)
+    _launch_one(config_for(source), source, values, scales, column, src_ld)
     return True
 
 
@@ -369,11 +365,7 @@ def run_many_if_supported(sources, values: torch.Tensor, scales: torch.Tensor, c
     strides = _row_strides_if_served(sources, values, columns)
     if strides is None:
         return False
-    first = sources[0]
-    config = _cached_config(
-        first.dtype == torch.float16, first.shape[1], DEFAULT_TILE_ROWS, len(sources),
-        SMALL_TOKENS, True, True,
-    )  # fmt: skip
+    config = config_for(sources[0], slices=len(sources))
     _launch_many(config, sources, values, scales, columns, strides)
     return True
 
