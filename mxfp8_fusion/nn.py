@@ -206,6 +206,9 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
 
 
 def _skip_reason(linear: nn.Linear) -> str | None:
+    if type(linear) is not nn.Linear:
+        # a subclass's forward may do more than x @ W.T + b (LoRA, MultiheadAttention's out_proj)
+        return f"{type(linear).__name__} is a subclass of nn.Linear; only nn.Linear is converted"
     if linear.weight.dtype not in SOURCE_DTYPES:
         return f"weight dtype {linear.weight.dtype} is not bfloat16 or float16"
     if linear.in_features % GROUP:
@@ -218,23 +221,36 @@ def _skip_reason(linear: nn.Linear) -> str | None:
 def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module:
     """Replace every eligible ``nn.Linear`` in ``model`` (in place) by an :class:`MXFP8Linear`.
 
-    Eligible: BF16/FP16 weight, ``in_features`` a multiple of 32. Other layers are left alone;
-    each skipped layer is logged at INFO on the ``mxfp8_fusion`` logger and, when ``report``
-    is given, recorded there as ``{qualified name: reason}`` (converted layers map to
-    ``"converted"``). Returns ``model``.
+    Eligible: an ``nn.Linear`` itself (not a subclass) with a BF16/FP16 weight and
+    ``in_features`` a multiple of 32. A layer reachable under several names is converted
+    once and stays shared. Other layers are left alone; each skipped layer is logged at INFO
+    on the ``mxfp8_fusion`` logger and, when ``report`` is given, recorded there as
+    ``{qualified name: reason}`` (converted layers map to ``"converted"``). Returns ``model``.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module`` or is a bare ``nn.Linear``, or
+            ``report`` is not a dict.
     """
-    if isinstance(model, nn.Linear) and not isinstance(model, MXFP8Linear):
+    if not isinstance(model, nn.Module):
+        _fail(TypeError, "model", "an nn.Module", type(model).__name__)
+    if isinstance(model, nn.Linear):
         raise TypeError(
             "model: expected a module containing nn.Linear layers, got a bare nn.Linear; use MXFP8Linear.from_linear"
         )
+    if report is not None and not isinstance(report, dict):
+        _fail(TypeError, "report", "a dict or None", type(report).__name__)
+    converted: dict[nn.Linear, MXFP8Linear] = {}
     for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is not nn.Linear:
+        # _modules, not named_children(): that lists a child held under two names only once
+        for child_name, child in list(module._modules.items()):
+            if not isinstance(child, nn.Linear):
                 continue
             qualified = f"{name}.{child_name}" if name else child_name
             reason = _skip_reason(child)
             if reason is None:
-                setattr(module, child_name, MXFP8Linear.from_linear(child))
+                if child not in converted:
+                    converted[child] = MXFP8Linear.from_linear(child)
+                setattr(module, child_name, converted[child])
                 reason = "converted"
             else:
                 log.info("convert: skipped %s: %s", qualified, reason)

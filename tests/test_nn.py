@@ -326,3 +326,44 @@ def test_deepcopy_of_a_converted_model():
     x = torch.randn(2, 256, dtype=torch.bfloat16)
     assert torch.equal(clone(x), model(x))
     assert clone[0].weight_values.data_ptr() != model[0].weight_values.data_ptr()
+
+
+# --- convert --------------------------------------------------------------------------
+
+
+def test_convert_keeps_a_shared_linear_shared():
+    shared = nn.Linear(256, 64, dtype=torch.bfloat16)
+    model = nn.Module()
+    model.a = nn.Sequential(shared)
+    model.b = nn.Sequential(shared)
+    model.c = shared  # the same layer twice under one parent too
+    model.d = shared
+    report = {}
+    mf.convert(model, report=report)
+    assert isinstance(model.a[0], mf.MXFP8Linear)
+    assert model.a[0] is model.b[0] is model.c is model.d
+    assert report == dict.fromkeys(["c", "d", "a.0", "b.0"], "converted")
+
+
+def test_convert_reports_linear_subclasses():
+    class LoRALinear(nn.Linear):
+        pass
+
+    model = nn.Sequential(
+        LoRALinear(256, 64, dtype=torch.bfloat16),
+        nn.MultiheadAttention(256, 4, dtype=torch.bfloat16),
+    )
+    report = {}
+    mf.convert(model, report=report)
+    assert type(model[0]) is LoRALinear and type(model[1].out_proj) is not mf.MXFP8Linear
+    assert "LoRALinear" in report["0"] and "subclass" in report["0"]
+    assert "NonDynamicallyQuantizableLinear" in report["1.out_proj"]
+
+
+def test_convert_and_from_linear_name_a_wrong_argument():
+    with pytest.raises(TypeError, match="^model: expected an nn.Module, got function"):
+        mf.convert(lambda x: x)
+    with pytest.raises(TypeError, match="^report: expected a dict"):
+        mf.convert(nn.Sequential(), report=[])
+    with pytest.raises(TypeError, match="^linear: expected an nn.Linear"):
+        mf.MXFP8Linear.from_linear(torch.randn(4, 32))
