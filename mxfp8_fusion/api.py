@@ -126,6 +126,9 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
         TypeError, ValueError: on a wrong type, dtype, shape or device.
     """
     _require_tensor(weight, "weight")
+    # The packed tensors never join autograd: a graph would keep the source Parameter alive
+    # (no memory saved), and a non-leaf tensor cannot be deep-copied.
+    weight = weight.detach()
     _require_2d(weight, "weight")
     n, k = weight.shape
     _require(n > 0, ValueError, "weight", "at least one output row", f"shape {(n, k)}")
@@ -136,6 +139,7 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
         return MXFP8Weight(values, blocked)
     _require(weight.dtype == VALUE_DTYPE, TypeError, "weight", "float8_e4m3fn values", weight.dtype)
     _require_tensor(scales, "scales")
+    scales = scales.detach()
     _require(
         scales.dtype in (SCALE_DTYPE, torch.uint8),
         TypeError,

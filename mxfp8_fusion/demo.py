@@ -66,7 +66,7 @@ def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
     """The staged eager path: ``empty_input``, one ``quantize_input_slice`` per slice, then
     ``mm_quantized_into`` a fresh output."""
     fc = model.fc
-    weight = api.MXFP8Weight(fc.weight_values, fc.weight_scales)
+    weight = fc.weight
     tokens, device, dtype = hidden[0].shape[0], hidden[0].device, hidden[0].dtype
     staged = api.empty_input(tokens, fc.in_features, device, dtype)
     column = 0

@@ -189,8 +189,7 @@ class TwoStep(nn.Module):
         q = mf.quantize(torch.cat(slices, dim=-1))
         outs = []
         for fc in self.fcs:
-            w = mf.MXFP8Weight(fc.weight_values, fc.weight_scales)
-            outs.append(mf.mm_quantized(q, w, bias=fc.bias))
+            outs.append(mf.mm_quantized(q, fc.weight, bias=fc.bias))
         return tuple(outs)
 
 
