@@ -13,7 +13,7 @@ import torch
 
 def git_revision(given: str | None = None) -> str:
     """``given``, else ``$MXFP8_GIT_REV``, else ``git rev-parse HEAD`` (``-dirty`` when the
-    tree has changes), else ``"unknown"`` (the GPU machine's copy of the tree has no .git)."""
+    tree has changes), else ``"unknown"`` (a copy of the tree without .git)."""
     if given or os.environ.get("MXFP8_GIT_REV"):
         return given or os.environ["MXFP8_GIT_REV"]
     try:
