@@ -6,7 +6,9 @@ returns False where it does not, and the op runs the reference.
 
 By compute capability:
 
-* GEMM: 9.0 runs the CuTe DSL kernels (``gemm_sm90``); every other device the reference.
+* GEMM: 9.0 runs the CuTe DSL kernels (``gemm_sm90``); 10.x and 12.x, whose tensor cores
+  take block-scaled MXFP8, run cuBLAS's MXFP8 GEMM through torch (``gemm_cublas``); every
+  other device the reference.
 * Slice quantizer: the CuTe DSL kernel, built for each capability in
   ``quantize_slice.ARCHS`` (9.0, 10.0, 10.3, 12.0, 12.1); elsewhere the reference.
 """
@@ -44,6 +46,10 @@ def _device_capability(device: torch.device) -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
+# Majors whose GEMM is cuBLAS's block-scaled MXFP8 kernel (datacenter and RTX Blackwell).
+_CUBLAS_MAJORS = (10, 12)
+
+
 def unavailable_reason(device: torch.device, what: str = "") -> str:
     """A sentence saying why no kernel serves a call of ``what`` (``"GEMM"`` or ``"slice
     quantizer"``) on ``device``."""
@@ -51,10 +57,12 @@ def unavailable_reason(device: torch.device, what: str = "") -> str:
     if cap is None:
         return f"device {device} is not a CUDA device"
     gpu = f"GPU sm_{cap[0]}{cap[1]}"
+    if what == "GEMM" and cap[0] in _CUBLAS_MAJORS:
+        return f"{gpu}: {_gemm_cublas().last_refusal}"
     if not cute_dsl_installed():
         return "nvidia-cutlass-dsl is not installed"
     if what == "GEMM" and cap != (9, 0):
-        return f"{gpu} has no MXFP8 GEMM kernel here (sm_90 only)"
+        return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"
     if what != "GEMM" and _quantizer_arch(cap) is None:
         return f"{gpu}: the slice quantizer is built for {', '.join(_quantizer_archs())}"
     return f"{gpu} with unsupported shape or dtype"
@@ -76,6 +84,13 @@ def _gemm_sm90():
     from . import gemm_sm90
 
     return gemm_sm90
+
+
+@functools.cache
+def _gemm_cublas():
+    from . import gemm_cublas
+
+    return gemm_cublas
 
 
 @functools.cache
@@ -116,6 +131,11 @@ def quantize_slices(sources, values, scales, columns) -> bool:
 def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
     """Run the MXFP8 GEMM where a kernel serves the call (by capability: see the module
     docstring); False (nothing launched) where none does."""
-    if _device_capability(a_values.device) != (9, 0) or not cute_dsl_installed():
-        return False  # wgmma: exactly sm_90
-    return _gemm_sm90().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)
+    cap = _device_capability(a_values.device)
+    if cap == (9, 0):  # wgmma: exactly sm_90
+        if not cute_dsl_installed():
+            return False
+        return _gemm_sm90().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)
+    if cap is not None and cap[0] in _CUBLAS_MAJORS:
+        return _gemm_cublas().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)
+    return False

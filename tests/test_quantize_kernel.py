@@ -27,11 +27,13 @@ requires_cutlass = pytest.mark.skipif(
 def _has_kernel_gpu() -> bool:
     if not torch.cuda.is_available() or importlib.util.find_spec("cutlass") is None:
         return False
-    return torch.cuda.get_device_capability() >= (9, 0)
+    from mxfp8_fusion.kernels.quantize_slice import arch_for
+
+    return arch_for(torch.cuda.get_device_capability()) is not None
 
 
 requires_sm90 = pytest.mark.skipif(
-    not _has_kernel_gpu(), reason="needs an sm_90+ GPU and nvidia-cutlass-dsl"
+    not _has_kernel_gpu(), reason="needs a GPU the quantizer is built for and nvidia-cutlass-dsl"
 )
 
 DTYPES = (torch.bfloat16, torch.float16)
