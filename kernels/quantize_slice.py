@@ -81,7 +81,7 @@ SMALL_TOKENS = 16
 _MAX_PASSES = DEFAULT_TILE_ROWS // _ROWS_PER_PASS
 
 # Build target per compute capability (see the module docstring). The tests compile every
-# entry on a CPU-only machine and check its PTX for Hopper-only instructions.
+# entry on a CPU-only machine and check its PTX for arch-specific instructions.
 ARCHS: dict[tuple[int, int], str] = {
     (9, 0): "sm_90a",  # H100 / H200
     (10, 0): "sm_100a",  # B200 / GB200
