@@ -91,16 +91,23 @@ class Launcher:
                 raise RuntimeError(f"CUDA error {result.value} launching a CuTe DSL kernel")
 
 
-def compile_for_scalars(kernel, kinds: str):
+def compile_for_scalars(kernel, kinds: str, arch: str | None = None):
     """``cute.compile`` of a scalar-argument kernel: ``kinds`` as for :class:`Launcher`, each
     argument a placeholder of its type, then a placeholder stream (works without a GPU
-    under ``CUTE_DSL_ARCH``)."""
+    under ``CUTE_DSL_ARCH``). ``arch`` (``"sm_100a"``, ...) names the target; None leaves it
+    to the DSL (``CUTE_DSL_ARCH``, else the current GPU's).
+
+    A binary for another arch than the DSL's runtime one compiles, but has no execution
+    engine: it can be inspected (PTX), not launched."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
 
     fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
-    return cute.compile(kernel, *(fake[kind] for kind in kinds), make_fake_stream())
+    args = (*(fake[kind] for kind in kinds), make_fake_stream())
+    if arch is None:
+        return cute.compile(kernel, *args)
+    return cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
 
 
 def wait_for_previous_kernel() -> None:

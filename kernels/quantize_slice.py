@@ -37,8 +37,15 @@ their source lines into L2 (``_Config.prefetch``): 0.86 instead of 0.84
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
 column, the three addresses) is a runtime argument, so one compile serves every call of a
-(dtype, width, tile, slices) combination, and a call neither syncs nor allocates (CUDA Graph
-safe).
+(dtype, width, tile, slices, arch) combination, and a call neither syncs nor allocates (CUDA
+Graph safe).
+
+Targets (:data:`ARCHS`): the kernel is plain SIMT code. Its PTX needs sm_90 or later
+(``griddepcontrol`` for programmatic dependent launch, ``max.u16x2``) and sm_89 or later
+(``cvt.rn.satfinite.e4m3x2``), and uses none of Hopper's own machinery (no wgmma, TMA,
+mbarriers or clusters), so the same source builds for Hopper and for Blackwell. An
+arch-specific (``a``) binary runs only on its own arch, so each capability has its own build,
+chosen from the device's capability; the arch is a compile-time fact of :class:`_Config`.
 """
 
 import functools
@@ -73,13 +80,25 @@ SMALL_TOKENS = 16
 # tile's depth so that compiling both shapes into one kernel costs no registers.
 _MAX_PASSES = DEFAULT_TILE_ROWS // _ROWS_PER_PASS
 
+# Build target per compute capability (see the module docstring). The tests compile every
+# entry on a CPU-only machine and check its PTX for arch-specific instructions.
+ARCHS: dict[tuple[int, int], str] = {
+    (9, 0): "sm_90a",  # H100 / H200
+    (10, 0): "sm_100a",  # B200 / GB200
+    (10, 3): "sm_103a",  # B300 / GB300
+    (12, 0): "sm_120a",  # RTX PRO 6000, RTX 50 series
+    (12, 1): "sm_121a",  # DGX Spark (GB10)
+}
+DEFAULT_ARCH = "sm_90a"
+
 
 @dataclass(frozen=True)
 class _Config:
     """Compile-time facts of one kernel: source dtype, slice width, tile height, how many
     equal-width slices one launch quantizes (1 for :func:`run`, up to 8 for
-    :func:`run_many`), the token count up to which the few-token tile is used, and whether
-    launches use programmatic dependent launch (see :func:`run`)."""
+    :func:`run_many`), the token count up to which the few-token tile is used, whether
+    launches use programmatic dependent launch (see :func:`run`), and the target arch (one
+    of :data:`ARCHS`' values)."""
 
     fp16: bool
     width: int
@@ -88,6 +107,7 @@ class _Config:
     small_tokens: int = SMALL_TOKENS
     pdl: bool = True
     prefetch: bool = True
+    arch: str = DEFAULT_ARCH
 
 
 @dataclass(frozen=True)
@@ -120,6 +140,8 @@ def _check_config(config: _Config) -> None:
         raise ValueError(f"slices must be in [1, {MAX_SLICES}], got {config.slices}")
     if config.small_tokens not in (0, 16, 32):
         raise ValueError(f"small_tokens must be one of 0, 16, 32, got {config.small_tokens}")
+    if config.arch not in ARCHS.values():
+        raise ValueError(f"arch must be one of {list(ARCHS.values())}, got {config.arch!r}")
 
 
 def _big_shape(config: _Config) -> _Shape:
@@ -176,14 +198,32 @@ def _compiled(config: _Config):
 
 
 def compile_kernel(config: _Config):
-    """Compile the kernel for ``config`` (works without a GPU under ``CUTE_DSL_ARCH``).
+    """Compile the kernel for ``config`` and its ``arch`` (works without a GPU; a binary for
+    another arch than the DSL's runtime one can be inspected but not launched).
 
     Raises ``ValueError`` for an invalid config and ``ImportError`` without nvidia-cutlass-dsl.
     """
     from .quantize_slice_kernel import build
 
     _check_config(config)
-    return compile_for_scalars(build(config), _kinds(config))
+    return compile_for_scalars(build(config), _kinds(config), config.arch)
+
+
+def arch_for(capability: tuple[int, int]) -> str | None:
+    """The build target for a GPU of compute ``capability`` (major, minor); None where the
+    kernel is not built for it."""
+    return ARCHS.get(tuple(capability))
+
+
+def _device_arch(t: torch.Tensor) -> str:
+    cap = torch.cuda.get_device_capability(_device_index(t))
+    arch = arch_for(cap)
+    if arch is None:
+        raise ValueError(
+            f"the slice quantizer is not built for sm_{cap[0]}{cap[1]} "
+            f"(built for {', '.join(ARCHS.values())})"
+        )
+    return arch
 
 
 def config_for(
@@ -193,10 +233,12 @@ def config_for(
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
     prefetch: bool = True,
+    arch: str = DEFAULT_ARCH,
 ) -> _Config:
     """The compile-time facts of a call (the token count is not one of them)."""
     fp16 = source.dtype == torch.float16
-    return _cached_config(fp16, source.shape[1], tile_rows, slices, small_tokens, pdl, prefetch)
+    width = source.shape[1]
+    return _cached_config(fp16, width, tile_rows, slices, small_tokens, pdl, prefetch, arch)
 
 
 # One instance per set of facts, made once: building a frozen dataclass per call costs more
@@ -263,6 +305,7 @@ def run(
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
     prefetch: bool = True,
+    arch: str | None = None,
 ) -> None:
     """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
 
@@ -274,20 +317,29 @@ def run(
     kernel's completion before it reads anything, so stream order is kept while the launch
     latency between back-to-back kernels is hidden (``False``: plain launch, benchmarks).
     ``prefetch`` (with ``pdl``): before that wait, each CTA pulls its source lines into L2.
+    ``arch``: the build target, by default the one of ``source``'s GPU (ValueError where
+    there is none).
     """
-    config = config_for(source, tile_rows, 1, small_tokens, pdl, prefetch)
+    arch = arch or _device_arch(source)
+    config = config_for(source, tile_rows, 1, small_tokens, pdl, prefetch, arch)
     _launch_one(config, source, values, scales, column, _row_stride(source))
 
 
 def run_if_supported(
-    source: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, column: int
+    source: torch.Tensor,
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    column: int,
+    arch: str | None = None,
 ) -> bool:
     """:func:`run` with the default tiles where :func:`supported` holds; False (nothing
-    launched) where it does not. The eager and compiled calls' one entry point."""
+    launched) where it does not. The eager and compiled calls' one entry point; they pass
+    ``arch`` (the device's build target, looked up once per call by the dispatcher)."""
     src_ld = _row_stride_if_served(source, values, column)
     if src_ld is None:
         return False
-    _launch_one(config_for(source), source, values, scales, column, src_ld)
+    config = config_for(source, arch=arch or _device_arch(source))
+    _launch_one(config, source, values, scales, column, src_ld)
     return True
 
 
@@ -349,23 +401,27 @@ def run_many(
     small_tokens: int = SMALL_TOKENS,
     pdl: bool = True,
     prefetch: bool = True,
+    arch: str | None = None,
 ) -> None:
     """:func:`run` for several equal-shape slices in one launch (where :func:`supported_many`).
 
     Slice ``i`` goes to columns ``[columns[i], columns[i] + width)``; the bytes written are
     exactly those of calling :func:`run` once per slice.
     """
-    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl, prefetch)
+    arch = arch or _device_arch(sources[0])
+    config = config_for(sources[0], tile_rows, len(sources), small_tokens, pdl, prefetch, arch)
     _launch_many(config, sources, values, scales, columns, [_row_stride(s) for s in sources])
 
 
-def run_many_if_supported(sources, values: torch.Tensor, scales: torch.Tensor, columns) -> bool:
+def run_many_if_supported(
+    sources, values: torch.Tensor, scales: torch.Tensor, columns, arch: str | None = None
+) -> bool:
     """:func:`run_many` with the default tiles where :func:`supported_many` holds; False
     (nothing launched) where it does not."""
     strides = _row_strides_if_served(sources, values, columns)
     if strides is None:
         return False
-    config = config_for(sources[0], slices=len(sources))
+    config = config_for(sources[0], slices=len(sources), arch=arch or _device_arch(sources[0]))
     _launch_many(config, sources, values, scales, columns, strides)
     return True
 

@@ -130,7 +130,7 @@ def main(device: str | None = None) -> int:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg = DemoConfig.for_device(dev)
     model, hidden = make_drafter(cfg, dev)
-    backend = "CuTe DSL kernels where supported" if dev.type == "cuda" else "CPU reference"
+    backend = "GPU kernels where supported" if dev.type == "cuda" else "CPU reference"
     print(
         f"mxfp8_fusion demo on {dev} ({backend}): {cfg.slices} slices of "
         f"[{cfg.tokens}, {cfg.hidden}] {str(cfg.dtype).removeprefix('torch.')} "

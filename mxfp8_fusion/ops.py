@@ -83,8 +83,8 @@ def _fallback_warning(what: str, device: torch.device) -> None:
     if device.type == "cuda" and what not in _warned:
         _warned.add(what)
         warnings.warn(
-            f"mxfp8_fusion: no CuTe DSL {what} kernel for this device or shape "
-            f"({kernels.unavailable_reason(device)}); using the plain-torch reference",
+            f"mxfp8_fusion: no {what} kernel for this device or shape "
+            f"({kernels.unavailable_reason(device, what)}); using the plain-torch reference",
             stacklevel=3,
         )
 

@@ -1,14 +1,16 @@
 """The CuTe DSL slice quantizer: compiles without a GPU, and is bitwise the reference on one.
 
-CPU tests compile the kernel for sm_90a (``CUTE_DSL_ARCH``) and check the cheap ``supported``
-predicate. GPU tests (marked ``gpu``) compare every byte of the destination buffers against
+CPU tests compile the kernel for every target in ``ARCHS`` (sm_90a and the Blackwell builds)
+and check the cheap ``supported`` predicate. GPU tests (marked ``gpu``) compare every byte of the destination buffers against
 ``reference.quantize_slice_`` after poisoning them, so a write outside the slice fails too.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -25,11 +27,13 @@ requires_cutlass = pytest.mark.skipif(
 def _has_kernel_gpu() -> bool:
     if not torch.cuda.is_available() or importlib.util.find_spec("cutlass") is None:
         return False
-    return torch.cuda.get_device_capability() >= (9, 0)
+    from mxfp8_fusion.kernels.quantize_slice import arch_for
+
+    return arch_for(torch.cuda.get_device_capability()) is not None
 
 
 requires_sm90 = pytest.mark.skipif(
-    not _has_kernel_gpu(), reason="needs an sm_90+ GPU and nvidia-cutlass-dsl"
+    not _has_kernel_gpu(), reason="needs a GPU the quantizer is built for and nvidia-cutlass-dsl"
 )
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -64,6 +68,73 @@ def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
     assert kernel.config_for(a) == kernel.config_for(b)
     first = kernel._compiled(kernel.config_for(a))
     assert kernel._compiled(kernel.config_for(b)) is first
+    # the target is a compile-time fact: another arch is another compile
+    blackwell = kernel.config_for(a, arch="sm_120a")
+    assert blackwell != kernel.config_for(a) and blackwell.arch == "sm_120a"
+    assert kernel._compiled(blackwell) is not first
+
+
+def test_build_target_per_capability():
+    from mxfp8_fusion.kernels import quantize_slice as kernel
+
+    assert kernel.arch_for((9, 0)) == "sm_90a"
+    assert kernel.arch_for((10, 0)) == "sm_100a" and kernel.arch_for((10, 3)) == "sm_103a"
+    assert kernel.arch_for((12, 0)) == "sm_120a" and kernel.arch_for((12, 1)) == "sm_121a"
+    for unbuilt in [(8, 9), (9, 4), (11, 0), (13, 0)]:
+        assert kernel.arch_for(unbuilt) is None
+    with pytest.raises(ValueError, match="arch must be one of"):
+        kernel._check_config(kernel._Config(fp16=False, width=128, arch="sm_89"))
+
+
+# Instructions that exist only on Hopper (or need its machinery: TMA, transaction barriers,
+# clusters, register reallocation) or only on some Blackwell parts: none may appear in the
+# quantizer, or a build for another arch would not assemble or would not run.
+_ARCH_SPECIFIC_PTX = ("wgmma", "cp.async.bulk", "mbarrier", "setmaxnreg", "cluster", "tcgen05")
+
+
+@requires_cutlass
+def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
+    """CI proof for every target in ARCHS (sm_90a and the Blackwell builds): the one- and
+    the many-slice kernels compile on this CPU-only machine, for that target, with PDL
+    (griddepcontrol) and no Hopper- or Blackwell-specific instruction."""
+    code = textwrap.dedent(
+        """
+        import json
+        from mxfp8_fusion.kernels import quantize_slice as kernel
+        found = {}
+        for arch in kernel.ARCHS.values():
+            for config in (
+                kernel._Config(fp16=False, width=7168, arch=arch),
+                kernel._Config(fp16=True, width=1024, slices=6, arch=arch),
+            ):
+                ptx = kernel.compile_kernel(config).__ptx__
+                lines = [line.split() for line in ptx.splitlines() if line.strip()]
+                # an instruction's opcode, after its guard predicate ("@%p1 bra ...") if any
+                ops = [words[1] if words[0][0] == "@" else words[0] for words in lines]
+                found.setdefault(arch, []).append({
+                    "target": [" ".join(words) for words in lines if words[0] == ".target"],
+                    "opcodes": sorted({op.rstrip(";") for op in ops if op[0].isalpha()}),
+                })
+        print(json.dumps(found))
+        """
+    )
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx")  # keeps the PTX text (files land in tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    from mxfp8_fusion.kernels.quantize_slice import ARCHS
+
+    assert sorted(found) == sorted(ARCHS.values())
+    for arch, builds in found.items():
+        for build in builds:
+            assert build["target"] == [f".target {arch}"]
+            opcodes = build["opcodes"]
+            assert "griddepcontrol.wait" in opcodes and "cvt.rn.satfinite.e4m3x2.f32" in opcodes
+            specific = [op for op in opcodes if any(word in op for word in _ARCH_SPECIFIC_PTX)]
+            assert specific == [], f"{arch}: {specific}"
 
 
 # Compile-time variants: both tile shapes in one kernel, the few-token tile off or 32 rows
