@@ -14,7 +14,8 @@ class SiteReport:
         cat: the FX node name of the concatenation.
         widths: the slices' widths (``None`` where symbolic).
         dtype: the concatenation's dtype, as a string.
-        consumers: how many MXFP8 GEMMs read the concatenation.
+        consumers: how many MXFP8 GEMMs read the concatenation (``None`` when the site could
+            not be analyzed).
         rewritten: whether the site was rewritten.
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
@@ -24,7 +25,7 @@ class SiteReport:
     cat: str
     widths: tuple[int | None, ...]
     dtype: str
-    consumers: int
+    consumers: int | None
     rewritten: bool
     reason: str | None = None
     source: str | None = None
@@ -45,10 +46,13 @@ class SiteReport:
 
     def __str__(self) -> str:
         widths = ", ".join("?" if w is None else str(w) for w in self.widths)
-        what = (
-            f"graph {self.graph}, {self.cat}: cat of {len(self.widths)} {self.dtype} slices "
-            f"[{widths}] -> {self.consumers} MXFP8 GEMM(s): "
+        shape = (
+            f"cat of {len(self.widths)} {self.dtype} slices [{widths}]"
+            if self.widths
+            else "cat (not analyzed)"
         )
+        gemms = "?" if self.consumers is None else self.consumers
+        what = f"graph {self.graph}, {self.cat}: {shape} -> {gemms} MXFP8 GEMM(s): "
         what += (
             "rewritten (staged quantization)" if self.rewritten else f"not rewritten: {self.reason}"
         )

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -104,6 +106,102 @@ def test_backend_keeps_user_post_pass_given_in_options():
     user = Recorder()
     code = run_backend(CatLinear(256), inputs(), options={"post_grad_custom_post_pass": user})
     assert user.calls == 1 and "quantize_slices_" in code
+
+
+BAD_OPTIONS = [
+    pytest.param(
+        {"enabled": "false"},
+        TypeError,
+        "enabled must be True or False, got 'false' (str)",
+        id="enabled-str",
+    ),
+    pytest.param(
+        {"enabled": 0}, TypeError, "enabled must be True or False, got 0 (int)", id="enabled-int"
+    ),
+    pytest.param(
+        {"enabled": None},
+        TypeError,
+        "enabled must be True or False, got None (NoneType)",
+        id="enabled-none",
+    ),
+    pytest.param(
+        {"max_slices": "8"},
+        TypeError,
+        "max_slices must be None or an int >= 1, got '8' (str)",
+        id="max-str",
+    ),
+    pytest.param(
+        {"max_slices": 1.5},
+        TypeError,
+        "max_slices must be None or an int >= 1, got 1.5 (float)",
+        id="max-float",
+    ),
+    pytest.param(
+        {"max_slices": True},
+        TypeError,
+        "max_slices must be None or an int >= 1, got True (bool)",
+        id="max-bool",
+    ),
+    pytest.param(
+        {"max_slices": -1},
+        ValueError,
+        "max_slices must be None or an int >= 1, got -1 (to leave every site unchanged, set enabled to False)",
+        id="max-negative",
+    ),
+    pytest.param(
+        {"max_slices": 0},
+        ValueError,
+        "max_slices must be None or an int >= 1, got 0 (to leave every site unchanged, set enabled to False)",
+        id="max-zero",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_pass_options_checked_when_built(fields, error, message):
+    with pytest.raises(error) as info:
+        FusionOptions(**fields)
+    assert str(info.value) == message
+    with pytest.raises(error, match=re.escape(message)):
+        FusionPass(**fields)
+    with pytest.raises(error, match=re.escape(message)):
+        install({}, **fields)
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"enabled": False}, {"max_slices": 1}, {"max_slices": None}]
+)
+def test_pass_options_accept_their_values(fields):
+    assert dataclasses.asdict(FusionOptions(**fields)) == {
+        **dataclasses.asdict(FusionOptions()),
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_backend_names_bad_pass_option_as_written(fields, error, message):
+    """Through ``torch.compile(options=...)`` the error names ``mxfp8_fusion.<field>``; Dynamo
+    wraps what a backend raises, with the original as ``inner_exception``."""
+    ((name, value),) = fields.items()
+    options = {f"mxfp8_fusion.{name}": value}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        with torch.no_grad():
+            compiled(*inputs())
+    assert isinstance(info.value.inner_exception, error)
+    assert str(info.value.inner_exception) == f"mxfp8_fusion.{message}"
+
+
+def test_backend_rejects_unknown_pass_option():
+    options = {"mxfp8_fusion.max_slice": 2}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(*inputs())
+    assert isinstance(info.value.inner_exception, TypeError)
+    assert str(info.value.inner_exception) == (
+        "options: unknown pass option 'mxfp8_fusion.max_slice'; the pass options are "
+        "mxfp8_fusion.enabled, mxfp8_fusion.max_slices"
+    )
 
 
 # --- install / compose / uuid ---------------------------------------------------------------
