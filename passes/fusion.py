@@ -164,12 +164,16 @@ class FusionPass(CustomGraphPass):
         self.reports: list[SiteReport] = []
         self.graphs = 0
         """Graphs the pass has run on."""
+        self.contents: list[tuple[int, int]] = []
+        """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes (for the
+        hints of a report without candidate sites)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs += 1
         # Sites are analyzed one at a time, after the previous rewrite: a later cat may read
         # the output of an earlier site's GEMM, which the rewrite replaced.
         cats = [n for n in graph.nodes if pattern.is_cat(n)]
+        self.contents.append((len(cats), _mxfp8_nodes(graph)))
         for cat in cats:
             report = self._site(graph, cat)
             if report is None:
@@ -230,6 +234,15 @@ class FusionPass(CustomGraphPass):
 
     def __repr__(self) -> str:
         return f"FusionPass({self.options})"
+
+
+def _mxfp8_nodes(graph: fx.Graph) -> int:
+    """MXFP8 quantize and one-shot linear nodes in ``graph`` (what a cat site would feed)."""
+    try:
+        targets = pattern._mxfp8_ops()[:2]
+        return sum(1 for n in graph.nodes if n.op == "call_function" and n.target in targets)
+    except Exception:  # only a hint for the report: never worth failing the pass over
+        return 0
 
 
 GraphPass = Callable[[fx.Graph], None]

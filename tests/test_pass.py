@@ -295,6 +295,7 @@ def test_non_qualifying_site_left_exactly_unchanged(make_model, make_inputs, rea
     (report,) = cap.fusion.reports
     assert not report.rewritten
     assert reason in report.reason
+    assert report.consumers == 1  # counted although the decision stopped early
 
 
 def test_max_slices_option_leaves_site_unchanged():
