@@ -14,13 +14,26 @@ from pathlib import Path
 _BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "end_to_end.py"
 
 
+def _device(text: str):
+    """``--device``: checked before the demo starts, so a bad one is a usage error."""
+    from .demo import resolve_device
+
+    try:
+        return resolve_device(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; a bad argument exits with status 2 and one line."""
     parser = argparse.ArgumentParser(prog="python -m mxfp8_fusion")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="stage a drafter-like projection and compare it with the concatenated one"
     )
-    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    demo.add_argument(
+        "--device", type=_device, default=None, help="cuda or cpu (default: cuda when present)"
+    )
     commands.add_parser(
         "bench", help="end-to-end benchmark (CUDA); arguments go to benchmarks/end_to_end.py"
     )

@@ -126,8 +126,48 @@ def compile_drafter(model: Drafter, hidden: list[Tensor]) -> tuple[object, int, 
     )
 
 
-def main(device: str | None = None) -> int:
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The demo's device: ``cpu``, ``cuda`` or ``cuda:N``; ``None`` is CUDA when present.
+
+    Raises:
+        TypeError: ``device`` is not a str, a ``torch.device`` or ``None``.
+        ValueError: not a device name, a device type the demo does not run on, or a CUDA
+            device this machine does not have.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device {device!r} is not a device name: use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: the demo runs on cpu or cuda, not {dev.type}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r}: no CUDA device here (this torch has no CUDA, or no GPU "
+                "is visible); use cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: there are {torch.cuda.device_count()} CUDA device(s) here"
+            )
+    return dev
+
+
+def main(device: str | torch.device | None = None) -> int:
+    """Run the demo on ``device`` (see :func:`resolve_device`) and print what it finds.
+
+    Returns:
+        0 when the staged and compiled outputs are bitwise equal to the concatenated one and
+        the compiled site was rewritten, else 1.
+
+    Raises:
+        TypeError, ValueError: a bad ``device``, as :func:`resolve_device` says.
+    """
+    dev = resolve_device(device)
     cfg = DemoConfig.for_device(dev)
     model, hidden = make_drafter(cfg, dev)
     backend = "GPU kernels where supported" if dev.type == "cuda" else "CPU reference"

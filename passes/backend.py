@@ -14,15 +14,14 @@ instead, for example ``options={"mxfp8_fusion.max_slices": 8}``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
-from .fusion import FusionOptions, FusionPass, install
-
-_PREFIX = "mxfp8_fusion."
+from .fusion import PREFIX, FusionOptions, FusionPass, install
 
 
 def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -42,27 +41,37 @@ def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[s
         if name not in known:
             raise RuntimeError(
                 f"Unexpected optimization option {key} for backend mxfp8_fusion; known options "
-                f"are Inductor's config keys and {_PREFIX}<FusionOptions field>"
+                f"are Inductor's config keys and {PREFIX}<FusionOptions field>"
             )
         patches[name] = value
     return patches
 
 
 def split_options(
-    options: dict[str, Any] | None,
+    options: Mapping[str, Any] | None, bare_fields: bool = False
 ) -> tuple[dict[str, Any], FusionOptions]:
     """Split ``options`` into Inductor options and :class:`FusionOptions`.
 
+    Keys starting with ``"mxfp8_fusion."`` are pass options; with ``bare_fields``, so are keys
+    that name a :class:`FusionOptions` field without the prefix (``"max_slices"``).
+
     Raises:
-        TypeError: on an unknown ``mxfp8_fusion.`` key.
+        TypeError: ``options`` is not a dict; an unknown ``mxfp8_fusion.`` key; a pass option
+            of the wrong type (each named as its key spells it).
+        ValueError: a pass option out of range.
     """
+    if options is None:
+        return {}, FusionOptions()
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    fields = {f.name for f in dataclasses.fields(FusionOptions)}
     inductor, fusion = {}, {}
-    for key, value in (options or {}).items():
-        if key.startswith(_PREFIX):
-            fusion[key.removeprefix(_PREFIX)] = value
-        else:
-            inductor[key] = value
-    return inductor, FusionOptions(**fusion)
+    for key, value in options.items():
+        is_pass = isinstance(key, str) and (
+            key.startswith(PREFIX) or (bare_fields and key in fields)
+        )
+        (fusion if is_pass else inductor)[key] = value
+    return inductor, FusionOptions.from_mapping(fusion)
 
 
 def mxfp8_fusion_backend(
@@ -87,7 +96,9 @@ def mxfp8_fusion_backend(
     ``options``) runs first and is kept; the composed pass's uuid covers both.
 
     Raises:
-        TypeError, RuntimeError: on unknown arguments, modes or options.
+        TypeError, ValueError: on unknown arguments or bad pass options (Dynamo reports them
+            as ``BackendCompilerFailed``, the original error its ``inner_exception``).
+        RuntimeError: on unknown modes or Inductor options, as Inductor raises.
     """
     if kwargs:
         raise TypeError(f"mxfp8_fusion backend: unexpected arguments {sorted(kwargs)}")

@@ -8,11 +8,13 @@ pass does not run at all).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import numbers
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,17 +35,104 @@ _SOURCES = (
 )
 
 
+PREFIX = "mxfp8_fusion."
+"""How pass options are spelled among Inductor's in ``torch.compile(options=...)``."""
+
+
+def _check_enabled(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        # a string such as "false" would be truthy: only a real bool says what is meant
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _check_max_slices(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} must be None or an int >= 1, got {value!r} ({type(value).__name__})"
+        )
+    if value < 1:
+        raise ValueError(
+            f"{name} must be None or an int >= 1, got {value} (to leave every site unchanged, "
+            "set enabled to False)"
+        )
+    return int(value)  # a plain int: numpy's repr would change the uuid
+
+
+_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "enabled": _check_enabled,
+    "max_slices": _check_max_slices,
+}
+
+
 @dataclass(frozen=True)
 class FusionOptions:
-    """What the pass rewrites.
+    """What the pass rewrites; checked when built.
 
     Attributes:
         enabled: rewrite qualifying sites; ``False`` only reports them (the graph is kept).
         max_slices: leave cats of more slices than this unchanged (``None``: no limit).
+
+    Raises:
+        TypeError: ``enabled`` is not a bool, or ``max_slices`` is not ``None`` or an int.
+        ValueError: ``max_slices`` is below 1.
     """
 
     enabled: bool = True
     max_slices: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, check in _CHECKS.items():
+            object.__setattr__(self, name, check(getattr(self, name), name))
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any], argument: str = "options") -> FusionOptions:
+        """Options from a dict whose keys are field names, with or without ``"mxfp8_fusion."``.
+
+        Errors name each option as its key spells it (``mxfp8_fusion.max_slices``).
+
+        Raises:
+            TypeError: ``options`` is not a mapping; a key is not a field, or names one twice;
+                a value of the wrong type.
+            ValueError: a value out of range.
+        """
+        if not isinstance(options, Mapping):
+            raise TypeError(f"{argument} must be a dict, got {type(options).__name__}")
+        values: dict[str, Any] = {}
+        spelled: dict[str, str] = {}
+        for key, value in options.items():
+            name = key.removeprefix(PREFIX) if isinstance(key, str) else None
+            if name not in _CHECKS:
+                known = ", ".join(PREFIX + field for field in _CHECKS)
+                raise TypeError(
+                    f"{argument}: unknown pass option {key!r}; the pass options are {known}"
+                )
+            if name in values:
+                raise TypeError(f"{argument}: {spelled[name]!r} and {key!r} set the same option")
+            values[name] = _CHECKS[name](value, key)
+            spelled[name] = key
+        return cls(**values)
+
+
+def as_options(options: Any, argument: str = "options") -> FusionOptions:
+    """``options`` as :class:`FusionOptions`: ``None`` (the defaults), a ``FusionOptions``, or
+    a dict for :meth:`FusionOptions.from_mapping`.
+
+    Raises:
+        TypeError: any other type, naming ``argument``; or what ``from_mapping`` raises.
+    """
+    if options is None:
+        return FusionOptions()
+    if isinstance(options, FusionOptions):
+        return options
+    if isinstance(options, Mapping):
+        return FusionOptions.from_mapping(options, argument)
+    raise TypeError(
+        f"{argument} must be a FusionOptions, a dict of pass options or None, "
+        f"got {type(options).__name__}"
+    )
 
 
 class FusionPass(CustomGraphPass):
@@ -54,39 +143,42 @@ class FusionPass(CustomGraphPass):
     (sites rewritten), ``skipped`` (candidate sites left unchanged) and ``graphs``, summed over
     every graph the instance has run on; ``reports`` lists each candidate site seen, with its
     outcome. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger.
+
+    The pass never fails a compile: an unexpected error while analyzing or rewriting a site
+    leaves that site exactly as it was, is logged as a warning and is reported as the reason.
+
+    Args:
+        options: :class:`FusionOptions`, or a dict of them (see :func:`as_options`).
+        **kwargs: :class:`FusionOptions` fields, instead of ``options``.
+
+    Raises:
+        TypeError, ValueError: on bad options (see :class:`FusionOptions`).
     """
 
-    def __init__(self, options: FusionOptions | None = None, **kwargs: Any):
+    def __init__(self, options: FusionOptions | Mapping[str, Any] | None = None, **kwargs: Any):
         if options is not None and kwargs:
             raise TypeError("FusionPass: pass either options or keyword options, not both")
-        self.options = options if options is not None else FusionOptions(**kwargs)
+        self.options = as_options(options) if options is not None else FusionOptions(**kwargs)
         self.matches = 0
         self.skipped = 0
         self.reports: list[SiteReport] = []
         self.graphs = 0
         """Graphs the pass has run on."""
+        self.contents: list[tuple[int, int]] = []
+        """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes (for the
+        hints of a report without candidate sites)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs += 1
         # Sites are analyzed one at a time, after the previous rewrite: a later cat may read
         # the output of an earlier site's GEMM, which the rewrite replaced.
         cats = [n for n in graph.nodes if pattern.is_cat(n)]
+        self.contents.append((len(cats), _mxfp8_nodes(graph)))
         for cat in cats:
-            site = pattern.analyze(cat, self.options.max_slices)
-            if site is None:
+            report = self._site(graph, cat)
+            if report is None:
                 continue
-            reason = site.reason
-            if reason is None and not self.options.enabled:
-                reason = "the pass is disabled (FusionOptions.enabled=False)"
-            report = SiteReport.from_site(site, self.graphs, reason)
-            if reason is None:
-                try:
-                    rewrite.rewrite(graph, site)
-                except Exception as error:  # never fail a user's compile over an optimization
-                    reason = f"internal error while rewriting ({type(error).__name__}: {error})"
-                    log.warning("mxfp8_fusion pass: %s left unchanged: %s", cat.name, reason)
-                    report = SiteReport.from_site(site, self.graphs, reason)
-            if reason is None:
+            if report.rewritten:
                 self.matches += 1
                 torch._dynamo.utils.counters["mxfp8_fusion"]["sites_rewritten"] += 1
             else:
@@ -97,12 +189,60 @@ class FusionPass(CustomGraphPass):
         if self.matches:
             graph.lint()
 
+    def _site(self, graph: fx.Graph, cat: fx.Node) -> SiteReport | None:
+        """Decide about ``cat`` and rewrite it when it qualifies; ``None``: not a candidate.
+
+        Analysis only reads the graph, and a rewrite either completes or removes what it
+        added (see :func:`rewrite.rewrite`), so on any error the site is as it was.
+        """
+        stage, site = "analyzing", None
+        try:
+            site = pattern.analyze(cat, self.options.max_slices)
+            if site is None:
+                return None
+            reason = site.reason
+            if reason is None and not self.options.enabled:
+                reason = "the pass is disabled (FusionOptions.enabled=False)"
+            report = SiteReport.from_site(site, self.graphs, reason)
+            if reason is None:
+                stage = "rewriting"
+                rewrite.rewrite(graph, site)
+            return report
+        except Exception as error:  # never fail a user's compile over an optimization
+            reason = f"internal error while {stage} ({type(error).__name__}: {error})"
+            log.warning("mxfp8_fusion pass: %s left unchanged: %s", cat.name, reason)
+            torch._dynamo.utils.counters["mxfp8_fusion"]["internal_errors"] += 1
+            return self._failure_report(cat, site, reason)
+
+    def _failure_report(self, cat: fx.Node, site: pattern.Site | None, reason: str) -> SiteReport:
+        if site is not None:
+            with contextlib.suppress(Exception):
+                return SiteReport.from_site(site, self.graphs, reason)
+        return SiteReport(
+            graph=self.graphs,
+            cat=cat.name,
+            widths=(),
+            dtype="unknown",
+            consumers=None,
+            rewritten=False,
+            reason=reason,
+        )
+
     def uuid(self) -> bytes:
         options = repr(sorted(dataclasses.asdict(self.options).items()))
         return get_hash_for_files(_SOURCES, options)
 
     def __repr__(self) -> str:
         return f"FusionPass({self.options})"
+
+
+def _mxfp8_nodes(graph: fx.Graph) -> int:
+    """MXFP8 quantize and one-shot linear nodes in ``graph`` (what a cat site would feed)."""
+    try:
+        targets = pattern._mxfp8_ops()[:2]
+        return sum(1 for n in graph.nodes if n.op == "call_function" and n.target in targets)
+    except Exception:  # only a hint for the report: never worth failing the pass over
+        return 0
 
 
 GraphPass = Callable[[fx.Graph], None]

@@ -48,6 +48,7 @@ class Site:
     linears: list[fx.Node] = field(default_factory=list)
     views: list[fx.Node] = field(default_factory=list)
     gemms: int = 0
+    """MXFP8 GEMMs that read the concatenation, counted whether or not the site qualifies."""
     reason: str | None = None
     """``None`` when the site qualifies, else why it was left unchanged."""
 
@@ -132,7 +133,6 @@ def _gemm_readers(item: fx.Node, index: int) -> str | None:
 
 def _quantized_readers(site: Site) -> str | None:
     """The values and scales of each quantize must be read only by ``mxfp8.mm``."""
-    _, _, mm = _mxfp8_ops()
     for q in site.quantizes:
         for item in q.users:
             if not (_is_call(item, operator.getitem) and item.args[1] in (0, 1)):
@@ -140,18 +140,40 @@ def _quantized_readers(site: Site) -> str | None:
             reason = _gemm_readers(item, item.args[1])
             if reason is not None:
                 return reason
-            if item.args[1] == 0:
-                site.gemms += sum(1 for n in _descendants(item) if _is_call(n, mm))
     return None
 
 
-def _descendants(node: fx.Node) -> list[fx.Node]:
+def _through(node: fx.Node, ops) -> list[fx.Node]:
+    """``node`` and every node reached from it through ``ops`` applied to it."""
     out, stack = [], [node]
     while stack:
-        for user in stack.pop().users:
-            out.append(user)
-            stack.append(user)
+        node = stack.pop()
+        out.append(node)
+        stack += [u for u in node.users if u.op == "call_function" and u.target in ops]
     return out
+
+
+def _count_gemms(cat: fx.Node) -> int:
+    """One-shot linears of the cat and ``mxfp8.mm`` reads of values quantized from it.
+
+    Counted apart from the decision (which stops at the first reason to skip), so that a site
+    left unchanged reports the GEMMs it feeds too.
+    """
+    quantize, linear, mm = _mxfp8_ops()
+    gemms: set[fx.Node] = set()
+    for node in _through(cat, VIEW_OPS):
+        for user in node.users:
+            if _is_call(user, linear) and user.args[0] is node:
+                gemms.add(user)
+            if not (_is_call(user, quantize) and user.args[0] is node):
+                continue
+            for item in user.users:
+                if _is_call(item, operator.getitem) and item.args[1] == 0:
+                    for values in _through(item, _PASS_THROUGH):
+                        gemms.update(
+                            r for r in values.users if _is_call(r, mm) and r.args[0] is values
+                        )
+    return len(gemms)
 
 
 def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
@@ -200,6 +222,7 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     reason = _consumers(cat, val.shape[-1] if val is not None and val.dim() else -1, site)
     if not (site.quantizes or site.linears or _reaches(cat, (quantize, linear))):
         return None
+    site.gemms = _count_gemms(cat)
     if reason is None:
         if val is None:
             reason = "the concatenation has no tensor metadata"

@@ -14,7 +14,8 @@ class SiteReport:
         cat: the FX node name of the concatenation.
         widths: the slices' widths (``None`` where symbolic).
         dtype: the concatenation's dtype, as a string.
-        consumers: how many MXFP8 GEMMs read the concatenation.
+        consumers: how many MXFP8 GEMMs read the concatenation (``None`` when the site could
+            not be analyzed).
         rewritten: whether the site was rewritten.
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
@@ -24,7 +25,7 @@ class SiteReport:
     cat: str
     widths: tuple[int | None, ...]
     dtype: str
-    consumers: int
+    consumers: int | None
     rewritten: bool
     reason: str | None = None
     source: str | None = None
@@ -37,7 +38,7 @@ class SiteReport:
             cat=site.cat.name,
             widths=tuple(site.widths),
             dtype=str(site.dtype).removeprefix("torch."),
-            consumers=site.gemms + len(site.linears),
+            consumers=site.gemms,
             rewritten=reason is None,
             reason=reason,
             source=source,
@@ -45,10 +46,13 @@ class SiteReport:
 
     def __str__(self) -> str:
         widths = ", ".join("?" if w is None else str(w) for w in self.widths)
-        what = (
-            f"graph {self.graph}, {self.cat}: cat of {len(self.widths)} {self.dtype} slices "
-            f"[{widths}] -> {self.consumers} MXFP8 GEMM(s): "
+        shape = (
+            f"cat of {len(self.widths)} {self.dtype} slices [{widths}]"
+            if self.widths
+            else "cat (not analyzed)"
         )
+        gemms = "?" if self.consumers is None else self.consumers
+        what = f"graph {self.graph}, {self.cat}: {shape} -> {gemms} MXFP8 GEMM(s): "
         what += (
             "rewritten (staged quantization)" if self.rewritten else f"not rewritten: {self.reason}"
         )
@@ -59,10 +63,18 @@ class SiteReport:
 
 @dataclass
 class FusionReport:
-    """Every candidate site of one compiled model; ``str()`` gives a readable summary."""
+    """Every candidate site of one compiled model; ``str()`` gives a readable summary.
+
+    Attributes:
+        sites: one report per candidate site, in the order the pass saw them.
+        graphs: how many graphs the pass ran on.
+        contents: per graph, its ``torch.cat`` nodes and its MXFP8 quantize/linear nodes;
+            they say why, when no site was found.
+    """
 
     sites: list[SiteReport] = field(default_factory=list)
     graphs: int = 0
+    contents: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def rewritten(self) -> list[SiteReport]:
@@ -79,10 +91,44 @@ class FusionReport:
         )
         if not self.sites:
             head += (
-                "\n  (no torch.cat reaches an MXFP8 quantize or linear; the compiled program "
-                "is unchanged)"
+                "\n  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is "
+                "unchanged. Likely why:"
             )
+            return "\n".join([head, *(f"  - {hint}" for hint in self.hints())])
         return "\n".join([head, *(f"  - {s}" for s in self.sites)])
+
+    def hints(self) -> list[str]:
+        """Why no candidate site was found, read from what the compiled graphs hold."""
+        if not self.graphs:
+            return [
+                "no graph was compiled: Dynamo found no tensor operations to compile, or "
+                "skipped the function"
+            ]
+        hints = []
+        if not any(mxfp8 for _, mxfp8 in self.contents):
+            hints.append(
+                "no MXFP8 linear in the compiled graph(s): convert the model first with "
+                "mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass "
+                "leaves alone)"
+            )
+        if not any(cats for cats, _ in self.contents):
+            hints.append(
+                "no torch.cat in the compiled graph(s): the pass rewrites torch.cat(slices, "
+                "dim=-1) feeding an MXFP8 linear"
+            )
+        if hints:
+            return hints
+        if not any(cats and mxfp8 for cats, mxfp8 in self.contents):
+            return [
+                f"the torch.cat and the MXFP8 linear are in different graphs ({self.graphs} "
+                "compiled): a graph break between them; find it with "
+                "torch._dynamo.explain(model)(*inputs), or compile with fullgraph=True"
+            ]
+        return [
+            "a torch.cat and an MXFP8 linear are in one graph, but the cat does not feed the "
+            "linear directly: an op other than a reshape between them (a dtype cast, "
+            "arithmetic, a transpose) hides the site"
+        ]
 
 
 def _user_line(trace: str) -> str | None:

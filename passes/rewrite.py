@@ -96,8 +96,13 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
     """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true).
 
     All new nodes are built (and their fake values computed) before anything is replaced;
-    if that fails, they are removed again and the graph is exactly as it was.
+    if that fails, they are removed again and the graph is exactly as it was. Replacing then
+    only rewires uses and erases nodes that :func:`_check_replaceable` showed to be free.
+
+    Raises:
+        RuntimeError: when ``site`` cannot be replaced as analyzed (the graph is unchanged).
     """
+    _check_replaceable(site)
     mx = torch.ops.mxfp8
     cat_val = site.cat.meta["val"]
     k = cat_val.shape[-1]
@@ -141,6 +146,25 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
     for view in reversed(_in_graph_order(graph, site.views)):
         graph.erase_node(view)
     graph.erase_node(site.cat)
+
+
+def _check_replaceable(site: Site) -> None:
+    """Every node the rewrite erases must be read only by nodes it erases or replaces.
+
+    The analysis already ensures this; checking it again before the first change means an
+    analysis bug fails here, with the graph untouched, and not halfway through replacing.
+    """
+    replaced = set(site.linears)
+    for quantize in site.quantizes:
+        for item in quantize.users:
+            if not (item.target is operator.getitem and item.args[1] in (0, 1)):
+                raise RuntimeError(f"{quantize.name} is read whole by {item.name}")
+            replaced.add(item)
+    erased = {site.cat, *site.views, *site.quantizes}
+    for node in erased:
+        for user in node.users:
+            if user not in erased and user not in replaced:
+                raise RuntimeError(f"{node.name} is also read by {user.name}")
 
 
 def _in_graph_order(graph: fx.Graph, nodes: list[fx.Node]) -> list[fx.Node]:

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from expecttest import assert_expected_inline
 from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
 from test_pass_support import NO_CACHE, CatLinear, assert_bitwise, randn
 from torch._dynamo.utils import counters
@@ -106,6 +109,102 @@ def test_backend_keeps_user_post_pass_given_in_options():
     assert user.calls == 1 and "quantize_slices_" in code
 
 
+BAD_OPTIONS = [
+    pytest.param(
+        {"enabled": "false"},
+        TypeError,
+        "enabled must be True or False, got 'false' (str)",
+        id="enabled-str",
+    ),
+    pytest.param(
+        {"enabled": 0}, TypeError, "enabled must be True or False, got 0 (int)", id="enabled-int"
+    ),
+    pytest.param(
+        {"enabled": None},
+        TypeError,
+        "enabled must be True or False, got None (NoneType)",
+        id="enabled-none",
+    ),
+    pytest.param(
+        {"max_slices": "8"},
+        TypeError,
+        "max_slices must be None or an int >= 1, got '8' (str)",
+        id="max-str",
+    ),
+    pytest.param(
+        {"max_slices": 1.5},
+        TypeError,
+        "max_slices must be None or an int >= 1, got 1.5 (float)",
+        id="max-float",
+    ),
+    pytest.param(
+        {"max_slices": True},
+        TypeError,
+        "max_slices must be None or an int >= 1, got True (bool)",
+        id="max-bool",
+    ),
+    pytest.param(
+        {"max_slices": -1},
+        ValueError,
+        "max_slices must be None or an int >= 1, got -1 (to leave every site unchanged, set enabled to False)",
+        id="max-negative",
+    ),
+    pytest.param(
+        {"max_slices": 0},
+        ValueError,
+        "max_slices must be None or an int >= 1, got 0 (to leave every site unchanged, set enabled to False)",
+        id="max-zero",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_pass_options_checked_when_built(fields, error, message):
+    with pytest.raises(error) as info:
+        FusionOptions(**fields)
+    assert str(info.value) == message
+    with pytest.raises(error, match=re.escape(message)):
+        FusionPass(**fields)
+    with pytest.raises(error, match=re.escape(message)):
+        install({}, **fields)
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"enabled": False}, {"max_slices": 1}, {"max_slices": None}]
+)
+def test_pass_options_accept_their_values(fields):
+    assert dataclasses.asdict(FusionOptions(**fields)) == {
+        **dataclasses.asdict(FusionOptions()),
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_backend_names_bad_pass_option_as_written(fields, error, message):
+    """Through ``torch.compile(options=...)`` the error names ``mxfp8_fusion.<field>``; Dynamo
+    wraps what a backend raises, with the original as ``inner_exception``."""
+    ((name, value),) = fields.items()
+    options = {f"mxfp8_fusion.{name}": value}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        with torch.no_grad():
+            compiled(*inputs())
+    assert isinstance(info.value.inner_exception, error)
+    assert str(info.value.inner_exception) == f"mxfp8_fusion.{message}"
+
+
+def test_backend_rejects_unknown_pass_option():
+    options = {"mxfp8_fusion.max_slice": 2}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(*inputs())
+    assert isinstance(info.value.inner_exception, TypeError)
+    assert str(info.value.inner_exception) == (
+        "options: unknown pass option 'mxfp8_fusion.max_slice'; the pass options are "
+        "mxfp8_fusion.enabled, mxfp8_fusion.max_slices"
+    )
+
+
 # --- install / compose / uuid ---------------------------------------------------------------
 
 
@@ -185,6 +284,149 @@ def test_explain_lists_every_site_with_reasons(caplog):
 def test_explain_without_candidates():
     report = mf.explain(torch.nn.Linear(8, 8), torch.randn(2, 8))
     assert report.sites == [] and "0 candidate site(s)" in str(report)
+    assert "convert the model first with mxfp8_fusion.convert(model)" in str(report)
+    assert "no torch.cat in the compiled graph(s)" in str(report)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_slices": 1},
+        {"mxfp8_fusion.max_slices": 1},
+        {"mxfp8_fusion.max_slices": 1, "epilogue_fusion": False},
+        FusionOptions(max_slices=1),
+    ],
+    ids=["bare-key", "prefixed-key", "with-inductor-option", "FusionOptions"],
+)
+def test_explain_accepts_options_as_dict_or_fusion_options(options):
+    report = mf.explain(CatLinear(256), *inputs(), options=options)
+    (site,) = report.sites
+    assert site.reason == "2 slices exceed the pass option max_slices=1"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (2, TypeError, "options must be a FusionOptions, a dict or None, got int"),
+        ({"max_slices": "8"}, TypeError, "max_slices must be None or an int >= 1, got '8' (str)"),
+        (
+            {"mxfp8_fusion.enabled": "false"},
+            TypeError,
+            "mxfp8_fusion.enabled must be True or False, got 'false' (str)",
+        ),
+        (
+            {"max_slices": 2, "mxfp8_fusion.max_slices": 3},
+            TypeError,
+            "options: 'max_slices' and 'mxfp8_fusion.max_slices' set the same option",
+        ),
+        (
+            {"no_such": 1},
+            ValueError,
+            "explain: Unexpected optimization option no_such for backend mxfp8_fusion; known "
+            "options are Inductor's config keys and mxfp8_fusion.<FusionOptions field>",
+        ),
+    ],
+    ids=["int", "bad-value", "bad-value-prefixed", "twice", "unknown-key"],
+)
+def test_explain_rejects_bad_options_before_compiling(options, error, message):
+    def model(*xs):
+        raise AssertionError("not called")
+
+    with pytest.raises(error) as info:
+        mf.explain(model, *inputs(), options=options)
+    assert str(info.value) == message
+
+
+def test_explain_takes_compile_keywords_and_model_kwargs_apart():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = CatLinear(256)
+
+        def forward(self, a, b, *, scale=1.0):
+            return self.inner(a, b) * scale
+
+    report = mf.explain(
+        Scaled(),
+        *inputs(),
+        mode="max-autotune-no-cudagraphs",
+        fullgraph=True,
+        kwargs={"scale": 2.0},
+    )
+    assert [s.rewritten for s in report.sites] == [True]
+    with pytest.raises(TypeError) as info:
+        mf.explain(Scaled(), *inputs(), scale=2.0)
+    assert str(info.value) == (
+        "explain: unexpected keyword argument(s) scale; pass the model's keyword arguments as "
+        "kwargs={...} (explain's own keywords are options, mode, dynamic, fullgraph and kwargs)"
+    )
+    with pytest.raises(ValueError, match="Unrecognized mode=fastest"):
+        mf.explain(Scaled(), *inputs(), mode="fastest")
+
+
+def test_explain_counts_the_gemm_of_a_site_left_unchanged():
+    class ReturnsCat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = CatLinear(256)
+
+        def forward(self, a, b):
+            x = torch.cat([a, b], -1)
+            return self.inner.fc(x), x
+
+    (site,) = mf.explain(ReturnsCat(), *inputs()).sites
+    assert site.consumers == 1
+    assert str(site).splitlines()[0] == (
+        "graph 1, cat: cat of 2 bfloat16 slices [128, 128] -> 1 MXFP8 GEMM(s): not rewritten: "
+        "the concatenation is also used by the graph output (it is returned)"
+    )
+
+
+class PlainCatLinear(torch.nn.Module):
+    """The drafter's projection left as a BF16 nn.Linear (not converted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 64, dtype=torch.bfloat16)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+class BreakBetween(CatLinear):
+    def forward(self, *slices):
+        x = torch.cat(slices, -1)
+        torch._dynamo.graph_break()
+        return self.fc(x)
+
+
+class ScaledCat(CatLinear):
+    def forward(self, *slices):
+        return self.fc(torch.cat(slices, -1) * 2)
+
+
+def test_explain_without_candidates_says_why():
+    assert_expected_inline(
+        str(mf.explain(PlainCatLinear(), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - no MXFP8 linear in the compiled graph(s): convert the model first with mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass leaves alone)""",
+    )
+    assert_expected_inline(
+        str(mf.explain(BreakBetween(256), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 2 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - the torch.cat and the MXFP8 linear are in different graphs (2 compiled): a graph break between them; find it with torch._dynamo.explain(model)(*inputs), or compile with fullgraph=True""",
+    )
+    assert_expected_inline(
+        str(mf.explain(ScaledCat(256), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - a torch.cat and an MXFP8 linear are in one graph, but the cat does not feed the linear directly: an op other than a reshape between them (a dtype cast, arithmetic, a transpose) hides the site""",
+    )
 
 
 # --- fresh processes ------------------------------------------------------------------------

@@ -3,6 +3,7 @@ outputs bitwise equal to the concatenated eager path."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -294,6 +295,7 @@ def test_non_qualifying_site_left_exactly_unchanged(make_model, make_inputs, rea
     (report,) = cap.fusion.reports
     assert not report.rewritten
     assert reason in report.reason
+    assert report.consumers == 1  # counted although the decision stopped early
 
 
 def test_max_slices_option_leaves_site_unchanged():
@@ -377,3 +379,66 @@ def test_failed_rewrite_leaves_graph_unchanged(monkeypatch):
     cap = compile_and_check(CatLinear(256), randn(8, 128), randn(8, 128, seed=1))
     assert cap.unchanged and cap.fusion.matches == 0
     assert "internal error while rewriting (RuntimeError: boom)" in cap.fusion.reports[0].reason
+
+
+def test_failed_analysis_leaves_graph_unchanged(monkeypatch, caplog):
+    from mxfp8_fusion.passes import pattern
+
+    def broken_consumers(cat, k, site):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pattern, "_consumers", broken_consumers)
+    with caplog.at_level(logging.WARNING, logger="mxfp8_fusion"):
+        cap = compile_and_check(CatLinear(256), randn(8, 128), randn(8, 128, seed=1))
+    assert cap.unchanged and cap.fusion.matches == 0 and cap.fusion.skipped == 1
+    assert_expected_inline(
+        str(cap.fusion.reports[0]),
+        """graph 1, cat: cat (not analyzed) -> ? MXFP8 GEMM(s): not rewritten: internal error while analyzing (RuntimeError: boom)""",
+    )
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.getMessage() == (
+        "mxfp8_fusion pass: cat left unchanged: internal error while analyzing (RuntimeError: boom)"
+    )
+
+
+def test_failed_analysis_of_one_site_leaves_the_other_rewritten(monkeypatch):
+    from mxfp8_fusion.passes import pattern
+
+    real = pattern._slice_reason
+
+    def broken_for_three_slices(site, val, dim):
+        if len(site.slices) == 3:
+            raise ValueError("boom")
+        return real(site, val, dim)
+
+    monkeypatch.setattr(pattern, "_slice_reason", broken_for_three_slices)
+    x, y, z = randn(8, 128), randn(8, 256, seed=1), randn(8, 128, seed=2)
+    cap = compile_and_check(TwoSites(384, 512), x, y, z)
+    assert cap.fusion.matches == 1 and cap.fusion.skipped == 1
+    first, second = cap.fusion.reports
+    assert first.rewritten
+    assert second.reason == "internal error while analyzing (ValueError: boom)"
+    counts = cap.counts_after
+    assert counts["aten.cat"] == 1 and counts["mxfp8.linear"] == 1
+    assert counts["mxfp8.quantize_slices_"] == 1 and counts["mxfp8.mm"] == 1
+
+
+def test_rewrite_checks_the_site_before_changing_the_graph(monkeypatch):
+    """An analysis that wrongly accepts a cat with another reader is caught by the rewrite
+    before it replaces anything (erasing the cat would fail halfway through)."""
+    from mxfp8_fusion.passes import pattern
+
+    real = pattern.analyze
+
+    def accepting(cat, max_slices=None):
+        site = real(cat, max_slices)
+        if site is not None:
+            site.reason = None
+        return site
+
+    monkeypatch.setattr(pattern, "analyze", accepting)
+    cap = compile_and_check(ReturnsCat(), randn(8, 128), randn(8, 128, seed=1))
+    assert cap.unchanged and cap.fusion.matches == 0
+    assert cap.fusion.reports[0].reason == (
+        "internal error while rewriting (RuntimeError: cat is also read by output)"
+    )
