@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.utils import _python_dispatch
 
 _lib = torch.library.Library("mxfp8", "FRAGMENT")
 _TENSOR_LIST = torch._C.ListType.ofTensors()
@@ -64,17 +65,13 @@ def _(grad, shape, dtype, op, argument):
 
 
 def autograd_kernel(op):
-    """The ``Autograd`` kernel of ``op``: a functional op records through
-    :class:`_NoGradient` when an input requires grad in grad mode; otherwise, and for
-    mutating ops, the op runs below autograd, recording nothing."""
+    """The ``Autograd`` kernel of ``op``: records through :class:`_NoGradient` (functional
+    ops) or :class:`_NoGradientWrite` (mutating ops) when an input the op reads requires
+    grad in grad mode; otherwise runs the op below autograd, recording nothing."""
     signature = _Signature(op)
 
     def kernel(*args):
-        if (
-            not signature.written
-            and torch.is_grad_enabled()
-            and signature.reads_requires_grad(args)
-        ):
+        if torch.is_grad_enabled() and signature.reads_requires_grad(args):
             return signature.record(args)
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args)
@@ -106,7 +103,7 @@ class _Signature:
         return False
 
     def record(self, args):
-        flat, layout, labels = [], [], []
+        flat, layout, labels, dirty = [], [], [], []
         for i, arg in enumerate(args):
             name = self.arguments[i]
             if i in self.lists:
@@ -116,8 +113,28 @@ class _Signature:
                 continue
             layout.append(None)
             labels.append(name)
+            if i in self.written and arg.is_floating_point():  # uint8 scales carry no grad
+                dirty.append(len(flat))
             flat.append(arg)
-        return _NoGradient.apply(self, layout, labels, *flat)
+        if not self.written:
+            return _NoGradient.apply(self, layout, labels, *flat)
+        for i in dirty:  # as torch refuses for any in-place op, but before anything is written
+            if flat[i].is_leaf and flat[i].requires_grad:
+                raise RuntimeError(
+                    f"{self.name}: {labels[i]} is a leaf tensor that requires grad; it cannot "
+                    "be written in place in grad mode. Pass a tensor that does not require grad."
+                )
+        if _python_dispatch._get_current_dispatch_mode() is None:
+            _NoGradientInPlace.apply(self, layout, labels, dirty, *flat)
+            return None
+        # Tracing (a dispatch mode is active under Dynamo and AOTAutograd): AOTAutograd drops
+        # the history that mark_dirty gives a graph input (torch 2.13), so the op writes
+        # copies, and a plain copy_, which AOTAutograd does carry back to the caller's tensor,
+        # puts them in place with their history.
+        written = _NoGradientWrite.apply(self, layout, labels, dirty, *flat)
+        for i, new in zip(dirty, written, strict=True):
+            flat[i].copy_(new)
+        return None
 
 
 def _unflatten(flat, layout) -> list:
@@ -148,6 +165,49 @@ class _NoGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         return (None, None, None, *_input_gradients(ctx, grads))
+
+
+class _NoGradientInPlace(torch.autograd.Function):
+    """Runs a mutating op below autograd and marks the floating-point buffers it writes
+    (``flat[dirty]``) as modified in place, so they, and whatever is computed from them
+    later, carry a backward that raises.
+
+    A buffer that already had history keeps it, chained behind this node, as for any
+    in-place torch op: storage reused step after step in grad mode keeps every step's graph
+    alive until it is detached (``values.detach_()``) or dropped.
+    """
+
+    @staticmethod
+    def forward(ctx, signature, layout, labels, dirty, *flat):
+        _remember_inputs(ctx, signature, labels, flat)
+        with torch._C._AutoDispatchBelowAutograd():
+            signature.op(*_unflatten(flat, layout))
+        buffers = [flat[i] for i in dirty]
+        ctx.mark_dirty(*buffers)
+        return tuple(buffers)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, None, None, *_input_gradients(ctx, grads))
+
+
+class _NoGradientWrite(torch.autograd.Function):
+    """Runs a mutating op below autograd on copies of the buffers ``flat[dirty]`` and returns
+    the copies, whose backward raises (the traced form of :class:`_NoGradientInPlace`)."""
+
+    @staticmethod
+    def forward(ctx, signature, layout, labels, dirty, *flat):
+        _remember_inputs(ctx, signature, labels, flat)
+        flat = list(flat)
+        for i in dirty:
+            flat[i] = flat[i].clone()
+        with torch._C._AutoDispatchBelowAutograd():
+            signature.op(*_unflatten(flat, layout))
+        return tuple(flat[i] for i in dirty)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None, None, None, *_input_gradients(ctx, grads))
 
 
 def _remember_inputs(ctx, signature, labels, flat) -> None:
