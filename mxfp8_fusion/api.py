@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import ops, reference
+from . import grad, ops, reference
 from .format import (
     GROUP,
     SCALE_DTYPE,
@@ -305,7 +305,7 @@ def mm_quantized(
     _require(out_dtype in SOURCE_DTYPES, TypeError, "out_dtype", "bfloat16 or float16", out_dtype)
     return ops.call(
         ops.mm,
-        _live_rows(inp.values, tokens),
+        grad.live_rows(inp.values, tokens),
         _raw(inp.scales),
         weight.values,
         _raw(weight.scales),
@@ -344,7 +344,7 @@ def mm_quantized_into(
         _fail(ValueError, "out", f"shape [>= {tokens}, {n}]", tuple(out.shape))
     ops.call(
         ops.mm_into,
-        _live_rows(inp.values, tokens),
+        grad.live_rows(inp.values, tokens),
         _raw(inp.scales),
         weight.values,
         _raw(weight.scales),

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch.utils import _python_dispatch
 
-from . import reference
+from . import grad, reference
 from .format import SCALE_DTYPE, VALUE_DTYPE, scale_bytes
 from .kernels import dispatch as kernels
 
@@ -33,50 +33,17 @@ def _define(name: str, body, mutates_args=()):
 
     A plain ``torch.library.Library`` definition instead of ``torch.library.custom_op``:
     the latter's Python dispatch layers cost ~14 us per call against ~4.5 us here (CPU
-    micro-benchmark), and every call of an op in a compiled graph pays them. The autograd
-    behaviour is custom_op's: outputs of the functional ops carry a backward that raises,
-    mutating ops write their buffers without recording anything.
+    micro-benchmark), and every call of an op in a compiled graph pays them.
+
+    Autograd (``grad.autograd_kernel``): in grad mode, when an input the op reads requires
+    grad, the op's outputs (a mutating op's written buffers) get a backward that raises;
+    otherwise the op runs below autograd and records nothing.
     """
     _lib.define(name + torch.library.infer_schema(body, mutates_args=mutates_args))
     _lib.impl(name, body, "CompositeExplicitAutograd")
     op = getattr(torch.ops.mxfp8, name).default
-    functional = not mutates_args
-
-    def autograd_kernel(*args):
-        if functional and torch.is_grad_enabled() and _any_requires_grad(args):
-            return _NoGradient.apply(op, *args)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
-
-    _lib.impl(name, autograd_kernel, "Autograd")
+    _lib.impl(name, grad.autograd_kernel(op), "Autograd")
     return op
-
-
-def _any_tensor(args, predicate) -> bool:
-    """Whether ``predicate`` holds for a tensor among ``args`` (or inside a list argument)."""
-    for arg in args:
-        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(t, Tensor) and predicate(t):
-                return True
-    return False
-
-
-def _any_requires_grad(args) -> bool:
-    return _any_tensor(args, lambda t: t.requires_grad)
-
-
-class _NoGradient(torch.autograd.Function):
-    """Runs an op below autograd; its outputs' backward raises (the ops have no gradient)."""
-
-    @staticmethod
-    def forward(ctx, op, *args):
-        ctx.op_name = str(op)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op(*args)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.op_name} has no gradient: mxfp8_fusion ops are for inference")
 
 
 def _fallback_warning(what: str, device: torch.device) -> None:

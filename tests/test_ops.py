@@ -91,23 +91,6 @@ def test_multi_slice_op_equals_one_op_per_slice():
     )
 
 
-def test_functional_ops_refuse_backward_and_mutating_ops_record_nothing():
-    """As torch.library.custom_op did: an output that needs a gradient gets a backward that
-    raises; a mutated buffer records nothing, so inference under grad mode still runs."""
-    x, av, asc, bv, bsc = _operands()
-    x.requires_grad_(True)
-    y = ops.linear(x, bv, bsc, None)
-    assert y.requires_grad
-    with pytest.raises(RuntimeError, match="no gradient"):
-        y.float().sum().backward()
-    bias = torch.nn.Parameter(torch.randn(128, dtype=torch.bfloat16))
-    out = torch.empty(40, 128, dtype=torch.bfloat16)
-    ops.mm_into(av, asc, bv, bsc, bias, out)
-    assert not out.requires_grad
-    with torch.no_grad():
-        assert not ops.linear(x, bv, bsc, None).requires_grad
-
-
 def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it():
     """``ops.call`` runs an op's body directly for plain inference calls (a module's
     Parameter bias included) and goes through the dispatcher for anything autograd records
