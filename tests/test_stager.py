@@ -168,6 +168,27 @@ def test_reset_abandons_a_partial_step():
     assert torch.equal(_bits(y), _bits(_one_shot(layer, slices)))
 
 
+def test_proposer_pattern_of_the_serving_doc():
+    """docs/serving.md's vLLM-style combine_hidden_states: rows of the live tokens, staged."""
+    hidden, capacity = 128, 32
+
+    class Drafter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * hidden, hidden, bias=False, dtype=torch.bfloat16)
+
+    drafter = Drafter()
+    mf.convert(drafter)
+    stager = InputStager(drafter.fc, capacity=capacity)
+    fc_out = torch.empty(capacity, hidden, dtype=torch.bfloat16)
+    aux = _slices(capacity, (hidden,) * 3)  # the runner's padded per-layer buffers
+    for num_tokens in (capacity, 9):
+        stager.append(*(h[:num_tokens] for h in aux))
+        got = stager.finish(fc_out)
+        expected = drafter.fc(torch.cat([h[:num_tokens] for h in aux], dim=-1))
+        assert torch.equal(_bits(got), _bits(expected))
+
+
 # --- GPU ------------------------------------------------------------------------------
 
 
