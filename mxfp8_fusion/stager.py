@@ -25,7 +25,7 @@ def _weight_and_bias(weight) -> tuple[MXFP8Weight, Tensor | None]:
     from .nn import MXFP8Linear
 
     if isinstance(weight, MXFP8Linear):
-        return MXFP8Weight(weight.weight_values, weight.weight_scales), weight.bias
+        return weight.weight, weight.bias
     if isinstance(weight, MXFP8Weight):
         return weight, None
     if isinstance(weight, nn.Linear):

@@ -73,7 +73,7 @@ def test_rows_past_tokens_untouched_and_views_as_slices():
 
 def test_weight_and_explicit_bias():
     layer = _weight(256)
-    weight = mf.MXFP8Weight(layer.weight_values, layer.weight_scales)
+    weight = layer.weight
     slices = _slices(5, (128, 128))
     plain = InputStager(weight, capacity=8)
     plain.append(*slices)
