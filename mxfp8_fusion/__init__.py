@@ -2,7 +2,8 @@
 
 Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice` (or
 :func:`quantize_input_slices` for several at once), :func:`mm_quantized`,
-:func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`.
+:func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`;
+:class:`InputStager` wraps them for engine code (allocate once, append slices, finish).
 Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``
 so the BF16 concatenation is never materialized; :func:`explain` reports what it did at
 every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
@@ -21,10 +22,12 @@ from .api import (
 )
 from .format import MXFP8Input, MXFP8Weight
 from .nn import MXFP8Linear, convert
+from .stager import InputStager
 
 __all__ = [
     "FusionOptions",
     "FusionPass",
+    "InputStager",
     "MXFP8Input",
     "MXFP8Linear",
     "MXFP8Weight",

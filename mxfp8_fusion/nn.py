@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from . import ops
+from . import interop, ops
 from .api import _fail, _require, _require_tensor, pack_weight
 from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, MXFP8Weight, scale_bytes
 
@@ -59,9 +59,12 @@ class MXFP8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> MXFP8Linear:
-        """Quantize an ``nn.Linear`` with a BF16/FP16 weight (in_features a multiple of 32)."""
+        """Quantize an ``nn.Linear`` with a BF16/FP16 weight (in_features a multiple of 32);
+        a torchao MXFP8 weight is taken as it is (:mod:`mxfp8_fusion.interop`)."""
         if not isinstance(linear, nn.Linear):
             _fail(TypeError, "linear", "an nn.Linear", type(linear).__name__)
+        if interop.is_torchao_tensor(linear.weight):
+            return interop.from_torchao(linear, cls)
         packed = pack_weight(linear.weight)
         return cls(packed.values, packed.scales, linear.bias)
 
@@ -209,6 +212,8 @@ def _skip_reason(linear: nn.Linear) -> str | None:
     if type(linear) is not nn.Linear:
         # a subclass's forward may do more than x @ W.T + b (LoRA, MultiheadAttention's out_proj)
         return f"{type(linear).__name__} is a subclass of nn.Linear; only nn.Linear is converted"
+    if interop.is_torchao_tensor(linear.weight):
+        return interop.skip_reason(linear.weight)
     if linear.weight.dtype not in SOURCE_DTYPES:
         return f"weight dtype {linear.weight.dtype} is not bfloat16 or float16"
     if linear.in_features % GROUP:
@@ -222,8 +227,9 @@ def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module
     """Replace every eligible ``nn.Linear`` in ``model`` (in place) by an :class:`MXFP8Linear`.
 
     Eligible: an ``nn.Linear`` itself (not a subclass) with a BF16/FP16 weight and
-    ``in_features`` a multiple of 32. A layer reachable under several names is converted
-    once and stays shared. Other layers are left alone; each skipped layer is logged at INFO
+    ``in_features`` a multiple of 32, or with a torchao MXFP8 weight (taken without
+    requantizing, :mod:`mxfp8_fusion.interop`). A layer reachable under several names is
+    converted once and stays shared. Other layers are left alone; each skipped layer is logged at INFO
     on the ``mxfp8_fusion`` logger and, when ``report`` is given, recorded there as
     ``{qualified name: reason}`` (converted layers map to ``"converted"``). Returns ``model``.
 

@@ -1,0 +1,250 @@
+"""Receipt for the examples at real dims: transient memory and time of each drafter site.
+
+For each example of ``examples/`` (EAGLE-3 drafter 3 x 4096 -> 4096 with one Llama-3.1-8B
+decoder layer, DeepSeek-V3 MTP block 2 x 7168 -> 7168 with one DeepSeek-V3 dense layer,
+DFlash projection 6 x 7168 -> 7168), three programs, each compiled once with
+``fullgraph=True`` and the token dim dynamic, then run at every token count:
+
+1. ``fused``: the converted model (``mxfp8_fusion.convert``) compiled with
+   ``backend="mxfp8_fusion"``;
+2. ``inductor``: the same converted model compiled with plain Inductor (what the pass
+   rewrites: the BF16 concatenation materialized, then quantized);
+3. ``bf16``: the model before conversion (BF16 weights, cuBLAS GEMMs) compiled with plain
+   Inductor.
+
+Per row: transient peak bytes above what was allocated before the call, the median time
+(variants interleaved, order rotated each round), ratios of (1) to (2) and (3) with their
+direction, whether (1) and (2) agree bit for bit (the layer's output and the projection's),
+and (1)'s relative error against (3). Writes ``benchmarks/results/examples.json``.
+
+The EAGLE-3 and MTP rows need HF transformers; where it does not import they are skipped
+with the reason (install it, or put a copy of it and its dependencies on PYTHONPATH).
+
+    python benchmarks/examples.py [--rounds 20] [--only dflash eagle3 mtp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from end_to_end import time_interleaved, transient_peak
+from machine import environment, write_receipt
+
+import mxfp8_fusion as mf
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+TOKENS = (1024, 4096, 16384)
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    module: str
+    site: str
+    needs_transformers: bool
+
+
+EXAMPLE_LIST = [
+    Example("dflash", "dflash_projection", "fc: 6 x 7168 -> 7168", False),
+    Example("eagle3", "eagle3_drafter", "fc: 3 x 4096 -> 4096, then q/k/v: 2 x 4096", True),
+    Example("mtp", "mtp_block", "eh_proj: 2 x 7168 -> 7168", True),
+]
+
+
+@dataclass
+class Measurement:
+    variant: str
+    what: str
+    median_ms: float
+    median_ms_queued: float
+    transient_peak_bytes: int
+
+
+def _load(example: Example):
+    """The example's module, or the reason it cannot run here."""
+    try:
+        module = __import__(example.module)
+    except ImportError as error:
+        hint = " (HF transformers is needed)" if example.needs_transformers else ""
+        return None, f"{type(error).__name__}: {error}{hint}"
+    return module, None
+
+
+def _parts(example: Example, module):
+    """(config at real dims, the inputs' token dims) of ``example``."""
+    if example.name == "dflash":
+        cfg = module.DFlashConfig.real()
+        return cfg, module.token_dims(cfg)
+    if example.name == "eagle3":
+        return module.Eagle3Config.real(), module.TOKEN_DIMS
+    return module.MTPConfig.real(), module.TOKEN_DIMS
+
+
+def _rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
+
+
+def bench_example(
+    example: Example, tokens_list, rounds: int, device: torch.device | None = None, cfg=None
+) -> dict:
+    """One example's rows (``{"example", "skipped"}`` where it cannot run here). ``device``
+    and ``cfg`` default to CUDA and the real dims."""
+    module, reason = _load(example)
+    if module is None:
+        return {"example": example.name, "skipped": reason}
+    device = device or torch.device("cuda")
+    real, token_dims = _parts(example, module)
+    cfg = cfg or real
+    torch._dynamo.reset()
+    bf16 = module.build(cfg, device)
+    converted = mf.convert(copy.deepcopy(bf16))
+    first = module.make_inputs(cfg, tokens_list[0], device)
+    for x, dim in zip(first, token_dims, strict=True):
+        torch._dynamo.mark_dynamic(x, dim)
+    with torch.no_grad():
+        report = mf.explain(converted, *first)
+    torch._dynamo.reset()
+    variants = {
+        "1_fused": (
+            "converted model, torch.compile(backend='mxfp8_fusion', fullgraph=True)",
+            torch.compile(converted, backend="mxfp8_fusion", fullgraph=True),
+        ),
+        "2_inductor": (
+            "converted model, torch.compile(backend='inductor', fullgraph=True), no pass",
+            torch.compile(converted, backend="inductor", fullgraph=True),
+        ),
+        "3_bf16": (
+            "BF16 model (before convert), torch.compile(backend='inductor', fullgraph=True)",
+            torch.compile(bf16, backend="inductor", fullgraph=True),
+        ),
+    }
+    fns = {name: v[1] for name, v in variants.items()}
+    rows = []
+    for tokens in tokens_list:
+        inputs = module.make_inputs(cfg, tokens, device)
+        for x, dim in zip(inputs, token_dims, strict=True):
+            torch._dynamo.mark_dynamic(x, dim)
+        with torch.no_grad():
+            for fn in fns.values():  # warm-up: compile (first token count), autotune
+                for _ in range(2):
+                    fn(*inputs)
+            peaks, outs = {}, {}
+            for name, fn in fns.items():
+                peaks[name], out = transient_peak(fn, inputs)
+                outs[name] = tuple(o.clone() for o in out)
+                del out
+            times = time_interleaved(fns, inputs, rounds, queued=False)
+            queued = time_interleaved(fns, inputs, rounds, queued=True)
+        measurements = [
+            Measurement(name, variants[name][0], times[name], queued[name], peaks[name])
+            for name in fns
+        ]
+        f, i, b = (outs[n] for n in ("1_fused", "2_inductor", "3_bf16"))
+        rows.append(
+            {
+                "tokens": tokens,
+                "measurements": [asdict(m) for m in measurements],
+                "ratios": {
+                    "1_over_2_time (lower is faster)": times["1_fused"] / times["2_inductor"],
+                    "1_over_3_time (lower is faster)": times["1_fused"] / times["3_bf16"],
+                    "1_over_2_time_queued (lower is faster)": (
+                        queued["1_fused"] / queued["2_inductor"]
+                    ),
+                    "1_over_3_time_queued (lower is faster)": queued["1_fused"] / queued["3_bf16"],
+                    "1_over_2_transient_peak (lower is less memory)": (
+                        peaks["1_fused"] / peaks["2_inductor"]
+                    ),
+                    "1_over_3_transient_peak (lower is less memory)": (
+                        peaks["1_fused"] / peaks["3_bf16"]
+                    ),
+                },
+                "bitwise_1_vs_2": {
+                    "output": _bitwise(f[0], i[0]),
+                    "projection": _bitwise(f[1], i[1]),
+                },
+                "rel_error_1_vs_3": {
+                    "output": _rel_error(f[0], b[0]),
+                    "projection": _rel_error(f[1], b[1]),
+                },
+            }
+        )
+        print_row(example, rows[-1])
+        del outs, f, i, b
+    return {
+        "example": example.name,
+        "site": example.site,
+        "config": asdict(cfg),
+        "explain": str(report),
+        "sites_rewritten": len(report.rewritten),
+        "sites_skipped": len(report.skipped),
+        "rows": rows,
+    }
+
+
+def print_row(example: Example, row: dict) -> None:
+    print(f"\n{example.name} ({example.site}), {row['tokens']} tokens")
+    print(f"{'variant':<12} {'ms':>9} {'queued ms':>10} {'transient peak':>16}")
+    for m in row["measurements"]:
+        print(
+            f"{m['variant']:<12} {m['median_ms']:>9.3f} {m['median_ms_queued']:>10.3f} "
+            f"{m['transient_peak_bytes']:>16,}"
+        )
+    for key, value in row["ratios"].items():
+        print(f"  {key}: {value:.3f}")
+    print(f"  bitwise (1) vs (2): {row['bitwise_1_vs_2']}")
+    print(f"  relative error (1) vs (3): {row['rel_error_1_vs_3']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--only", nargs="+", choices=[e.name for e in EXAMPLE_LIST])
+    parser.add_argument("--out", default="benchmarks/results/examples.json")
+    parser.add_argument("--git-rev", default=None)
+    args = parser.parse_args()
+    receipt = {
+        "benchmark": "examples",
+        "environment": environment(args.git_rev),
+        "method": (
+            "each example at real dims, three programs compiled once (fullgraph, token dim "
+            "dynamic) and run at each token count: (1) the converted model with "
+            "backend='mxfp8_fusion', (2) the same converted model with plain Inductor, (3) the "
+            "BF16 model before convert with plain Inductor; median of CUDA-event timings of "
+            "one call, variants interleaved (order rotated each round), median_ms from an idle "
+            "GPU, median_ms_queued behind a ~3 ms sleep kernel (GPU work only); transient peak "
+            "= max_memory_allocated during the call minus memory_allocated before it (outputs "
+            "included); ratios are (1) / (2) and (1) / (3)"
+        ),
+        "rounds": args.rounds,
+        "results": [],
+    }
+    for example in EXAMPLE_LIST:
+        if args.only and example.name not in args.only:
+            continue
+        try:
+            result = bench_example(example, args.tokens, args.rounds)
+        except Exception:  # record it and go on with the other examples
+            result = {"example": example.name, "failed": traceback.format_exc(limit=4)}
+        for outcome in ("skipped", "failed"):
+            if outcome in result:
+                print(f"\n{example.name}: {outcome}: {result[outcome]}")
+        receipt["results"].append(result)
+        torch.cuda.empty_cache()
+    write_receipt(args.out, receipt)
+
+
+if __name__ == "__main__":
+    main()
