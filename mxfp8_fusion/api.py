@@ -22,13 +22,7 @@ from .format import (
     MXFP8Weight,
     scale_bytes,
 )
-
-
-def _raw(scales: Tensor) -> Tensor:
-    # Scale buffers reach the ops as raw uint8 bytes: Inductor refuses float8_e8m0fnu
-    # arguments of (auto-functionalized) custom ops, so an e8m0 buffer would break
-    # torch.compile of code that calls this API.
-    return scales.view(torch.uint8)
+from .format import fail as _fail
 
 
 def _live_rows(t: Tensor, tokens: int) -> Tensor:
@@ -39,10 +33,6 @@ def _live_rows(t: Tensor, tokens: int) -> Tensor:
 def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
     if not ok:
         _fail(error, argument, expected, given)
-
-
-def _fail(error: type[Exception], argument: str, expected: str, given):
-    raise error(f"{argument}: expected {expected}, got {given}")
 
 
 # The checks below run on every call of the hot eager entry points (eight per staged
@@ -194,7 +184,8 @@ def empty_input(
     _require(dtype in SOURCE_DTYPES, TypeError, "dtype", "torch.bfloat16 or torch.float16", dtype)
     device = torch.device(device) if device is not None else torch.get_default_device()
     values = torch.empty(capacity, in_features, dtype=VALUE_DTYPE, device=device)
-    scales = torch.empty(scale_bytes(capacity, in_features), dtype=SCALE_DTYPE, device=device)
+    # uint8: the storage keeps the raw scale bytes (see format.MXFP8Input)
+    scales = torch.empty(scale_bytes(capacity, in_features), dtype=torch.uint8, device=device)
     return MXFP8Input(values, scales, dtype)
 
 
@@ -212,7 +203,7 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
     _check_dest(dest)
     _check_column(destination_column)
     _check_slice(source, "source", dest, destination_column)
-    ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
+    ops.call(ops.quantize_slice_, source, dest.values, dest.raw_scales, destination_column)
 
 
 def quantize_input_slices(
@@ -244,7 +235,7 @@ def quantize_input_slices(
             )  # fmt: skip
         columns.append(column)
         column += source.shape[1]
-    ops.call(ops.quantize_slices_, list(sources), dest.values, _raw(dest.scales), columns)
+    ops.call(ops.quantize_slices_, list(sources), dest.values, dest.raw_scales, columns)
 
 
 def _check_dest(dest) -> None:
@@ -306,9 +297,9 @@ def mm_quantized(
     return ops.call(
         ops.mm,
         _live_rows(inp.values, tokens),
-        _raw(inp.scales),
+        inp.raw_scales,
         weight.values,
-        _raw(weight.scales),
+        weight.raw_scales,
         bias,
         out_dtype,
     )
@@ -345,9 +336,9 @@ def mm_quantized_into(
     ops.call(
         ops.mm_into,
         _live_rows(inp.values, tokens),
-        _raw(inp.scales),
+        inp.raw_scales,
         weight.values,
-        _raw(weight.scales),
+        weight.raw_scales,
         bias,
         out,
     )
@@ -371,7 +362,7 @@ def quantize(x: Tensor) -> MXFP8Input:
         x.shape[1],
     )
     values, scales = ops.call(ops.quantize, x)
-    return MXFP8Input(values, scales, x.dtype)
+    return MXFP8Input._of(values, scales.view(torch.uint8), x.dtype)
 
 
 def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
@@ -400,4 +391,4 @@ def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
         x.shape[1],
     )
     _check_bias(bias, weight)
-    return ops.call(ops.linear, x, weight.values, _raw(weight.scales), bias)
+    return ops.call(ops.linear, x, weight.values, weight.raw_scales, bias)
