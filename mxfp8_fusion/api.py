@@ -166,7 +166,9 @@ def empty_input(
 
     Fill it with :func:`quantize_input_slice`, one slice per column range, then run
     :func:`mm_quantized` or :func:`mm_quantized_into`. ``in_features`` must be a multiple of
-    128. ``dtype`` (BF16 or FP16) is the dtype :func:`mm_quantized` returns by default.
+    128. ``dtype`` (BF16 or FP16) is the dtype of the sources that may be staged into it
+    (a source of the other dtype is refused) and the dtype :func:`mm_quantized` returns by
+    default.
 
     Raises:
         TypeError, ValueError: on a non-int or non-positive size, or misaligned in_features.
@@ -193,9 +195,11 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
     """Quantize ``source`` ``[tokens, width]`` into ``dest``'s columns starting at
     ``destination_column``; only those columns (and their scales) are written.
 
-    ``source`` may be a strided view (for example a column slice of a wider tensor).
-    ``width`` and ``destination_column`` must be multiples of 128, the slice must fit in
-    ``dest.in_features`` and ``tokens <= dest.capacity``.
+    ``source`` may be a strided view (for example a column slice of a wider tensor). Its
+    dtype must be ``dest.dtype`` (BF16 or FP16, chosen at :func:`empty_input`), so the staged
+    GEMM returns the dtype the concatenated path returns. ``width`` and ``destination_column``
+    must be multiples of 128, the slice must fit in ``dest.in_features`` and
+    ``tokens <= dest.capacity``.
 
     Raises:
         TypeError, ValueError: before anything is written.
@@ -213,7 +217,7 @@ def quantize_input_slices(
     the bytes of one :func:`quantize_input_slice` per slice, in one kernel launch where the
     slices share dtype and shape (up to 8 of them), as the compiled path does.
 
-    Every slice must have the same token count; each is checked as
+    Every slice must have the same token count and ``dest.dtype``; each is checked as
     :func:`quantize_input_slice` checks its ``source``.
 
     Raises:
@@ -255,11 +259,19 @@ def _check_column(destination_column) -> None:
 
 
 def _check_slice(source, argument: str, dest: MXFP8Input, column: int) -> None:
-    """``source`` is a 2-D BF16/FP16 tensor on ``dest``'s device whose width is a multiple
-    of 128 and whose columns from ``column`` and rows fit in ``dest``."""
+    """``source`` is a 2-D tensor of ``dest.dtype`` on ``dest``'s device whose width is a
+    multiple of 128 and whose columns from ``column`` and rows fit in ``dest``."""
     _require_tensor(source, argument)
     _require_2d(source, argument)
-    _require_source_dtype(source, argument)
+    if source.dtype is not dest.dtype:
+        # also refuses the other 16-bit dtype: the staged GEMM would return dest.dtype where
+        # the concatenated path returns the source's
+        _fail(
+            TypeError,
+            argument,
+            f"dtype {dest.dtype} (dest.dtype, set by empty_input(..., dtype=))",
+            source.dtype,
+        )
     _require_same_device(source, dest.device, argument)
     tokens, width = source.shape
     if width <= 0 or width % STAGE_ALIGN:

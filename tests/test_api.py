@@ -216,6 +216,7 @@ BAD_SLICES = [
     ("slice past in_features", lambda: _source(width=256), 384, ValueError, "source"),
     ("tokens above capacity", lambda: _source(tokens=17), 0, ValueError, "source"),
     ("float32 source", lambda: _source(dtype=torch.float32), 0, TypeError, "source"),
+    ("float16 into bfloat16 storage", lambda: _source(dtype=torch.float16), 0, TypeError, "source"),
     ("3-D source", lambda: torch.randn(2, 4, 128, dtype=torch.bfloat16), 0, ValueError, "source"),
     ("not a tensor", lambda: [[1.0] * 128], 0, TypeError, "source"),
     ("meta device", lambda: _source().to("meta"), 0, ValueError, "source"),
@@ -261,6 +262,13 @@ BAD_SLICE_LISTS = [
         TypeError,
         r"sources\[1\]",
     ),
+    (
+        "float16 second slice into bfloat16 storage",
+        lambda: [_source(), _source(dtype=torch.float16)],
+        0,
+        TypeError,
+        r"sources\[1\]",
+    ),
     ("not a tensor", lambda: [_source(), [[1.0] * 128]], 0, TypeError, r"sources\[1\]"),
     ("column not a multiple of 128", lambda: [_source()], 64, ValueError, "destination_column"),
 ]
@@ -275,6 +283,32 @@ def test_bad_slice_list_raises_and_writes_nothing(make_sources, column, error, a
     _assert_raises_and_writes_nothing(
         mf.quantize_input_slices, make_sources, column, error, argument
     )
+
+
+@pytest.mark.parametrize(
+    "source_dtype,storage_dtype", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)]
+)
+def test_staging_refuses_a_source_of_another_dtype_than_the_storage(source_dtype, storage_dtype):
+    """The storage's dtype is the staged GEMM's output dtype: a source of the other 16-bit
+    dtype would give a result in a dtype the concatenated path does not return, so it is
+    refused, naming the source, before anything is written."""
+    source = _source(dtype=source_dtype)
+    dest = mf.empty_input(16, 256, dtype=storage_dtype)
+    dest.values.view(torch.uint8).fill_(0x11)
+    before = dest.values.view(torch.uint8).clone()
+    with pytest.raises(TypeError, match=f"^source: expected dtype {storage_dtype}"):
+        mf.quantize_input_slice(source, dest, 0)
+    with pytest.raises(TypeError, match=r"^sources\[0\]: expected dtype"):
+        mf.quantize_input_slices([source, source], dest)
+    assert torch.equal(dest.values.view(torch.uint8), before)
+    # storage of the source's dtype: the staged result is the concatenated one, bit for bit
+    dest = mf.empty_input(8, 256, dtype=source_dtype)
+    x = torch.cat([source, source], -1)
+    mf.quantize_input_slices([source, source], dest)
+    weight = make_weight(256)
+    got, want = mf.mm_quantized(dest, weight), mf.mm(x, weight)
+    assert got.dtype == want.dtype == source_dtype
+    assert torch.equal(bits(got), bits(want))
 
 
 def test_bad_gemm_arguments_raise_and_leave_out_unchanged():
