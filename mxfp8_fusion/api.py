@@ -24,6 +24,8 @@ from .format import (
 )
 from .format import fail as _fail
 
+_MAX_BYTES = 2**63 - 1  # torch's storage sizes are int64
+
 
 def _live_rows(t: Tensor, tokens: int) -> Tensor:
     # t[:tokens]; the whole tensor itself when that is all of it (a view costs ~1 us a call)
@@ -159,7 +161,7 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
 def empty_input(
     capacity: int,
     in_features: int,
-    device: torch.device | str | None = None,
+    device: torch.device | str | int | None = None,
     dtype: torch.dtype = torch.bfloat16,
 ) -> MXFP8Input:
     """Allocate MXFP8 storage for up to ``capacity`` rows of ``in_features`` columns.
@@ -168,10 +170,12 @@ def empty_input(
     :func:`mm_quantized` or :func:`mm_quantized_into`. ``in_features`` must be a multiple of
     128. ``dtype`` (BF16 or FP16) is the dtype of the sources that may be staged into it
     (a source of the other dtype is refused) and the dtype :func:`mm_quantized` returns by
-    default.
+    default. ``device`` is a ``torch.device``, a device string or an accelerator index;
+    ``None`` means the default device.
 
     Raises:
-        TypeError, ValueError: on a non-int or non-positive size, or misaligned in_features.
+        TypeError, ValueError: on a non-int, negative or too large size, misaligned
+        in_features, a bad dtype, or a device that is malformed or not available here.
     """
     _require_int(capacity, "capacity")
     _require_int(in_features, "in_features")
@@ -183,12 +187,51 @@ def empty_input(
         f"a positive multiple of {STAGE_ALIGN}",
         in_features,
     )
+    if capacity * in_features > _MAX_BYTES:
+        _fail(
+            ValueError,
+            "capacity",
+            f"capacity * in_features at most 2**63 - 1 bytes (in_features {in_features})",
+            capacity,
+        )
     _require(dtype in SOURCE_DTYPES, TypeError, "dtype", "torch.bfloat16 or torch.float16", dtype)
-    device = torch.device(device) if device is not None else torch.get_default_device()
+    device = _check_device(device)
     values = torch.empty(capacity, in_features, dtype=VALUE_DTYPE, device=device)
     # uint8: the storage keeps the raw scale bytes (see format.MXFP8Input)
     scales = torch.empty(scale_bytes(capacity, in_features), dtype=torch.uint8, device=device)
     return MXFP8Input(values, scales, dtype)
+
+
+def _check_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here: the CPU, ``meta``, or an index
+    below the device count of this machine's accelerator (CUDA on a GPU build)."""
+    if device is None:
+        return torch.get_default_device()
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        _fail(
+            TypeError, "device", "a torch.device, a device string or an int", type(device).__name__
+        )
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        expected = "a device such as 'cpu' or 'cuda:0'"
+        if isinstance(device, int):  # an index with no accelerator to index
+            expected = "a device that exists (torch sees no accelerator here)"
+        _fail(ValueError, "device", expected, repr(device))
+    if parsed.type in ("cpu", "meta"):
+        return parsed
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    if accelerator is None or parsed.type != accelerator.type:
+        have = (
+            f"its accelerator is {accelerator.type}"
+            if accelerator
+            else "torch sees no accelerator on it"
+        )
+        _fail(ValueError, "device", f"a device of this machine ({have})", repr(device))
+    count = torch.accelerator.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        _fail(ValueError, "device", f"a {parsed.type} index below {count}", repr(device))
+    return parsed
 
 
 def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: int) -> None:
@@ -328,8 +371,8 @@ def mm_quantized_into(
     (``out`` itself when it has ``tokens`` rows).
 
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
-    device; its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be
-    captured in a CUDA Graph.
+    device, with no two elements in the same memory (not expanded); its rows past ``tokens``
+    are not touched. Nothing is allocated, so the call can be captured in a CUDA Graph.
 
     Raises:
         TypeError, ValueError: on a bad ``out``, mismatched operands or tokens above capacity.
@@ -345,6 +388,13 @@ def mm_quantized_into(
     n = weight.out_features
     if out.shape[0] < tokens or out.shape[1] != n:
         _fail(ValueError, "out", f"shape [>= {tokens}, {n}]", tuple(out.shape))
+    if _overlaps(out):
+        _fail(
+            ValueError,
+            "out",
+            "elements in distinct memory (not expanded)",
+            f"strides {out.stride()}",
+        )
     ops.call(
         ops.mm_into,
         _live_rows(inp.values, tokens),
@@ -355,6 +405,19 @@ def mm_quantized_into(
         out,
     )
     return _live_rows(out, tokens)
+
+
+def _overlaps(t: Tensor) -> bool:
+    """Whether two elements of 2-D ``t`` share memory (an expanded or as_strided view): the
+    inner dimension's extent must fit within one step of the outer one."""
+    (rows, cols), (row_stride, col_stride) = t.shape, t.stride()
+    if rows > 1 and cols > 1:
+        if row_stride >= col_stride:
+            return col_stride == 0 or col_stride * cols > row_stride
+        return row_stride == 0 or row_stride * rows > col_stride
+    if rows > 1:
+        return row_stride == 0
+    return cols > 1 and col_stride == 0
 
 
 def quantize(x: Tensor) -> MXFP8Input:

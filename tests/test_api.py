@@ -311,6 +311,57 @@ def test_staging_refuses_a_source_of_another_dtype_than_the_storage(source_dtype
     assert torch.equal(bits(got), bits(want))
 
 
+def _expanded_rows():
+    return torch.full((1, 128), 3.0, dtype=torch.bfloat16).expand(16, 128)
+
+
+def _expanded_columns():
+    return torch.full((16, 1), 3.0, dtype=torch.bfloat16).expand(16, 128)
+
+
+def _overlapping_rows():
+    return torch.full((16 * 64 + 64,), 3.0, dtype=torch.bfloat16).as_strided((16, 128), (64, 1))
+
+
+def _overlapping_columns():
+    return torch.full((16 * 128,), 3.0, dtype=torch.bfloat16).as_strided((16, 128), (1, 8))
+
+
+@pytest.mark.parametrize(
+    "make_out", [_expanded_rows, _expanded_columns, _overlapping_rows, _overlapping_columns]
+)
+def test_out_with_overlapping_elements_is_refused_before_writing(make_out):
+    """An expanded (stride 0) or otherwise self-overlapping ``out`` cannot hold the result;
+    it is refused, naming ``out``, and its memory is left as it was."""
+    out = make_out()
+    base = torch.as_strided(out, (out.untyped_storage().nbytes() // 2,), (1,), 0)
+    before = base.clone()
+    with pytest.raises(ValueError, match="^out: expected"):
+        mf.mm_quantized_into(_dest(), make_weight(512), out, tokens=8)
+    assert torch.equal(bits(base), bits(before))
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        lambda: torch.zeros(16, 256, dtype=torch.bfloat16)[:, 64:192],  # a column slice
+        lambda: torch.zeros(128, 16, dtype=torch.bfloat16).t(),  # column-major
+        lambda: torch.zeros(1, 128, dtype=torch.bfloat16),  # one row
+    ],
+    ids=["column slice", "column-major", "one row"],
+)
+def test_out_with_any_non_overlapping_layout_is_written(make_out):
+    dest, weight = _dest(), make_weight(512)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(16, 512, generator=gen).to(torch.bfloat16)
+    mf.quantize_input_slice(x, dest, 0)
+    out = make_out()
+    tokens = out.shape[0]
+    got = mf.mm_quantized_into(dest, weight, out, tokens=tokens)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(bits(out.contiguous()), bits(mf.mm(x[:tokens], weight)))
+
+
 def test_bad_gemm_arguments_raise_and_leave_out_unchanged():
     dest = _dest()
     weight = make_weight(512)

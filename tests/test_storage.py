@@ -97,6 +97,52 @@ def test_mismatched_capacities_fail_before_anything_is_written():
         mf.MXFP8Input(values(200), scales(100))
 
 
+# --- empty_input: device and capacity ---------------------------------------------------
+
+
+_ACCELERATOR = torch.accelerator.current_accelerator(check_available=True)
+_COUNT = torch.accelerator.device_count() if _ACCELERATOR is not None else 0
+# devices this machine lacks: CUDA where torch sees no accelerator, else an index past the
+# last device; and an accelerator kind other than this machine's
+_ABSENT = "cuda" if _ACCELERATOR is None else f"{_ACCELERATOR.type}:{_COUNT}"
+_ABSENT_INDEX = 5 if _COUNT <= 5 else _COUNT
+_OTHER_KIND = "mps" if _ACCELERATOR is not None and _ACCELERATOR.type == "xpu" else "xpu"
+
+BAD_DEVICES = [
+    # (ids must not contain "gpu": conftest skips tests whose keywords do)
+    ("unknown type", "gpu", ValueError),
+    ("bad index", "cpu:x", ValueError),
+    ("an absent index", _ABSENT_INDEX, ValueError),
+    ("an absent accelerator", _ABSENT, ValueError),
+    ("an absent torch.device", torch.device(_ABSENT), ValueError),
+    ("another accelerator kind", _OTHER_KIND, ValueError),
+    ("a float", 0.0, TypeError),
+    ("a bool", True, TypeError),
+    ("a list", ["cpu"], TypeError),
+]
+
+
+@pytest.mark.parametrize(
+    "device,error", [case[1:] for case in BAD_DEVICES], ids=[case[0] for case in BAD_DEVICES]
+)
+def test_empty_input_names_a_bad_device(device, error):
+    with pytest.raises(error, match="^device: expected"):
+        mf.empty_input(8, 128, device=device)
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "cpu:0", torch.device("cpu"), "meta"])
+def test_empty_input_on_good_devices(device):
+    dest = mf.empty_input(8, 128, device=device)
+    assert dest.values.shape == (8, 128) and dest.scales.shape == (512,)
+    assert dest.device.type == torch.device(device or "cpu").type
+
+
+@pytest.mark.parametrize("capacity", [2**62, 2**56])
+def test_empty_input_names_a_capacity_too_large(capacity):
+    with pytest.raises(ValueError, match="^capacity: expected"):
+        mf.empty_input(capacity, 128)
+
+
 # --- storage allocated outside a compiled function ------------------------------------
 
 
