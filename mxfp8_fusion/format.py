@@ -89,10 +89,10 @@ def fail(error: type[Exception], argument: str, expected: str, given):
 def _scale_buffer(values, scales) -> torch.Tensor:
     """Check a hand-built operand's tensors; return ``scales`` as its raw uint8 bytes.
 
-    O(1): dtype, rank, strides, size and device only (operands are built once per packed
-    weight or staging buffer, and once per one-shot :func:`~mxfp8_fusion.quantize`).
+    O(1): dtype, rank, strides, size and device only. Operands are usually built once per
+    packed weight or staging buffer, but code may build one per call (an ``MXFP8Weight``
+    around a module's buffers), so each tensor attribute is read once.
     """
-    # each tensor attribute is read once: these run on the one-shot path, once per call
     if not isinstance(values, torch.Tensor):
         fail(TypeError, "values", "a torch.Tensor", type(values).__name__)
     if values.dtype is not VALUE_DTYPE:
