@@ -22,13 +22,9 @@ from .format import (
     MXFP8Weight,
     scale_bytes,
 )
+from .format import fail as _fail
 
-
-def _raw(scales: Tensor) -> Tensor:
-    # Scale buffers reach the ops as raw uint8 bytes: Inductor refuses float8_e8m0fnu
-    # arguments of (auto-functionalized) custom ops, so an e8m0 buffer would break
-    # torch.compile of code that calls this API.
-    return scales.view(torch.uint8)
+_MAX_BYTES = 2**63 - 1  # torch's storage sizes are int64
 
 
 def _live_rows(t: Tensor, tokens: int) -> Tensor:
@@ -39,10 +35,6 @@ def _live_rows(t: Tensor, tokens: int) -> Tensor:
 def _require(ok: bool, error: type[Exception], argument: str, expected: str, given) -> None:
     if not ok:
         _fail(error, argument, expected, given)
-
-
-def _fail(error: type[Exception], argument: str, expected: str, given):
-    raise error(f"{argument}: expected {expected}, got {given}")
 
 
 # The checks below run on every call of the hot eager entry points (eight per staged
@@ -169,17 +161,21 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
 def empty_input(
     capacity: int,
     in_features: int,
-    device: torch.device | str | None = None,
+    device: torch.device | str | int | None = None,
     dtype: torch.dtype = torch.bfloat16,
 ) -> MXFP8Input:
     """Allocate MXFP8 storage for up to ``capacity`` rows of ``in_features`` columns.
 
     Fill it with :func:`quantize_input_slice`, one slice per column range, then run
     :func:`mm_quantized` or :func:`mm_quantized_into`. ``in_features`` must be a multiple of
-    128. ``dtype`` (BF16 or FP16) is the dtype :func:`mm_quantized` returns by default.
+    128. ``dtype`` (BF16 or FP16) is the dtype of the sources that may be staged into it
+    (a source of the other dtype is refused) and the dtype :func:`mm_quantized` returns by
+    default. ``device`` is a ``torch.device``, a device string or an accelerator index;
+    ``None`` means the default device.
 
     Raises:
-        TypeError, ValueError: on a non-int or non-positive size, or misaligned in_features.
+        TypeError, ValueError: on a non-int, negative or too large size, misaligned
+        in_features, a bad dtype, or a device that is malformed or not available here.
     """
     _require_int(capacity, "capacity")
     _require_int(in_features, "in_features")
@@ -191,20 +187,62 @@ def empty_input(
         f"a positive multiple of {STAGE_ALIGN}",
         in_features,
     )
+    if capacity * in_features > _MAX_BYTES:
+        _fail(
+            ValueError,
+            "capacity",
+            f"capacity * in_features at most 2**63 - 1 bytes (in_features {in_features})",
+            capacity,
+        )
     _require(dtype in SOURCE_DTYPES, TypeError, "dtype", "torch.bfloat16 or torch.float16", dtype)
-    device = torch.device(device) if device is not None else torch.get_default_device()
+    device = _check_device(device)
     values = torch.empty(capacity, in_features, dtype=VALUE_DTYPE, device=device)
-    scales = torch.empty(scale_bytes(capacity, in_features), dtype=SCALE_DTYPE, device=device)
+    # uint8: the storage keeps the raw scale bytes (see format.MXFP8Input)
+    scales = torch.empty(scale_bytes(capacity, in_features), dtype=torch.uint8, device=device)
     return MXFP8Input(values, scales, dtype)
+
+
+def _check_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here: the CPU, ``meta``, or an index
+    below the device count of this machine's accelerator (CUDA on a GPU build)."""
+    if device is None:
+        return torch.get_default_device()
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        _fail(
+            TypeError, "device", "a torch.device, a device string or an int", type(device).__name__
+        )
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        expected = "a device such as 'cpu' or 'cuda:0'"
+        if isinstance(device, int):  # an index with no accelerator to index
+            expected = "a device that exists (torch sees no accelerator here)"
+        _fail(ValueError, "device", expected, repr(device))
+    if parsed.type in ("cpu", "meta"):
+        return parsed
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    if accelerator is None or parsed.type != accelerator.type:
+        have = (
+            f"its accelerator is {accelerator.type}"
+            if accelerator
+            else "torch sees no accelerator on it"
+        )
+        _fail(ValueError, "device", f"a device of this machine ({have})", repr(device))
+    count = torch.accelerator.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        _fail(ValueError, "device", f"a {parsed.type} index below {count}", repr(device))
+    return parsed
 
 
 def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: int) -> None:
     """Quantize ``source`` ``[tokens, width]`` into ``dest``'s columns starting at
     ``destination_column``; only those columns (and their scales) are written.
 
-    ``source`` may be a strided view (for example a column slice of a wider tensor).
-    ``width`` and ``destination_column`` must be multiples of 128, the slice must fit in
-    ``dest.in_features`` and ``tokens <= dest.capacity``.
+    ``source`` may be a strided view (for example a column slice of a wider tensor). Its
+    dtype must be ``dest.dtype`` (BF16 or FP16, chosen at :func:`empty_input`), so the staged
+    GEMM returns the dtype the concatenated path returns. ``width`` and ``destination_column``
+    must be multiples of 128, the slice must fit in ``dest.in_features`` and
+    ``tokens <= dest.capacity``.
 
     Raises:
         TypeError, ValueError: before anything is written.
@@ -212,7 +250,7 @@ def quantize_input_slice(source: Tensor, dest: MXFP8Input, destination_column: i
     _check_dest(dest)
     _check_column(destination_column)
     _check_slice(source, "source", dest, destination_column)
-    ops.call(ops.quantize_slice_, source, dest.values, _raw(dest.scales), destination_column)
+    ops.call(ops.quantize_slice_, source, dest.values, dest.raw_scales, destination_column)
 
 
 def quantize_input_slices(
@@ -222,7 +260,7 @@ def quantize_input_slices(
     the bytes of one :func:`quantize_input_slice` per slice, in one kernel launch where the
     slices share dtype and shape (up to 8 of them), as the compiled path does.
 
-    Every slice must have the same token count; each is checked as
+    Every slice must have the same token count and ``dest.dtype``; each is checked as
     :func:`quantize_input_slice` checks its ``source``.
 
     Raises:
@@ -244,7 +282,7 @@ def quantize_input_slices(
             )  # fmt: skip
         columns.append(column)
         column += source.shape[1]
-    ops.call(ops.quantize_slices_, list(sources), dest.values, _raw(dest.scales), columns)
+    ops.call(ops.quantize_slices_, list(sources), dest.values, dest.raw_scales, columns)
 
 
 def _check_dest(dest) -> None:
@@ -264,11 +302,19 @@ def _check_column(destination_column) -> None:
 
 
 def _check_slice(source, argument: str, dest: MXFP8Input, column: int) -> None:
-    """``source`` is a 2-D BF16/FP16 tensor on ``dest``'s device whose width is a multiple
-    of 128 and whose columns from ``column`` and rows fit in ``dest``."""
+    """``source`` is a 2-D tensor of ``dest.dtype`` on ``dest``'s device whose width is a
+    multiple of 128 and whose columns from ``column`` and rows fit in ``dest``."""
     _require_tensor(source, argument)
     _require_2d(source, argument)
-    _require_source_dtype(source, argument)
+    if source.dtype is not dest.dtype:
+        # also refuses the other 16-bit dtype: the staged GEMM would return dest.dtype where
+        # the concatenated path returns the source's
+        _fail(
+            TypeError,
+            argument,
+            f"dtype {dest.dtype} (dest.dtype, set by empty_input(..., dtype=))",
+            source.dtype,
+        )
     _require_same_device(source, dest.device, argument)
     tokens, width = source.shape
     if width <= 0 or width % STAGE_ALIGN:
@@ -306,9 +352,9 @@ def mm_quantized(
     return ops.call(
         ops.mm,
         grad.live_rows(inp.values, tokens),
-        _raw(inp.scales),
+        inp.raw_scales,
         weight.values,
-        _raw(weight.scales),
+        weight.raw_scales,
         bias,
         out_dtype,
     )
@@ -325,8 +371,8 @@ def mm_quantized_into(
     (``out`` itself when it has ``tokens`` rows).
 
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
-    device; its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be
-    captured in a CUDA Graph.
+    device, with no two elements in the same memory (not expanded); its rows past ``tokens``
+    are not touched. Nothing is allocated, so the call can be captured in a CUDA Graph.
 
     Raises:
         TypeError, ValueError: on a bad ``out``, mismatched operands or tokens above capacity.
@@ -342,16 +388,36 @@ def mm_quantized_into(
     n = weight.out_features
     if out.shape[0] < tokens or out.shape[1] != n:
         _fail(ValueError, "out", f"shape [>= {tokens}, {n}]", tuple(out.shape))
+    if not out.is_contiguous() and _overlaps(out):  # the common case costs one call
+        _fail(
+            ValueError,
+            "out",
+            "elements in distinct memory (not expanded)",
+            f"strides {out.stride()}",
+        )
     ops.call(
         ops.mm_into,
         grad.live_rows(inp.values, tokens),
-        _raw(inp.scales),
+        inp.raw_scales,
         weight.values,
-        _raw(weight.scales),
+        weight.raw_scales,
         bias,
         out,
     )
     return _live_rows(out, tokens)
+
+
+def _overlaps(t: Tensor) -> bool:
+    """Whether two elements of 2-D ``t`` share memory (an expanded or as_strided view): the
+    inner dimension's extent must fit within one step of the outer one."""
+    (rows, cols), (row_stride, col_stride) = t.shape, t.stride()
+    if rows > 1 and cols > 1:
+        if row_stride >= col_stride:
+            return col_stride == 0 or col_stride * cols > row_stride
+        return row_stride == 0 or row_stride * rows > col_stride
+    if rows > 1:
+        return row_stride == 0
+    return cols > 1 and col_stride == 0
 
 
 def quantize(x: Tensor) -> MXFP8Input:
@@ -371,7 +437,7 @@ def quantize(x: Tensor) -> MXFP8Input:
         x.shape[1],
     )
     values, scales = ops.call(ops.quantize, x)
-    return MXFP8Input(values, scales, x.dtype)
+    return MXFP8Input._of(values, scales.view(torch.uint8), x.dtype)
 
 
 def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
@@ -400,4 +466,4 @@ def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
         x.shape[1],
     )
     _check_bias(bias, weight)
-    return ops.call(ops.linear, x, weight.values, _raw(weight.scales), bias)
+    return ops.call(ops.linear, x, weight.values, weight.raw_scales, bias)

@@ -80,19 +80,106 @@ def scale_offset(row, group, k: int):
     )
 
 
-@dataclass(frozen=True)
+def fail(error: type[Exception], argument: str, expected: str, given):
+    """Raise ``error("argument: expected ..., got ...")``: the one message form of every
+    argument check in the package."""
+    raise error(f"{argument}: expected {expected}, got {given}")
+
+
+def _scale_buffer(values, scales) -> torch.Tensor:
+    """Check a hand-built operand's tensors; return ``scales`` as its raw uint8 bytes.
+
+    O(1): dtype, rank, strides, size and device only. Operands are usually built once per
+    packed weight or staging buffer, but code may build one per call (an ``MXFP8Weight``
+    around a module's buffers), so each tensor attribute is read once.
+    """
+    if not isinstance(values, torch.Tensor):
+        fail(TypeError, "values", "a torch.Tensor", type(values).__name__)
+    if values.dtype is not VALUE_DTYPE:
+        fail(TypeError, "values", "dtype float8_e4m3fn", values.dtype)
+    shape = values.shape
+    if len(shape) != 2:
+        fail(ValueError, "values", "a 2-D tensor [rows, K]", f"shape {tuple(shape)}")
+    rows, k = shape
+    if k <= 0 or k % GROUP:
+        fail(ValueError, "values", f"K (shape[1]) a positive multiple of {GROUP}", k)
+    strides = values.stride()
+    # the kernels and the reference address a row as K consecutive bytes
+    if strides[1] != 1 or (rows > 1 and strides[0] < k):
+        fail(ValueError, "values", "K contiguous, rows not overlapping", f"strides {strides}")
+    if not isinstance(scales, torch.Tensor):
+        fail(TypeError, "scales", "a torch.Tensor", type(scales).__name__)
+    dtype = scales.dtype
+    if dtype is not torch.uint8 and dtype is not SCALE_DTYPE:
+        fail(TypeError, "scales", "dtype float8_e8m0fnu (or its uint8 bytes)", dtype)
+    size = scale_bytes(rows, k)
+    if scales.shape != (size,):
+        fail(
+            ValueError,
+            "scales",
+            f"a 1-D blocked buffer of scale_bytes({rows}, {k}) = {size} bytes",
+            f"shape {tuple(scales.shape)}",
+        )
+    if size and scales.stride() != (1,):
+        fail(ValueError, "scales", "a contiguous buffer", f"stride {scales.stride()}")
+    if scales.device != values.device:
+        fail(ValueError, "scales", f"a tensor on {values.device} (values' device)", scales.device)
+    return scales if dtype is torch.uint8 else scales.view(torch.uint8)
+
+
+# Both operands keep their scales as raw uint8 bytes and show them as float8_e8m0fnu through
+# a view. The mxfp8:: ops take the bytes: Inductor cannot compile a float8_e8m0fnu argument
+# of a mutating custom op, nor the copy back into a float8_e8m0fnu graph input that a
+# mutation through a uint8 view of it needs (KeyError in the CPU code generator). Holding the
+# bytes makes the tensor that torch.compile lifts from an operand passed in uint8, so staging
+# into storage allocated outside the compiled function mutates it in place.
+
+
+@dataclass(frozen=True, init=False)
 class MXFP8Input:
     """MXFP8 storage for the left GEMM operand (activations), ``capacity`` rows.
 
-    ``values`` is ``[capacity, in_features]`` ``float8_e4m3fn``; ``scales`` is the flat
-    blocked scale buffer of ``scale_bytes(capacity, in_features)`` ``float8_e8m0fnu`` bytes.
-    Rows past the live token count are never read by the GEMM. ``dtype`` (BF16 or FP16)
-    is the dtype the GEMM returns by default.
+    ``MXFP8Input(values, scales, dtype=torch.bfloat16)``: ``values`` is ``[capacity, K]``
+    ``float8_e4m3fn`` with K contiguous and a multiple of 32; ``scales`` is the flat blocked
+    scale buffer of ``scale_bytes(capacity, K)`` bytes, ``float8_e8m0fnu`` or its ``uint8``
+    bytes (contiguous, on ``values``' device). The tensors are used, not copied. Rows past
+    the live token count are never read by the GEMM. ``dtype`` (BF16 or FP16) is the dtype
+    of the sources staged into it and of what the GEMM returns by default.
+    :func:`~mxfp8_fusion.empty_input` allocates one.
+
+    Raises:
+        TypeError, ValueError: naming ``values``, ``scales`` or ``dtype``.
     """
 
     values: torch.Tensor
-    scales: torch.Tensor
-    dtype: torch.dtype = torch.bfloat16
+    raw_scales: torch.Tensor
+    """The blocked scale buffer as raw ``uint8`` bytes (what the ``mxfp8::`` ops take)."""
+    dtype: torch.dtype
+
+    def __init__(
+        self, values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+    ):
+        raw = _scale_buffer(values, scales)
+        if dtype is not torch.bfloat16 and dtype is not torch.float16:
+            fail(TypeError, "dtype", "torch.bfloat16 or torch.float16", dtype)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "raw_scales", raw)
+        object.__setattr__(self, "dtype", dtype)
+
+    @classmethod
+    def _of(cls, values: torch.Tensor, raw_scales: torch.Tensor, dtype: torch.dtype):
+        """An MXFP8Input of tensors an ``mxfp8::`` op made (right by construction), without
+        the checks: the one-shot :func:`~mxfp8_fusion.quantize` builds one per call."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "raw_scales", raw_scales)
+        object.__setattr__(self, "dtype", dtype)
+        return self
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """The blocked scale buffer as ``float8_e8m0fnu`` (a view of :attr:`raw_scales`)."""
+        return self.raw_scales.view(SCALE_DTYPE)
 
     @property
     def capacity(self) -> int:
@@ -107,16 +194,32 @@ class MXFP8Input:
         return self.values.device
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class MXFP8Weight:
     """A packed MXFP8 weight ``[out_features, in_features]`` (the right GEMM operand).
 
-    ``values`` is ``[N, K]`` ``float8_e4m3fn`` (K contiguous); ``scales`` is the flat blocked
-    scale buffer for N rows and K/32 groups.
+    ``MXFP8Weight(values, scales)``: ``values`` is ``[N, K]`` ``float8_e4m3fn`` (K contiguous,
+    a multiple of 32); ``scales`` is the flat blocked scale buffer for N rows and K/32
+    groups, ``scale_bytes(N, K)`` bytes, ``float8_e8m0fnu`` or its ``uint8`` bytes. To pack
+    a BF16 weight or a checkpoint's row-major scales use :func:`~mxfp8_fusion.pack_weight`.
+
+    Raises:
+        TypeError, ValueError: naming ``values`` or ``scales``.
     """
 
     values: torch.Tensor
-    scales: torch.Tensor
+    raw_scales: torch.Tensor
+    """The blocked scale buffer as raw ``uint8`` bytes (what the ``mxfp8::`` ops take)."""
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor):
+        raw = _scale_buffer(values, scales)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "raw_scales", raw)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """The blocked scale buffer as ``float8_e8m0fnu`` (a view of :attr:`raw_scales`)."""
+        return self.raw_scales.view(SCALE_DTYPE)
 
     @property
     def out_features(self) -> int:

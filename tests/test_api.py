@@ -216,6 +216,7 @@ BAD_SLICES = [
     ("slice past in_features", lambda: _source(width=256), 384, ValueError, "source"),
     ("tokens above capacity", lambda: _source(tokens=17), 0, ValueError, "source"),
     ("float32 source", lambda: _source(dtype=torch.float32), 0, TypeError, "source"),
+    ("float16 into bfloat16 storage", lambda: _source(dtype=torch.float16), 0, TypeError, "source"),
     ("3-D source", lambda: torch.randn(2, 4, 128, dtype=torch.bfloat16), 0, ValueError, "source"),
     ("not a tensor", lambda: [[1.0] * 128], 0, TypeError, "source"),
     ("meta device", lambda: _source().to("meta"), 0, ValueError, "source"),
@@ -261,6 +262,13 @@ BAD_SLICE_LISTS = [
         TypeError,
         r"sources\[1\]",
     ),
+    (
+        "float16 second slice into bfloat16 storage",
+        lambda: [_source(), _source(dtype=torch.float16)],
+        0,
+        TypeError,
+        r"sources\[1\]",
+    ),
     ("not a tensor", lambda: [_source(), [[1.0] * 128]], 0, TypeError, r"sources\[1\]"),
     ("column not a multiple of 128", lambda: [_source()], 64, ValueError, "destination_column"),
 ]
@@ -275,6 +283,83 @@ def test_bad_slice_list_raises_and_writes_nothing(make_sources, column, error, a
     _assert_raises_and_writes_nothing(
         mf.quantize_input_slices, make_sources, column, error, argument
     )
+
+
+@pytest.mark.parametrize(
+    "source_dtype,storage_dtype", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)]
+)
+def test_staging_refuses_a_source_of_another_dtype_than_the_storage(source_dtype, storage_dtype):
+    """The storage's dtype is the staged GEMM's output dtype: a source of the other 16-bit
+    dtype would give a result in a dtype the concatenated path does not return, so it is
+    refused, naming the source, before anything is written."""
+    source = _source(dtype=source_dtype)
+    dest = mf.empty_input(16, 256, dtype=storage_dtype)
+    dest.values.view(torch.uint8).fill_(0x11)
+    before = dest.values.view(torch.uint8).clone()
+    with pytest.raises(TypeError, match=f"^source: expected dtype {storage_dtype}"):
+        mf.quantize_input_slice(source, dest, 0)
+    with pytest.raises(TypeError, match=r"^sources\[0\]: expected dtype"):
+        mf.quantize_input_slices([source, source], dest)
+    assert torch.equal(dest.values.view(torch.uint8), before)
+    # storage of the source's dtype: the staged result is the concatenated one, bit for bit
+    dest = mf.empty_input(8, 256, dtype=source_dtype)
+    x = torch.cat([source, source], -1)
+    mf.quantize_input_slices([source, source], dest)
+    weight = make_weight(256)
+    got, want = mf.mm_quantized(dest, weight), mf.mm(x, weight)
+    assert got.dtype == want.dtype == source_dtype
+    assert torch.equal(bits(got), bits(want))
+
+
+def _expanded_rows():
+    return torch.full((1, 128), 3.0, dtype=torch.bfloat16).expand(16, 128)
+
+
+def _expanded_columns():
+    return torch.full((16, 1), 3.0, dtype=torch.bfloat16).expand(16, 128)
+
+
+def _overlapping_rows():
+    return torch.full((16 * 64 + 64,), 3.0, dtype=torch.bfloat16).as_strided((16, 128), (64, 1))
+
+
+def _overlapping_columns():
+    return torch.full((16 * 128,), 3.0, dtype=torch.bfloat16).as_strided((16, 128), (1, 8))
+
+
+@pytest.mark.parametrize(
+    "make_out", [_expanded_rows, _expanded_columns, _overlapping_rows, _overlapping_columns]
+)
+def test_out_with_overlapping_elements_is_refused_before_writing(make_out):
+    """An expanded (stride 0) or otherwise self-overlapping ``out`` cannot hold the result;
+    it is refused, naming ``out``, and its memory is left as it was."""
+    out = make_out()
+    base = torch.as_strided(out, (out.untyped_storage().nbytes() // 2,), (1,), 0)
+    before = base.clone()
+    with pytest.raises(ValueError, match="^out: expected"):
+        mf.mm_quantized_into(_dest(), make_weight(512), out, tokens=8)
+    assert torch.equal(bits(base), bits(before))
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        lambda: torch.zeros(16, 256, dtype=torch.bfloat16)[:, 64:192],  # a column slice
+        lambda: torch.zeros(128, 16, dtype=torch.bfloat16).t(),  # column-major
+        lambda: torch.zeros(1, 128, dtype=torch.bfloat16),  # one row
+    ],
+    ids=["column slice", "column-major", "one row"],
+)
+def test_out_with_any_non_overlapping_layout_is_written(make_out):
+    dest, weight = _dest(), make_weight(512)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(16, 512, generator=gen).to(torch.bfloat16)
+    mf.quantize_input_slice(x, dest, 0)
+    out = make_out()
+    tokens = out.shape[0]
+    got = mf.mm_quantized_into(dest, weight, out, tokens=tokens)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(bits(out.contiguous()), bits(mf.mm(x[:tokens], weight)))
 
 
 def test_bad_gemm_arguments_raise_and_leave_out_unchanged():

@@ -146,7 +146,10 @@ def test_weight_property_is_the_packed_weight():
     layer = _layer()
     weight = layer.weight
     assert isinstance(weight, mf.MXFP8Weight)
-    assert weight.values is layer.weight_values and weight.scales is layer.weight_scales
+    assert weight.values is layer.weight_values
+    # the same scale buffer, not a copy (MXFP8Weight shows it through an e8m0 view of its bytes)
+    assert weight.scales.dtype == layer.weight_scales.dtype
+    assert weight.scales.data_ptr() == layer.weight_scales.data_ptr()
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     assert torch.equal(layer(x), mf.mm(x, weight, layer.bias))
 
