@@ -137,6 +137,10 @@ def test_loader_errors_name_the_argument():
         tp.load_row_shard(weight[0], (0, 128))
     with pytest.raises(ValueError, match=r"^columns: expected multiples of 128, got \(0, 96\)"):
         tp.load_row_shard(weight, (0, 96))
+    with pytest.raises(ValueError, match=r"^rows: expected \(start, end\) with 0 <= start"):
+        tp.load_column_shard(weight, (0, 1000))
+    with pytest.raises(TypeError, match=r"^weight: expected float8_e4m3fn values with scales"):
+        tp.load_row_shard(weight, (0, 128), torch.zeros(512, 16, dtype=torch.uint8))
     packed = mf.pack_weight(weight)
     with pytest.raises(ValueError, match=r"^rows: expected multiples of 128"):
         tp.load_column_shard(packed.values, (0, 64), packed.scales)

@@ -127,7 +127,8 @@ def assert_same_on_all_ranks(t: torch.Tensor, what: str) -> None:
 def row_parallel_bound(x: torch.Tensor, lin: nn.Linear, world: int, y_1: torch.Tensor):
     """The per-output bound of ``RowParallelMXFP8Linear``'s docstring, from the partial
     outputs every rank computes (recomputed here for all ranks from the full weight):
-    ``u * (|y_1| + world * sum_r |p_r|) + 2**-14 * sum_k |a_k b_k|``."""
+    ``u * (g |y_1| + (g + world - 1) sum_r |p_r|) + 2**-13 S``, widened by ``1 + world u``
+    for the second-order terms."""
     flat = x.reshape(-1, x.shape[-1])
     weight, bias = lin.weight.detach().to(x.device), lin.bias.detach().to(x.device)
     partial_sum = torch.zeros(flat.shape[0], weight.shape[0], dtype=torch.float64, device=x.device)
@@ -139,8 +140,10 @@ def row_parallel_bound(x: torch.Tensor, lin: nn.Linear, world: int, y_1: torch.T
     a = reference.dequantize(q.values, q.scales).double().abs()
     b = reference.dequantize(w.values, w.scales).double().abs()
     u = 2.0**-8 if x.dtype == torch.bfloat16 else 2.0**-11
-    bound = u * (y_1.reshape(flat.shape[0], -1).double().abs() + world * partial_sum)
-    return (bound + 2.0**-14 * (a @ b.T)).view(y_1.shape)
+    g = 1 if x.device.type == "cpu" else 2
+    y_abs = y_1.reshape(flat.shape[0], -1).double().abs()
+    bound = u * (g * y_abs + (g + world - 1) * partial_sum) + 2.0**-13 * (a @ b.T)
+    return (bound * (1 + world * u)).view(y_1.shape)
 
 
 def assert_within_row_bound(y, y_1, x, lin, world, what: str) -> None:
