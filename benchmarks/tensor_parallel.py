@@ -8,7 +8,8 @@ columns) with ``mxfp8_fusion.tensor_parallel.shard``, then runs, interleaved A B
 1. ``eager``: ``layer(torch.cat(hidden, -1))``
 2. ``staged_eager``: ``layer.forward_slices(hidden)`` (no BF16 concatenation)
 3. ``compiled``: ``torch.compile(Drafter(layer), backend="mxfp8_fusion")``
-4. ``graph_replay`` (``--graph-replay``): 3 with ``mode="reduce-overhead"``, static inputs
+4. ``graph_replay``: 3 with ``mode="reduce-overhead"``, static inputs (at TP 1; at every
+   degree with ``--graph-replay``)
 
 Per variant and rank: the median time of one call (CUDA events; all ranks start each call
 together after a barrier), the same behind a sleep kernel (GPU work only), and the
@@ -82,13 +83,16 @@ MODES = ("column", "row")
 _QUEUE_CYCLES = 6_000_000
 
 
-def write_checkpoint(geo: Geometry, path: Path) -> None:
-    """A full BF16 ``fc`` (weight and bias) as a torch.save file: what every rank shards."""
-    gen = torch.Generator().manual_seed(0)
+def write_checkpoint(geo: Geometry, path: Path, device: torch.device) -> None:
+    """A full BF16 ``fc`` (weight and bias) as a torch.save file: what every rank shards.
+    Drawn on ``device`` (a GPU draws the reference weight's 308 M values in milliseconds,
+    one CPU thread in seconds)."""
+    gen = torch.Generator(device=device).manual_seed(0)
     k, n = geo.in_features, geo.hidden
-    weight = (torch.randn(n, k, generator=gen) * k**-0.5).to(torch.bfloat16)
-    bias = (torch.randn(n, generator=gen) * 0.1).to(torch.bfloat16)
-    torch.save({"fc.weight": weight, "fc.bias": bias}, path)
+    weight = (torch.randn(n, k, generator=gen, device=device) * k**-0.5).to(torch.bfloat16)
+    bias = (torch.randn(n, generator=gen, device=device) * 0.1).to(torch.bfloat16)
+    torch.save({"fc.weight": weight.cpu(), "fc.bias": bias.cpu()}, path)
+    del weight, bias
 
 
 def hidden_states(geo: Geometry, device: torch.device) -> list[torch.Tensor]:
@@ -348,7 +352,11 @@ def main() -> None:
     )
     parser.add_argument("--mode", choices=MODES, nargs="+", default=list(MODES))
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--graph-replay", action="store_true", help="also time CUDA Graph replay")
+    parser.add_argument(
+        "--graph-replay",
+        action="store_true",
+        help="also time CUDA Graph replay at TP > 1 (always timed at TP 1)",
+    )
     parser.add_argument(
         "--out", default=None, help="default benchmarks/results/tensor_parallel.json"
     )
@@ -370,12 +378,14 @@ def main() -> None:
         )
     if args.cpu_smoke:
         args.geometry = ["smoke"]
+    draw_on = "cpu" if args.cpu_smoke else "cuda:0"
     entries = []
     with tempfile.TemporaryDirectory() as tmp:
         checkpoints = {}
         for key in args.geometry:
             checkpoints[key] = str(Path(tmp) / f"{key}.pt")
-            write_checkpoint(SMOKE if args.cpu_smoke else GEOMETRIES[key], Path(checkpoints[key]))
+            geo = SMOKE if args.cpu_smoke else GEOMETRIES[key]
+            write_checkpoint(geo, Path(checkpoints[key]), torch.device(draw_on))
         cases = [(key, mode, checkpoints[key]) for key in args.geometry for mode in args.mode]
         for world in degrees:
             out_path = Path(tmp) / f"tp{world}.json"
@@ -387,7 +397,7 @@ def main() -> None:
                     _free_port(),
                     cases,
                     args.rounds,
-                    args.graph_replay,
+                    (args.graph_replay or world == 1) and not args.cpu_smoke,
                     str(out_path),
                     args.cpu_smoke,
                 ),
