@@ -11,6 +11,11 @@ is not needed by anything else:
   that is a positive multiple of 128 (so each slice owns whole scale chunks);
 - every use of the cat (through views to ``[rows, K]``) is an MXFP8 quantize or one-shot
   linear, and the quantized values and scales are read only by MXFP8 GEMMs.
+
+A cat may also reach them through slices of its last dim, ``cat[..., start:end]`` (a
+row-parallel projection's input range, for one): each such range must start and end at
+multiples of 128, and only the slices or slice parts inside it are staged
+(:func:`analyze_column_ranges`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class Site:
     """MXFP8 GEMMs that read the concatenation, counted whether or not the site qualifies."""
     reason: str | None = None
     """``None`` when the site qualifies, else why it was left unchanged."""
+    ranges: list[ColumnRange] | None = None
+    """Set when the concatenation is read through last-dim slices (column ranges): what each
+    range stages and feeds. ``None`` for a site whose MXFP8 ops read the whole concatenation."""
 
     @property
     def ok(self) -> bool:
@@ -153,15 +161,16 @@ def _through(node: fx.Node, ops) -> list[fx.Node]:
     return out
 
 
-def _count_gemms(cat: fx.Node) -> int:
-    """One-shot linears of the cat and ``mxfp8.mm`` reads of values quantized from it.
+def _count_gemms(cat: fx.Node, through=VIEW_OPS) -> int:
+    """One-shot linears of the cat and ``mxfp8.mm`` reads of values quantized from it,
+    reached through ``through`` (views; and column slices for a column-range site).
 
     Counted apart from the decision (which stops at the first reason to skip), so that a site
     left unchanged reports the GEMMs it feeds too.
     """
     quantize, linear, mm = _mxfp8_ops()
     gemms: set[fx.Node] = set()
-    for node in _through(cat, VIEW_OPS):
+    for node in _through(cat, through):
         for user in node.users:
             if _is_call(user, linear) and user.args[0] is node:
                 gemms.add(user)
@@ -211,6 +220,9 @@ def _static(size) -> int | None:
 
 def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     """The :class:`Site` of ``cat``, or ``None`` when ``cat`` never reaches MXFP8 ops."""
+    ranged = analyze_column_ranges(cat, max_slices)
+    if ranged is not None:
+        return ranged
     quantize, linear, _ = _mxfp8_ops()
     tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors", [])
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
@@ -265,3 +277,194 @@ def find_sites(graph: fx.Graph, max_slices: int | None = None) -> list[Site]:
             if site is not None:
                 sites.append(site)
     return sites
+
+
+# --- column ranges of a concatenation ---------------------------------------------------------
+#
+# Row-parallel tensor parallelism, and any code that projects part of a concatenation, takes a
+# column range of the cat before the MXFP8 quantize: ``fc(cat(slices, -1)[..., start:end])``.
+# A 128-aligned range is staged from the slices, or slice parts, inside it: the columns
+# outside it are never quantized, stored or read. Each distinct range of one cat gets its own
+# storage; MXFP8 ops that read the whole cat are the range ``[0, K)``.
+
+
+@dataclass
+class ColumnRange:
+    """Columns ``[start, end)`` of a site's concatenation and the MXFP8 ops that read them.
+
+    ``parts`` is what to stage, in column order: ``(slice index, first column within that
+    slice, width)``; side by side they are exactly the range.
+    """
+
+    start: int
+    end: int
+    takes: list[fx.Node] = field(default_factory=list)
+    """The ``aten.slice`` nodes that take the range (none for the whole concatenation)."""
+    views: list[fx.Node] = field(default_factory=list)
+    quantizes: list[fx.Node] = field(default_factory=list)
+    linears: list[fx.Node] = field(default_factory=list)
+    parts: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+
+_SLICE_DEFAULTS = {"dim": 0, "start": None, "end": None, "step": 1}
+
+
+def _slice_args(take: fx.Node) -> dict:
+    """``aten.slice.Tensor``'s dim, start, end and step, defaults filled in."""
+    given = dict(zip(_SLICE_DEFAULTS, take.args[1:], strict=False))
+    return {**_SLICE_DEFAULTS, **given, **take.kwargs}
+
+
+def _is_last_dim_slice(user: fx.Node, node: fx.Node) -> bool:
+    if not (_is_call(user, aten.slice.Tensor) and user.args[0] is node):
+        return False
+    val, dim = _val(node), _slice_args(user)["dim"]
+    return (
+        val is not None
+        and val.dim() > 0
+        and isinstance(dim, int)
+        and dim % val.dim() == val.dim() - 1
+    )
+
+
+def _column_takes(cat: fx.Node, k) -> bool:
+    """Whether a last-dim slice of ``cat`` (through views that keep the last dim) reaches an
+    MXFP8 quantize or linear: then the cat is a column-range site."""
+    quantize, linear, _ = _mxfp8_ops()
+    stack = [cat]
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user.op == "call_function" and user.target in VIEW_OPS:
+                val = _val(user)
+                if val is not None and val.dim() and val.shape[-1] == k:
+                    stack.append(user)
+            elif _is_last_dim_slice(user, node) and _reaches(user, (quantize, linear)):
+                return True
+    return False
+
+
+def _columns(rng: ColumnRange | None) -> str:
+    if rng is None:
+        return "the concatenation is"
+    return f"columns [{rng.start}, {rng.end}) of the concatenation are"
+
+
+def _range(site: Site, start: int, end: int) -> ColumnRange:
+    for rng in site.ranges:
+        if (rng.start, rng.end) == (start, end):
+            return rng
+    rng = ColumnRange(start, end)
+    site.ranges.append(rng)
+    return rng
+
+
+def _slice_bounds(take: fx.Node, k: int) -> tuple[int, int] | str:
+    """``[start, end)`` that ``take`` keeps of ``k`` columns, or why it is not a column range."""
+    args = _slice_args(take)
+    start, end, step = args["start"], args["end"], args["step"]
+    if not all(v is None or type(v) is int for v in (start, end, step)):
+        return f"{_describe_user(take)} takes columns with symbolic bounds; they must be static"
+    if step != 1:
+        return f"{_describe_user(take)} takes columns with step {step}; a column range has step 1"
+    start = 0 if start is None else start + k if start < 0 else start
+    end = k if end is None else end + k if end < 0 else end
+    return min(max(start, 0), k), min(max(end, 0), k)
+
+
+def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
+    """Walk the cat's uses through views and last-dim slices; fill ``site.ranges`` with the
+    MXFP8 quantizes and linears each column range feeds, or return why not."""
+    quantize, linear, _ = _mxfp8_ops()
+    stack: list[tuple[fx.Node, ColumnRange | None]] = [(cat, None)]
+    while stack:
+        node, rng = stack.pop()
+        width = k if rng is None else rng.width
+        for user in node.users:
+            if user.op == "call_function" and user.target in VIEW_OPS:
+                val = _val(user)
+                if val is None or val.dim() == 0 or val.shape[-1] != width:
+                    return f"{_columns(rng)} also reshaped by {_describe_user(user)}"
+                (site.views if rng is None else rng.views).append(user)
+                stack.append((user, rng))
+                continue
+            if rng is None and _is_last_dim_slice(user, node):
+                bounds = _slice_bounds(user, k)
+                if isinstance(bounds, str):
+                    return bounds
+                taken = _range(site, *bounds)
+                taken.takes.append(user)
+                stack.append((user, taken))
+                continue
+            if _is_call(user, quantize) and user.args[0] is node:
+                sink = "quantizes"
+            elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
+                sink = "linears"
+            else:
+                return f"{_columns(rng)} also used by {_describe_user(user)}"
+            val = _val(node)
+            if val is None or val.dim() != 2:
+                return f"{_columns(rng)} reaching {_describe_user(user)} without a 2-D view"
+            target = rng if rng is not None else _range(site, 0, k)
+            getattr(target, sink).append(user)
+            getattr(site, sink).append(user)
+    return None
+
+
+def _range_parts(site: Site) -> str | None:
+    """Check each range is 128-aligned and non-empty; fill its ``parts`` from the slices."""
+    site.ranges.sort(key=lambda r: (r.start, -r.end))  # a stable order for the rewrite
+    offsets, column = [], 0
+    for width in site.widths:
+        offsets.append(column)
+        column += width
+    for rng in site.ranges:
+        what = f"columns [{rng.start}, {rng.end})"
+        if rng.takes:
+            what += f" taken by {_describe_user(rng.takes[0])}"
+        if rng.start % STAGE_ALIGN or rng.end % STAGE_ALIGN:
+            return f"{what} do not start and end at multiples of {STAGE_ALIGN}"
+        if rng.start >= rng.end:
+            return f"{what} are empty"
+        rng.parts = []
+        for i, (first, width) in enumerate(zip(offsets, site.widths, strict=True)):
+            lo, hi = max(first, rng.start), min(first + width, rng.end)
+            if lo < hi:
+                rng.parts.append((i, lo - first, hi - lo))
+    return None
+
+
+def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site | None:
+    """The :class:`Site` of a ``cat`` read through last-dim slices (column ranges) by MXFP8
+    quantizes or linears, with ``site.ranges`` filled; ``None`` for any other cat.
+
+    A site qualifies as :func:`analyze` requires of a cat, and in addition every range is
+    static, has step 1 and starts and ends at multiples of 128 (so it covers whole scale
+    chunks and each of its parts is a 128-aligned column range of one slice).
+    """
+    val = _val(cat)
+    if val is None or val.dim() == 0 or not _column_takes(cat, val.shape[-1]):
+        return None
+    tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors", [])
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    slices = list(tensors)
+    vals = [_val(s) for s in slices]
+    widths = [_static(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    site = Site(cat, slices, widths, val.dtype, ranges=[])
+    k = val.shape[-1]
+    reason = _slice_reason(site, val, dim % val.dim())
+    if reason is None:
+        reason = _range_consumers(cat, k, site)
+    if reason is None:
+        reason = _range_parts(site)
+    if reason is None and max_slices is not None and len(slices) > max_slices:
+        reason = f"{len(slices)} slices exceed the pass option max_slices={max_slices}"
+    if reason is None:
+        reason = _quantized_readers(site)
+    site.gemms = _count_gemms(cat, (*VIEW_OPS, aten.slice.Tensor))
+    site.reason = reason
+    return site

@@ -15,6 +15,11 @@ After::
                            values, scales, [0, w0, ...])   # one launch for equal slices
     y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every GEMM of the site
 
+A column range of the concatenation (``y = mxfp8.linear(cat[:, a:b], ...)``, ``a`` and
+``b`` multiples of 128) gets storage of ``b - a`` columns, and only the slices or slice parts
+inside the range are quantized into it (a part is a column view ``aten.slice(s, 1, c0, c1)``
+of its slice); the columns outside it are never read.
+
 ``M`` stays symbolic: it is built from ``sym_size`` nodes of the first slice. Every new
 node gets ``meta["val"]`` from running its target on the fake values of its inputs, so the
 passes after this one (fake-tensor update, reinplacing, lowering) see consistent metadata.
@@ -29,7 +34,7 @@ from torch import fx
 from torch.fx.node import map_arg
 
 from ..format import CHUNK_BYTES, GROUP, GROUP_BLOCK, ROW_BLOCK, VALUE_DTYPE
-from .pattern import Site
+from .pattern import ColumnRange, Site
 
 aten = torch.ops.aten
 
@@ -92,8 +97,19 @@ def _fake_mode(site: Site):
     return site.cat.meta["val"].fake_mode
 
 
+def _ranges(site: Site) -> list[ColumnRange]:
+    """The column ranges to stage: ``site.ranges``, or the whole concatenation as one range."""
+    if site.ranges is not None:
+        return site.ranges
+    k = site.cat.meta["val"].shape[-1]
+    whole = ColumnRange(0, k, quantizes=site.quantizes, linears=site.linears)
+    whole.parts = [(i, 0, width) for i, width in enumerate(site.widths)]
+    return [whole]
+
+
 def rewrite(graph: fx.Graph, site: Site) -> None:
-    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true).
+    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true): one
+    MXFP8 storage per column range, holding only the slices or slice parts inside it.
 
     All new nodes are built (and their fake values computed) before anything is replaced;
     if that fails, they are removed again and the graph is exactly as it was. Replacing then
@@ -104,47 +120,59 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
     """
     _check_replaceable(site)
     mx = torch.ops.mxfp8
-    cat_val = site.cat.meta["val"]
-    k = cat_val.shape[-1]
+    device = site.cat.meta["val"].device
+    ranges = _ranges(site)
     build = _Builder(graph, _fake_mode(site), site.cat)
+    storage, gemms = [], []
     try:
         with graph.inserting_before(site.cat):
             rows = build.rows(site.slices[0])
-            values = build.empty([rows, k], VALUE_DTYPE, cat_val.device)
-            # raw scale bytes, as the eager API passes them: Inductor allocates a uint8
-            # buffer in its own wrapper code, an e8m0 one through a slower aten fallback
-            scales = build.empty([build.scale_bytes(rows, k)], torch.uint8, cat_val.device)
-            sources, columns, column = [], [], 0
-            for source, width in zip(site.slices, site.widths, strict=True):
-                if source.meta["val"].dim() != 2:
-                    source = build.call(aten.reshape.default, source, [rows, width])
-                sources.append(source)
-                columns.append(column)
-                column += width
-            build.call(mx.quantize_slices_.default, sources, values, scales, columns)
-        gemms = []
-        for linear in site.linears:
-            build.origin = linear
-            with graph.inserting_before(linear):
-                x, b_values, b_scales, bias = linear.args
-                dtype = x.meta["val"].dtype
-                gemms.append(
-                    build.call(mx.mm.default, values, scales, b_values, b_scales, bias, dtype)
-                )
+            flat: dict[int, fx.Node] = {}  # each slice's [rows, width] view, made once
+            for rng in ranges:
+                values = build.empty([rows, rng.width], VALUE_DTYPE, device)
+                # raw scale bytes, as the eager API passes them: Inductor allocates a uint8
+                # buffer in its own wrapper code, an e8m0 one through a slower aten fallback
+                scales = build.empty([build.scale_bytes(rows, rng.width)], torch.uint8, device)
+                sources, columns, column = [], [], 0
+                for i, first, width in rng.parts:
+                    source = site.slices[i]
+                    if source.meta["val"].dim() != 2:
+                        if i not in flat:
+                            flat[i] = build.call(
+                                aten.reshape.default, source, [rows, site.widths[i]]
+                            )
+                        source = flat[i]
+                    if width != site.widths[i]:  # a part of the slice: a strided column view
+                        source = build.call(aten.slice.Tensor, source, 1, first, first + width)
+                    sources.append(source)
+                    columns.append(column)
+                    column += width
+                build.call(mx.quantize_slices_.default, sources, values, scales, columns)
+                storage.append((values, scales))
+        for rng, (values, scales) in zip(ranges, storage, strict=True):
+            for linear in rng.linears:
+                build.origin = linear
+                with graph.inserting_before(linear):
+                    x, b_values, b_scales, bias = linear.args
+                    dtype = x.meta["val"].dtype
+                    mm = build.call(mx.mm.default, values, scales, b_values, b_scales, bias, dtype)
+                    gemms.append((linear, mm))
     except Exception:
         for node in reversed(build.created):
             graph.erase_node(node)
         raise
-    for quantize in site.quantizes:
-        for item in list(quantize.users):
-            item.replace_all_uses_with(values if item.args[1] == 0 else scales)
-            graph.erase_node(item)
-        graph.erase_node(quantize)
-    for linear, mm in zip(site.linears, gemms, strict=True):
+    for rng, (values, scales) in zip(ranges, storage, strict=True):
+        for quantize in rng.quantizes:
+            for item in list(quantize.users):
+                item.replace_all_uses_with(values if item.args[1] == 0 else scales)
+                graph.erase_node(item)
+            graph.erase_node(quantize)
+    for linear, mm in gemms:
         linear.replace_all_uses_with(mm)
         graph.erase_node(linear)
-    for view in reversed(_in_graph_order(graph, site.views)):
-        graph.erase_node(view)
+    chain = [*site.views, *(n for rng in ranges for n in (*rng.takes, *rng.views))]
+    for node in reversed(_in_graph_order(graph, chain)):
+        graph.erase_node(node)
     graph.erase_node(site.cat)
 
 
@@ -154,13 +182,16 @@ def _check_replaceable(site: Site) -> None:
     The analysis already ensures this; checking it again before the first change means an
     analysis bug fails here, with the graph untouched, and not halfway through replacing.
     """
-    replaced = set(site.linears)
-    for quantize in site.quantizes:
+    ranges = _ranges(site)
+    replaced = {linear for rng in ranges for linear in rng.linears}
+    quantizes = [q for rng in ranges for q in rng.quantizes]
+    for quantize in quantizes:
         for item in quantize.users:
             if not (item.target is operator.getitem and item.args[1] in (0, 1)):
                 raise RuntimeError(f"{quantize.name} is read whole by {item.name}")
             replaced.add(item)
-    erased = {site.cat, *site.views, *site.quantizes}
+    erased = {site.cat, *site.views, *quantizes}
+    erased.update(n for rng in ranges for n in (*rng.takes, *rng.views))
     for node in erased:
         for user in node.users:
             if user not in erased and user not in replaced:
