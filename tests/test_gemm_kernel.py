@@ -54,6 +54,13 @@ def test_compiles_for_sm90a_without_gpu():
             (g.choose_config(300, 200, 512), 200, 512, torch.float16, torch.float32),
             (g.skinny_config(1), 200, 4160, torch.float16, torch.float32),
             (g.skinny_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
+            # stream-K: every tile shape
+            (g.config_from_spec("tiled 128x128 c2 stream-k", 300), 640, 4160, torch.bfloat16,
+             None),
+            (g.config_from_spec("tiled 192x128 c1 stream-k", 300), 7168, 43008, torch.float16,
+             torch.float32),
+            (g.config_from_spec("tiled 128x64 c1 stream-k", 300), 200, 512, torch.bfloat16,
+             torch.bfloat16),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
@@ -69,18 +76,21 @@ def test_compiles_for_sm90a_without_gpu():
 
 
 @requires_cutlass
-@pytest.mark.parametrize("tokens", [16, 300])
-def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
-    """run()'s reusable argument buffers mirror the DSL's own marshalling, for both kernels."""
+@pytest.mark.parametrize(
+    "tokens,spec", [(16, "swap-ab"), (300, "tiled 128x128 c2 stream-k"), (300, "tiled 128x64 c1")]
+)
+def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens, spec):
+    """run()'s reusable argument buffers mirror the DSL's own marshalling, for both kernels
+    and both tiled schedules."""
     if not torch.cuda.is_available():
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     import cuda.bindings.driver as cuda
     from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels.launcher import Launcher
 
-    cfg = g.choose_config(tokens, 256, 512)
+    cfg = g.config_from_spec(spec, tokens)
     compiled = g._compiled(cfg, 256, 512, 256, torch.bfloat16, None)
-    kinds = g._KINDS
+    kinds = g.kinds(cfg)
     probe = (*((1 << 40) + 4096 * i for i in range(6)), tokens, 3)
     probe = (*probe, *((1 << 41) + 512 * i for i in range(len(kinds) - len(probe))), 0xABC)
     generic, _ = compiled.execution_args.generate_execution_args(
@@ -92,20 +102,22 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens):
 
 
 @pytest.mark.parametrize(
-    "w_tiles,k_tiles,ctas", [(112, 336, 132), (4, 33, 132), (2, 1, 132), (7, 5, 6)]
+    "w_tiles,k_tiles,ctas",
+    [(112, 336, 132), (4, 33, 132), (2, 1, 132), (7, 5, 6), (56, 336, 132), (15, 33, 132)],
 )
 def test_stream_k_split_model(w_tiles, k_tiles, ctas):
-    """CPU model of the swap-AB kernel's stream-K bookkeeping (same integer formulas): every
+    """CPU model of the stream-K bookkeeping of the swap-AB kernel and of the tiled kernel's
+    stream-K schedule (same integer formulas; the tiled one per consumer warpgroup): every
     (tile, stage) unit is computed once; each split tile is finished by the CTA holding its
     tail, which adds the published parts of exactly the lower CTAs that touched the tile, in
-    K order; a CTA publishes at most one part."""
+    K order; a CTA publishes at most one part and holds at most one tail."""
     units = w_tiles * k_tiles
     g = min(ctas, units)
     parts = {}  # tile -> [(first unit, cta)]
     finished = {}
     for cta in range(g):
         begin, end = cta * units // g, (cta + 1) * units // g
-        u, published = begin, 0
+        u, published, tails = begin, 0, 0
         while u < end:
             tile = u // k_tiles
             tile_end = (tile + 1) * k_tiles
@@ -116,10 +128,11 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
             elif seg_end == tile_end:
                 first = ((tile * k_tiles + 1) * g - 1) // units  # as in _fixup
                 finished[tile] = list(range(first, cta + 1))
+                tails += 1
             else:
                 published += 1
             u = seg_end
-        assert published <= 1
+        assert published <= 1 and tails <= 1
     assert sorted(parts) == list(range(w_tiles))
     for tile, segs in parts.items():
         assert [s for s, _ in segs] == sorted(s for s, _ in segs)
@@ -164,31 +177,108 @@ def test_two_step_power_of_two_scaling():
         assert torch.equal(two_steps[normal], want[normal]), e
 
 
-def test_choose_config_swaps_operands_for_few_tokens():
+def test_heuristic_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (64, 64)]:
-        cfg = g.choose_config(tokens, 7168, 43008)
+        cfg = g.heuristic_config(tokens, 7168, 43008)
         assert cfg.tokens_tile == tile
+        assert g.skinny_config(tokens) == cfg
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
-    assert g.choose_config(65, 7168, 43008).tokens_tile == 0
-    assert g.choose_config(4096, 7168, 43008).tile_n == 128
+    assert g.heuristic_config(65, 7168, 43008).tokens_tile == 0
+    assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
-def test_choose_config_takes_192_row_tiles_where_the_rounds_favour_them():
-    """The tile-height choice follows the round-robin model: at 512 tokens four 128-row
-    tiles per column make two even rounds, three 192-row tiles an uneven pair of bigger ones
-    (measured 0.557 vs 0.690 ms); from about 2500 tokens on the 192-row tiles win."""
+def test_heuristic_splits_few_tiles_over_k():
+    """Fewer 128 x 128 tiles than two rounds of the SMs take stream-K (every SM streams an
+    equal share of the units); at and past two rounds whole tiles per CTA."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    assert g.choose_config(512, 7168, 43008).tile_m == 128
+    for tokens, n in [(65, 7168), (512, 7168), (300, 256), (1024, 4096), (4096, 512)]:
+        cfg = g.heuristic_config(tokens, n, 43008)
+        assert g.spec_of(cfg) == "tiled 128x128 c2 stream-k", (tokens, n)
+    # 5 x 56 = 280 tiles: two rounds
+    assert not g.heuristic_config(640, 7168, 43008).stream_k
+    assert not g.heuristic_config(1024, 4608, 43008).stream_k  # 8 x 36 = 288
+
+
+def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
+    """Past stream-K the tile-height choice follows the round-robin model: from about 2500
+    tokens on the 192-row tiles win (at 512 tokens four 128-row tiles per column made two
+    even rounds and three 192-row tiles an uneven pair, measured 0.557 vs 0.690 ms)."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    assert g.heuristic_config(1024, 7168, 43008).tile_m == 128
     for tokens in (4096, 16384):
-        cfg = g.choose_config(tokens, 7168, 43008)
-        assert (cfg.tile_m, cfg.tile_n, cfg.converters) == (192, 128, 1)
+        cfg = g.heuristic_config(tokens, 7168, 43008)
+        assert (cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k) == (192, 128, 1, 0)
     assert g._tiled_time(4096, 7168, 128, 132) == 14  # 1792 tiles: 13.6 rounds
     # 21 full row tiles x 56, then 56 tiles with one live warpgroup: 9 full + 1 partial
     assert abs(g._tiled_time(4096, 7168, 192, 132) - (9 * 1.4 + 1.4 * 5 / 9)) < 1e-9
+
+
+def test_config_specs_round_trip_and_reject_others():
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    for spec in (
+        "tiled 128x128 c2",
+        "tiled 128x64 c1 stream-k",
+        "tiled 192x128 c1",
+        "tiled 192x128 c1 stream-k",
+    ):
+        cfg = g.config_from_spec(spec, 300)
+        assert g.spec_of(cfg) == spec and cfg.tokens_tile == 0 and cfg.num_ctas == 132
+    assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
+    assert g.config_from_spec("swap-ab", 20, 100) == g.skinny_config(20, 100)
+    for bad in ("tiled", "tiled 128 c2", "tiled 128x128 2", "tiled 128x128 c2 split", "skinny"):
+        with pytest.raises(ValueError, match="spec"):
+            g.config_from_spec(bad, 300)
+    with pytest.raises(ValueError, match="spec"):
+        g.config_from_spec("swap-ab", 65)
+
+
+def test_choose_config_looks_up_the_table(monkeypatch):
+    """The smallest measured token count at or above the call's; the last row past the end;
+    a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
+    heuristic."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_table as table
+
+    rows = (
+        (1, "swap-ab"),
+        (16, "tiled 128x64 c1 stream-k"),
+        (48, "swap-ab"),
+        (96, "tiled 192x128 c1"),
+    )
+    monkeypatch.setattr(table, "TABLE", {(1024, 2048): rows})
+    g.choose_config.cache_clear()
+    try:
+        spec = lambda t: g.spec_of(g.choose_config(t, 1024, 2048))  # noqa: E731
+        assert spec(1) == "swap-ab" and g.choose_config(1, 1024, 2048).tokens_tile == 8
+        assert [spec(t) for t in (2, 16)] == ["tiled 128x64 c1 stream-k"] * 2
+        assert g.choose_config(40, 1024, 2048) == g.skinny_config(40)  # tile 64
+        assert spec(49) == spec(96) == spec(5000) == "tiled 192x128 c1"
+        assert g.choose_config(300, 1024, 4096) == g.heuristic_config(300, 1024, 4096)
+        assert g.choose_config(300, 1024, 2048, 114) == g.heuristic_config(300, 1024, 2048, 114)
+    finally:
+        g.choose_config.cache_clear()
+
+
+def test_measured_table_is_well_formed():
+    """Every row of the committed table names a valid config for its token count, rows
+    ascend, and swap-AB rows stay within the kernel's token range."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_table as table
+
+    assert table.NUM_SMS == 132
+    for (n, k), rows in table.TABLE.items():
+        assert n > 0 and k % 32 == 0 and rows
+        buckets = [t for t, _ in rows]
+        assert buckets == sorted(set(buckets)), (n, k)
+        for t, spec in rows:
+            assert g.spec_of(g.config_from_spec(spec, t)) == spec
+            assert g.spec_of(g.choose_config(t, n, k)) == spec
 
 
 def test_supported_rejects_unaligned_shapes():
@@ -411,6 +501,164 @@ def test_tile_configs_agree(tokens):
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
 
 
+STREAM_K_SPECS = [
+    "tiled 128x128 c2 stream-k",
+    "tiled 192x128 c1 stream-k",
+    "tiled 128x64 c1 stream-k",
+]
+
+
+def _check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows=5):
+    """As _check_run, with an explicit config."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    capacity = tokens + extra_rows
+    a_full, sa = _random_operand(tokens, k, capacity, spread, center, seed=seeds[0])
+    b, sb = _random_operand(n, k, None, spread, center, seed=seeds[1])
+    a = a_full[:tokens]
+    out = torch.full((capacity, n), 1234.0, device="cuda", dtype=out_dtype)
+    poison = out.clone()
+    ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
+    reference.mm_into(a, sa, b, sb, bias, ref)
+    g.run(a, sa, b, sb, bias, out, config=cfg)
+    torch.cuda.synchronize()
+    assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
+    _check_close(out[:tokens], ref, a, sa, b, sb)
+    return a, sa, b, sb, out
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+# one token; one row tile's worth (one live consumer warpgroup of 64 rows); just past it;
+# partial row tiles of 128 and 192 rows; each tile split over up to ~9 CTAs (495 units)
+@pytest.mark.parametrize("tokens", [1, 64, 65, 200, 300])
+@pytest.mark.parametrize(
+    "out_dtype,spread,center,bias_dtype",
+    [
+        (torch.bfloat16, 10, 127, None),  # the FP16 path
+        (torch.bfloat16, 20, 127, torch.float32),  # the BF16 path, bias
+        (torch.float16, 4, 119, torch.float16),
+    ],
+)
+def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
+    """The tiled kernel's stream-K schedule: K 4160 (33 stages, the last one partial), N 640
+    (5 or 10 column tiles), tiles split across CTAs as heads, middles and tails."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    n, k = 640, 4160
+    bias = None
+    if bias_dtype is not None:
+        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
+    cfg = g.config_from_spec(spec, tokens)
+    _check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_stream_k_with_fewer_units_than_ctas():
+    """Two (tile, stage) units: two CTAs, one head and one tail."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 1)
+    _check_config_run(cfg, 1, 128, 256, torch.bfloat16, None, 20, 127, (3, 4))
+    _check_config_run(cfg, 100, 128, 256, torch.bfloat16, None, 20, 127, (5, 6))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_stream_k_repeats_bitwise_and_graph_replays():
+    """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
+    the next launch; a captured launch (its own workspace) replays with new tokens."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 300)
+    tokens, n, k = 300, 640, 4160
+    a, sa, b, sb, out = _check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (8, 9))
+    first = out[:tokens].clone()
+    for _ in range(3):
+        out.zero_()
+        g.run(a, sa, b, sb, None, out[:tokens], config=cfg)
+        assert torch.equal(out[:tokens].view(torch.int16), first.view(torch.int16))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.run(a, sa, b, sb, None, out[:tokens], config=cfg)
+    a2, sa2 = _random_operand(tokens, k, tokens + 5, 10, 127, seed=10)
+    a.copy_(a2[:tokens])
+    sa.copy_(sa2)
+    for _ in range(2):
+        out.zero_()
+        graph.replay()
+        eager = torch.empty_like(out[:tokens])
+        g.run(a, sa, b, sb, None, eager, config=cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(out[:tokens].view(torch.int16), eager.view(torch.int16))
+    ref = torch.empty_like(eager)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    _check_close(eager, ref, a, sa, b, sb)
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_stream_k_on_two_streams_at_once():
+    """The tiled stream-K workspace is per stream: overlapping launches on two streams do
+    not share partial sums or flags."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 300)
+    tokens, n, k = 300, 640, 4160
+    inputs = [_random_operand(tokens, k, seed=40 + i) for i in range(2)]
+    b, sb = _random_operand(n, k, seed=42)
+    expected = []
+    for a, sa in inputs:
+        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        g.run(a, sa, b, sb, None, out, config=cfg)
+        expected.append(out)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in inputs]
+    outs = [torch.empty_like(expected[0]) for _ in inputs]
+    for _ in range(5):
+        for stream, (a, sa), out in zip(streams, inputs, outs, strict=True):
+            with torch.cuda.stream(stream):
+                g.run(a, sa, b, sb, None, out, config=cfg)
+    torch.cuda.synchronize()
+    for out, want in zip(outs, expected, strict=True):
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+def _table_points():
+    """(tokens, N, K): every table shape at one token, at the first and last measured count,
+    and at and around every point where the table's choice changes."""
+    from mxfp8_fusion.kernels import gemm_sm90_table as table
+
+    points = []
+    for (n, k), rows in table.TABLE.items():
+        tokens = {1, rows[0][0], rows[-1][0]}
+        for i in range(1, len(rows)):
+            if rows[i][1] != rows[i - 1][1]:  # t0 takes the one spec, t0 + 1 the other
+                t0 = rows[i - 1][0]
+                tokens |= {t0 - 1, t0, t0 + 1}
+        points += [(t, n, k) for t in sorted(tokens) if t > 0]
+    return points
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens,n,k", _table_points())
+def test_table_choices_match_reference(tokens, n, k):
+    """The configs the measured table picks, at and around each of its switch points."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.choose_config(tokens, n, k)
+    _check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (tokens, n))
+
+
 SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
     (1, 7168, 4096),
     (3, 200, 4160),
@@ -594,9 +842,11 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
     for i, s in enumerate(slices):
         reference.quantize_slice_(s, st_values, st_scales, i * width)
     w_values, w_scales = reference.quantize(torch.randn(n, k, device="cuda"))
-    out_one = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    out_st = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    g.run(one_values, one_scales, w_values, w_scales, None, out_one)
-    g.run(st_values[:tokens], st_scales, w_values, w_scales, None, out_st)
-    torch.cuda.synchronize()
-    assert torch.equal(out_one.view(torch.int16), out_st.view(torch.int16))
+    # the heuristic's choice here (stream-K) and whole tiles per CTA
+    for cfg in (None, g.config_from_spec("tiled 128x128 c2", tokens)):
+        out_one = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        out_st = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        g.run(one_values, one_scales, w_values, w_scales, None, out_one, config=cfg)
+        g.run(st_values[:tokens], st_scales, w_values, w_scales, None, out_st, config=cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(out_one.view(torch.int16), out_st.view(torch.int16))
