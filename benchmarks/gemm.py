@@ -230,7 +230,8 @@ def main() -> None:
     p.add_argument("--deadline-s", type=float, default=420.0)
     p.add_argument("--no-stream-k", action="store_true", help="tune: leave stream-K out")
     p.add_argument("--lock", default=None, help="sweep/tune: GPU lock file shared with others")
-    p.add_argument("--stream-k-gate", default=None, help="tune: skip stream-K if it says fail")
+    p.add_argument("--gate", default=None, help="tune: leave out specs containing its words")
+    p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
     args = p.parse_args()
     if args.sweep or args.tune or args.plot:
         import gemm_sweep

@@ -66,22 +66,30 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
     return g.config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
 
-def candidates(tokens: int, n: int, k: int, num_sms: int, stream_k: bool = True) -> list[str]:
-    """Specs (gemm_sm90.config_from_spec) the tune times at one point."""
+def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
+    """Specs (gemm_sm90.config_from_spec) the tune times at one point: the pre-table
+    heuristic's, and the others where they won anywhere in an earlier full tune (whole tiles
+    of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count with
+    128; 64-row k-split tiles up to 128 tokens). Specs containing a string of ``leave_out``
+    are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SKINNY_MAX_TOKENS else []
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
-    if tokens > g.SKINNY_MAX_TOKENS:
+    if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
-        if tokens <= 512:
-            specs.append("tiled 128x64 c1")
-    if stream_k:
-        specs.append("tiled 128x128 c2 stream-k")
-        if tokens > g.SKINNY_MAX_TOKENS:
-            specs.append("tiled 192x128 c1 stream-k")
-        if tokens <= 256:
-            specs.append("tiled 128x64 c1 stream-k")
+    if 256 <= tokens <= 512:
+        specs.append("tiled 128x64 c1")
+    specs.append("tiled 128x128 c2 stream-k")
+    if g.SKINNY_MAX_TOKENS < tokens <= 1024:
+        specs.append("tiled 192x128 c1 stream-k")
+    if tokens <= 256:
+        specs.append("tiled 128x64 c1 stream-k")
+    if tokens <= 128:
+        specs.append("tiled 64x128 c2 stream-k")
+    if tokens <= 64:
+        specs.append("tiled 64x128 c1 stream-k")
+    specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 
 
@@ -153,7 +161,7 @@ def _configs(job, t, num_sms) -> dict:
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
-        specs = candidates(t, n, k, num_sms, not job["no_stream_k"])
+        specs = candidates(t, n, k, num_sms, job["leave_out"])
         found = {spec: g.config_from_spec(spec, t, num_sms) for spec in specs}
     return {name: (g.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED}
 
@@ -241,9 +249,10 @@ def worker(job: dict) -> None:
             state["status"] = "deadline"
             break
         fcntl.flock(lock, fcntl.LOCK_EX)
-        gate = Path(job["stream_k_gate"]) if job["stream_k_gate"] else None
-        if gate is not None and gate.exists() and gate.read_text().strip() == "fail":
-            job["no_stream_k"] = True  # its GPU tests failed: time only the other schedules
+        gate = Path(job["gate"]) if job["gate"] else None
+        if gate is not None and gate.exists():
+            # spec families whose GPU tests failed: time only the others
+            job["leave_out"] = [*job["leave_out"], *gate.read_text().split()]
         try:
             state["status"], state["since"], state["point"] = "timing", time.time(), t
             save()
@@ -330,10 +339,10 @@ def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
                     "rounds": args.rounds,
                     "rest_s": 0.01 if args.tune else 0.03,
                     "before": args.before,
-                    "no_stream_k": args.no_stream_k,
+                    "leave_out": ["stream-k"] if args.no_stream_k else [],
                     "out": str(tmp / f"{n}x{k}_{i}.json"),
                     "lock": args.lock or str(tmp / "gpu.lock"),
-                    "stream_k_gate": args.stream_k_gate,
+                    "gate": args.gate,
                     "deadline": deadline,
                 }
             )
@@ -395,6 +404,9 @@ def main(args) -> None:
             entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
             entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
     mode = "tune" if args.tune else "sweep"
+    base_note = {}
+    if mode == "tune" and args.tune_base:
+        base_note = _merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
     receipt = {
         "what": f"MXFP8 GEMM {mode}: ours (SM90 CuTe DSL, "
         + (
@@ -415,6 +427,7 @@ def main(args) -> None:
         "check": f"every contender's output against torch.mm of the dequantized operands "
         f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
         "wall_s": time.time() - t0,
+        **base_note,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
         "shapes": [
             {
@@ -442,6 +455,20 @@ def main(args) -> None:
             print("no PNG:", e)
 
 
+def _merge_base(by_shape: dict, base: dict) -> dict:
+    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
+    with the revision that measured it."""
+    taken = 0
+    for shape in base["shapes"]:
+        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
+        have = {p["tokens"] for p in entry["points"]}
+        for p in shape["points"]:
+            if p["tokens"] not in have:
+                entry["points"].append({**p, "measured_at": base["git_revision"]})
+                taken += 1
+    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
+
+
 def _tokens(point: dict) -> int:
     return point["tokens"]
 
@@ -459,9 +486,16 @@ def _summary(receipt: dict) -> None:
             print(line + f"  cuBLAS {c['cublas_bf16']['ms']:.4f} ms", flush=True)
 
 
+# A point keeps the previous point's spec while that one is within this factor of the
+# fastest there: closer than the run-to-run spread, a switch would only follow noise.
+STICKY = 1.03
+
+
 def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
-    """(tokens, fastest valid spec, its ms, its ratio to cuBLAS) per measured point."""
+    """(tokens, chosen valid spec, its ms, its ratio to cuBLAS) per measured point: the
+    fastest, or the previous point's spec within STICKY of it."""
     rows = []
+    prev = None
     for p in shape["points"]:
         timed = {
             name: c
@@ -470,7 +504,10 @@ def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
         }
         if timed:
             name = min(timed, key=lambda s: timed[s]["ms"])
+            if prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
+                name = prev
             rows.append((p["tokens"], name, timed[name]["ms"], timed[name]["over_cublas_bf16"]))
+            prev = name
     return rows
 
 

@@ -43,8 +43,9 @@ _CHUNK_WORDS = CHUNK_BYTES // 4  # a chunk of the blocked scale layout, as int32
 class GemmConfig:
     """Compile-time tiling.
 
-    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128,
-    or 192 with three consumer warpgroups and one converter) x ``tile_n`` (128 or 64),
+    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128;
+    192 with three consumer warpgroups and one converter; 64 with two consumer warpgroups
+    splitting K) x ``tile_n`` (128 or 64),
     ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
     persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
     most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
@@ -86,6 +87,9 @@ SKINNY_MAX_TOKENS = 64
 _SMEM_BYTES = 227 * 1024
 # Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
 _STREAM_K_ROUNDS = 2
+# heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
+# beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
+_SWAP_AB_TOKENS = 32
 
 
 def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
@@ -174,17 +178,23 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
 
 
 def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
-    """Kernel and tile heuristic by (tokens, N, K), for shapes the table does not hold.
+    """Kernel and tile heuristic by (tokens, N, K), for shapes the table does not hold; its
+    rules follow what won in the measured table's shapes (gemm_sm90_table, GEMM_LOG.md).
 
-    Few tokens: the swap-AB kernel. Otherwise the tiled kernel: tile N 128 converts fewer FP8
-    bytes per FLOP than 64 (each weight tile serves more rows). With fewer 128 x 128 tiles
-    than two rounds of the SMs, the tiles are split over K (stream-K) so that every SM
-    streams the same share; more tiles take whole tiles per CTA, 192 rows where the
-    round-robin model favours them.
+    Up to 32 tokens the swap-AB kernel (it streams the weight once). Otherwise the tiled
+    kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
+    are split over all CTAs (stream-K), in 192-row tiles where they pad fewer rows than
+    128-row ones, in 128 x 64 tiles for narrow weights (fewer than 24 column tiles of 128)
+    up to 256 tokens. More tiles take whole tiles per CTA, 192 rows where the round-robin
+    model favours them.
     """
-    if tokens <= SKINNY_MAX_TOKENS:
+    if tokens <= _SWAP_AB_TOKENS:
         return skinny_config(tokens, num_sms)
     if -(-tokens // _TILE_M) * -(-n // 128) < _STREAM_K_ROUNDS * num_sms:
+        if -(-n // 128) < 24 and tokens <= 256:
+            return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
+        if -(-tokens // 192) * 192 < -(-tokens // 128) * 128:
+            return config_from_spec("tiled 192x128 c1 stream-k", tokens, num_sms)
         return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
     if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
         return config_from_spec("tiled 192x128 c1", tokens, num_sms)

@@ -118,16 +118,20 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         if self.tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
         self.tile_m = cfg.tile_m
-        if self.tile_m not in (128, 192):
-            raise ValueError(f"tile_m must be 128 or 192, got {self.tile_m}")
-        self.consumers = self.tile_m // 64
+        if self.tile_m not in (64, 128, 192):
+            raise ValueError(f"tile_m must be 64, 128 or 192, got {self.tile_m}")
+        # 64-row tiles: two consumer warpgroups on the same rows, one per K half of every
+        # FP8 stage (their sums added at the end of a segment); else one per 64 rows
+        self.k_split = self.tile_m == 64
+        self.row_blocks = self.tile_m // 64
+        self.consumers = 2 if self.k_split else self.row_blocks
         self.convert_wgs = cfg.converters
         if (self.convert_wgs, self.consumers, False) not in REGS or (
             2 * self.tile_n < self.convert_wgs * WG_THREADS
         ):
             raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
-        # a tile's A rows span one 512-byte scale chunk per stage at 128 rows, two at 192
-        self.a_chunks = 1 if self.tile_m == 128 else 2
+        # a tile's A rows span one 512-byte scale chunk per stage up to 128 rows, two at 192
+        self.a_chunks = 1 if self.tile_m <= 128 else 2
         # ring words: A rows' references, then B rows', then the mode
         self.b_ref0 = self.tile_m
         self.mode_word = self.tile_m + 128
@@ -193,7 +197,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             work = work * self.k_tiles
         grid = [cutlass.min(work, self.num_ctas_cap), 1, 1]
         gmem = cute.AddressSpace.gmem
-        cap, cons, frag = self.num_ctas_cap, self.consumers, self.frag
+        cap, cons, frag = self.num_ctas_cap, self.row_blocks, self.frag
         mPartials = cute.make_tensor(
             cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
             cute.make_layout(
@@ -209,6 +213,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         stages8 = self.stages8
         stages16 = self.stages16
         ref_words = self.ref_words
+        # k-split: the second consumer's FP32 sums, handed to the first (else a stub)
+        red_words = 64 * self.tile_n if self.k_split else 4
 
         @cute.struct
         class Storage:
@@ -221,6 +227,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
             sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * sa_slots], 128]
             sSB: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
+            sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
 
         self.storage = Storage
         launch = self.kernel(
@@ -285,8 +292,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.convert_threads),
+            # k-split: each 16-bit stage (one K half) is read by one consumer warpgroup
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.consumers * WG_THREADS
+                pipeline.Agent.Thread, self.row_blocks * WG_THREADS
             ),
             defer_sync=True,
         )
@@ -464,13 +472,19 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         thr = mmas[0].get_slice(ct)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((64, self.tile_n)), cutlass.Float32)
         lane = ct % 32
-        row0 = cwg * 64 + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
+        wg_row = 0 if cutlass.const_expr(self.k_split) else cwg * 64  # its first tile row
+        row0 = wg_row + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
         cta, _, _ = cute.arch.block_idx()
 
         u, stop, skip = self._my_units(m)
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
+        if cutlass.const_expr(self.k_split):
+            # consumer c reads the 16-bit stages of K half c: c, c + 2, ...
+            n16 = self.stages16
+            rs = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
+            rel = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         owned = Int32(-1)  # stream-K: the tile whose tail this CTA holds for the final fixup
         while u < stop:
@@ -479,57 +493,48 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             scale_row0 = (tm * self.tile_m) % 128  # tile row 0 within its first scale chunk
-            if tm * self.tile_m + cwg * 64 < m:
+            if tm * self.tile_m + wg_row < m:
                 acc.fill(0.0)
-                if mode != 0:
-                    ls, rs, rel = self._mainloop(
-                        ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                        ls, rs, rel, None, k1 - k0,
-                    )  # fmt: skip
+                # the FP16 factors want ref - 15 (f16_factor)
+                row_lows = [
+                    Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
+                    for rr in range(2)
+                ]
+                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
+                if cutlass.const_expr(self.k_split):
+                    if cwg == 0:
+                        ls, rs, rel = self._mainloops(
+                            mode, mmas, sBs, ls, rs, rel, row_lows, 0, args
+                        )
+                    else:
+                        ls, rs, rel = self._mainloops(
+                            mode, mmas, sBs, ls, rs, rel, row_lows, 1, args
+                        )
                 else:
-                    # the FP16 factors want ref - 15 (f16_factor)
-                    row_lows = [
-                        Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
-                        for rr in range(2)
-                    ]
-                    ls, rs, rel = self._mainloop(
-                        ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                        ls, rs, rel, row_lows, k1 - k0,
-                    )  # fmt: skip
+                    ls, rs, rel = self._mainloops(
+                        mode, mmas, sBs, ls, rs, rel, row_lows, None, args
+                    )
                 warpgroup.wait_group(0)
                 conv_pipe.consumer_release(rel)
-                rel.advance()
-                # every part is unscaled before it is stored or added: the factors are
-                # powers of two, so the sum of unscaled parts is the unscaled sum
-                if mode == 0:
-                    self._unscale(acc, thr, buf, row0)
-                if cutlass.const_expr(self.stream_k):
-                    if k0 == 0 and k1 == self.k_tiles:
-                        self._epilogue(acc, thr, mD, mBias, m, tm * self.tile_m + cwg * 64, tn)
-                    elif k1 == self.k_tiles:
-                        # the tile's tail: the fixup adds the lower CTAs' parts at the end
-                        for i in cutlass.range_constexpr(cute.size(acc)):
-                            mPartials[i, ct, 1, cwg, cta] = acc[i]
-                        owned = t
-                    else:
-                        # head or middle of the tile: publish it for the CTA holding the tail
-                        for i in cutlass.range_constexpr(cute.size(acc)):
-                            mPartials[i, ct, 0, cwg, cta] = acc[i]
-                        cute.arch.fence_acq_rel_gpu()
-                        cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-                        if ct == 0:
-                            store_flag(mFlags.iterator + (cwg + self.consumers * cta), 1)
+                for _s in cutlass.range_constexpr(self._stride16()):
+                    rel.advance()
+                part = (acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m)
+                if cutlass.const_expr(self.k_split):
+                    self._add_halves(cwg, ct, st, acc)
+                    if cwg == 0:
+                        owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
                 else:
-                    self._epilogue(acc, thr, mD, mBias, m, tm * self.tile_m + cwg * 64, tn)
+                    owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
             else:
                 # every row of this warpgroup lies past M: keep the pipelines in step
                 for _kt in range(k1 - k0):
                     load_pipe.consumer_wait(ls)
-                    for _h in cutlass.range_constexpr(HALVES):
+                    for _h in cutlass.range_constexpr(HALVES // self._stride16()):
                         conv_pipe.consumer_wait(rs)
                         conv_pipe.consumer_release(rs)
-                        rs.advance()
-                        rel.advance()
+                        for _s in cutlass.range_constexpr(self._stride16()):
+                            rs.advance()
+                            rel.advance()
                     load_pipe.consumer_release(ls)
                     ls.advance()
             ref_pipe.consumer_release(rfs)
@@ -538,6 +543,75 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         if cutlass.const_expr(self.stream_k):
             if owned >= 0:
                 self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    def _stride16(self) -> int:
+        """16-bit stages a consumer's pipeline states advance per stage it reads."""
+        return HALVES if self.k_split else 1
+
+    @cute.jit
+    def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
+        """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
+        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
+        if mode != 0:
+            ls, rs, rel = self._mainloop(
+                ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                ls, rs, rel, None, k_stages, k_half,
+            )  # fmt: skip
+        else:
+            ls, rs, rel = self._mainloop(
+                ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                ls, rs, rel, row_lows, k_stages, k_half,
+            )  # fmt: skip
+        return ls, rs, rel
+
+    @cute.jit
+    def _add_halves(self, cwg, ct, st, acc):
+        """k-split: the second consumer's sums join the first's through shared memory, in a
+        fixed order (first + second), so every call sums alike."""
+        red = st.sRed.get_tensor(
+            cute.make_layout((cute.size(acc), WG_THREADS), stride=(WG_THREADS, 1))
+        )
+        both = 2 * WG_THREADS
+        if cwg == 1:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                red[i, ct] = acc[i]
+        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
+        if cwg == 0:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + red[i, ct]
+        # the next segment may overwrite ``red`` only after the first consumer has read it
+        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
+
+    @cute.jit
+    def _finish_part(self, part, mD, mBias, mPartials, mFlags, owned):
+        """A segment's sums of one 64-row block: unscaled (FP16 path), then stored (a whole
+        tile, or persistent), kept as this CTA's tail, or published (stream-K). Returns the
+        tile whose tail this CTA now holds (``owned`` if none)."""
+        acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m = part
+        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
+        # every part is unscaled before it is stored or added: the factors are powers of
+        # two, so the sum of unscaled parts is the unscaled sum
+        if mode == 0:
+            self._unscale(acc, thr, buf, row0)
+        if cutlass.const_expr(self.stream_k):
+            if k0 == 0 and k1 == self.k_tiles:
+                self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
+            elif k1 == self.k_tiles:
+                # the tile's tail: the fixup adds the lower CTAs' parts at the end
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    mPartials[i, ct, 1, cwg, cta] = acc[i]
+                owned = t
+            else:
+                # head or middle of the tile: publish it for the CTA holding the tail
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    mPartials[i, ct, 0, cwg, cta] = acc[i]
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
+                if ct == 0:
+                    store_flag(mFlags.iterator + (cwg + self.row_blocks * cta), 1)
+        else:
+            self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
+        return owned
 
     @cute.jit
     def _fixup(self, cwg, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
@@ -552,7 +626,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         acc.fill(0.0)
         for c in range(first, cta):
             if ct == 0:
-                wait_flag(mFlags.iterator + (cwg + self.consumers * c))
+                wait_flag(mFlags.iterator + (cwg + self.row_blocks * c))
             cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr(cute.size(acc)):
@@ -560,21 +634,23 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         for i in cutlass.range_constexpr(cute.size(acc)):
             acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
         tm, tn = self._tile_mn(tile, m)
-        self._epilogue(acc, thr, mD, mBias, m, tm * self.tile_m + cwg * 64, tn)
+        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
+        self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
         if ct == 0:
             for c in range(first, cta):
-                store_flag(mFlags.iterator + (cwg + self.consumers * c), 0)
+                store_flag(mFlags.iterator + (cwg + self.row_blocks * c), 0)
 
     @cute.jit
     def _mainloop(
         self, ct, tiled_mma, sB16, acc, st, row0, scale_row0, load_pipe, conv_pipe, ls, rs, rel,
-        row_lows, k_stages,
+        row_lows, k_stages, k_half=None,
     ):  # fmt: skip
-        """One segment's K loop over ``k_stages`` FP8 stages: per K 64, convert A into the
-        fragment (FP16 with ``row_lows``, else BF16), then four wgmmas against the converted B
-        stage. Leaves the last wgmmas in flight and the last B stage unreleased."""
+        """One segment's K loop over ``k_stages`` FP8 stages: per K 64 (only half ``k_half`` of
+        each stage where given: k-split), convert A into the fragment (FP16 with
+        ``row_lows``, else BF16), then four wgmmas against the converted B stage. Leaves the
+        last wgmmas in flight and the last B stage unreleased."""
         thr = tiled_mma.get_slice(ct)
         frag = tiled_mma.make_fragment_A(thr.partition_shape_A((64, TILE_K16)))
         # Int32 view: word rr + 2 * hi + 4 * kb = the pair (row g + 8 rr, k 2t + 8 hi) of
@@ -584,9 +660,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         a8 = st.sA8.data_ptr().toint()
         sa = st.sSA.data_ptr().toint()
         t = ct % 4
+        halves = [h for h in range(HALVES) if k_half is None or h == k_half]
+        stride = self._stride16()
         for _kt in range(k_stages):
             load_pipe.consumer_wait(ls)
-            for h in cutlass.range_constexpr(HALVES):
+            for h in halves:
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
@@ -597,9 +675,10 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                 warpgroup.wait_group(0)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
-                    rel.advance()
+                    for _s in cutlass.range_constexpr(stride):
+                        rel.advance()
                 convert_fragment(words, scales, groups, frag_words, row_lows)
-                if cutlass.const_expr(h == HALVES - 1):
+                if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(TILE_K16 // 16):
@@ -611,7 +690,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                         acc,
                     )
                 warpgroup.commit_group()
-                rs.advance()
+                for _s in cutlass.range_constexpr(stride):
+                    rs.advance()
             ls.advance()
         return ls, rs, rel
 

@@ -16,6 +16,7 @@ two-step scaling of E8M0 bytes above 134; spans of at most 21 take the FP16 path
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -61,6 +62,8 @@ def test_compiles_for_sm90a_without_gpu():
              torch.float32),
             (g.config_from_spec("tiled 128x64 c1 stream-k", 300), 200, 512, torch.bfloat16,
              torch.bfloat16),
+            (g.config_from_spec("tiled 64x128 c2 stream-k", 64), 640, 4160, torch.bfloat16,
+             None),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
@@ -177,27 +180,44 @@ def test_two_step_power_of_two_scaling():
         assert torch.equal(two_steps[normal], want[normal]), e
 
 
+def test_skinny_configs_fit_shared_memory():
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
+        cfg = g.skinny_config(tokens)
+        assert cfg.tokens_tile == tile
+        per_stage = (64 + tile) * 128 + 1024
+        assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
+
+
 def test_heuristic_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (64, 64)]:
-        cfg = g.heuristic_config(tokens, 7168, 43008)
-        assert cfg.tokens_tile == tile
-        assert g.skinny_config(tokens) == cfg
-        per_stage = (64 + tile) * 128 + 1024
-        assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
-    assert g.heuristic_config(65, 7168, 43008).tokens_tile == 0
+    for tokens in (1, 8, 9, 16, 17, 32):
+        assert g.heuristic_config(tokens, 7168, 43008) == g.skinny_config(tokens)
+    assert g.heuristic_config(33, 7168, 43008).tokens_tile == 0
     assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
 def test_heuristic_splits_few_tiles_over_k():
     """Fewer 128 x 128 tiles than two rounds of the SMs take stream-K (every SM streams an
-    equal share of the units); at and past two rounds whole tiles per CTA."""
+    equal share of the units): 192-row tiles where they pad fewer rows, 128 x 64 ones for
+    narrow weights up to 256 tokens; at and past two rounds whole tiles per CTA."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    for tokens, n in [(65, 7168), (512, 7168), (300, 256), (1024, 4096), (4096, 512)]:
-        cfg = g.heuristic_config(tokens, n, 43008)
-        assert g.spec_of(cfg) == "tiled 128x128 c2 stream-k", (tokens, n)
+    for tokens, n, spec in [
+        (33, 7168, "tiled 128x128 c2 stream-k"),
+        (65, 7168, "tiled 128x128 c2 stream-k"),
+        (192, 7168, "tiled 192x128 c1 stream-k"),
+        (256, 7168, "tiled 128x128 c2 stream-k"),
+        (512, 7168, "tiled 128x128 c2 stream-k"),
+        (300, 2048, "tiled 128x128 c2 stream-k"),
+        (1024, 4096, "tiled 128x128 c2 stream-k"),
+        (4096, 512, "tiled 128x128 c2 stream-k"),
+        (100, 2048, "tiled 128x64 c1 stream-k"),
+        (256, 256, "tiled 128x64 c1 stream-k"),
+    ]:
+        assert g.spec_of(g.heuristic_config(tokens, n, 43008)) == spec, (tokens, n)
     # 5 x 56 = 280 tiles: two rounds
     assert not g.heuristic_config(640, 7168, 43008).stream_k
     assert not g.heuristic_config(1024, 4608, 43008).stream_k  # 8 x 36 = 288
@@ -223,6 +243,7 @@ def test_config_specs_round_trip_and_reject_others():
 
     for spec in (
         "tiled 128x128 c2",
+        "tiled 64x128 c2 stream-k",
         "tiled 128x64 c1 stream-k",
         "tiled 192x128 c1",
         "tiled 192x128 c1 stream-k",
@@ -505,6 +526,7 @@ STREAM_K_SPECS = [
     "tiled 128x128 c2 stream-k",
     "tiled 192x128 c1 stream-k",
     "tiled 128x64 c1 stream-k",
+    "tiled 64x128 c2 stream-k",  # k-split: two consumer warpgroups on alternate K halves
 ]
 
 
@@ -544,7 +566,8 @@ def _check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds,
 )
 def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
     """The tiled kernel's stream-K schedule: K 4160 (33 stages, the last one partial), N 640
-    (5 or 10 column tiles), tiles split across CTAs as heads, middles and tails."""
+    (5 or 10 column tiles), tiles split across CTAs as heads, middles and tails; 64-row
+    tiles start at row 64 of a scale chunk every other tile."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     n, k = 640, 4160
@@ -558,24 +581,40 @@ def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bia
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-def test_stream_k_with_fewer_units_than_ctas():
-    """Two (tile, stage) units: two CTAs, one head and one tail."""
+@pytest.mark.parametrize("spec", ["tiled 64x128 c2", "tiled 64x128 c1 stream-k"])
+@pytest.mark.parametrize("tokens", [1, 64, 200])
+def test_k_split_tiles_match_reference(spec, tokens):
+    """64-row tiles whose two consumer warpgroups split K: whole tiles per CTA (one K
+    segment per tile), and stream-K with one converter warpgroup."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 1)
-    _check_config_run(cfg, 1, 128, 256, torch.bfloat16, None, 20, 127, (3, 4))
-    _check_config_run(cfg, 100, 128, 256, torch.bfloat16, None, 20, 127, (5, 6))
+    cfg = g.config_from_spec(spec, tokens)
+    _check_config_run(cfg, tokens, 640, 4160, torch.bfloat16, None, 20, 127, (tokens, 17))
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-def test_stream_k_repeats_bitwise_and_graph_replays():
+def test_stream_k_with_fewer_units_than_ctas():
+    """Two (tile, stage) units: two CTAs, one head and one tail."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    for spec in ("tiled 128x128 c2 stream-k", "tiled 64x128 c2 stream-k"):
+        cfg = g.config_from_spec(spec, 1)
+        _check_config_run(cfg, 1, 128, 256, torch.bfloat16, None, 20, 127, (3, 4))
+        _check_config_run(cfg, 100, 128, 256, torch.bfloat16, None, 20, 127, (5, 6))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec", ["tiled 128x128 c2 stream-k", "tiled 64x128 c2 stream-k"])
+def test_stream_k_repeats_bitwise_and_graph_replays(spec):
     """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
     the next launch; a captured launch (its own workspace) replays with new tokens."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 300)
+    cfg = g.config_from_spec(spec, 300)
     tokens, n, k = 300, 640, 4160
     a, sa, b, sb, out = _check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (8, 9))
     first = out[:tokens].clone()
@@ -632,13 +671,13 @@ def test_stream_k_on_two_streams_at_once():
 
 
 def _table_points():
-    """(tokens, N, K): every table shape at one token, at the first and last measured count,
-    and at and around every point where the table's choice changes."""
+    """(tokens, N, K): every table shape at one token and at and around every point where
+    the table's choice changes."""
     from mxfp8_fusion.kernels import gemm_sm90_table as table
 
     points = []
     for (n, k), rows in table.TABLE.items():
-        tokens = {1, rows[0][0], rows[-1][0]}
+        tokens = {1}
         for i in range(1, len(rows)):
             if rows[i][1] != rows[i - 1][1]:  # t0 takes the one spec, t0 + 1 the other
                 t0 = rows[i - 1][0]
@@ -647,16 +686,42 @@ def _table_points():
     return points
 
 
+@functools.lru_cache(maxsize=1)
+def _table_weight(n: int, k: int):
+    """One random weight per table shape, drawn on the GPU (a CPU draw of 300 MB per test
+    would cost seconds)."""
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    raw = torch.randint(0, 256, (n, k), generator=gen, device="cuda", dtype=torch.uint8)
+    raw = torch.where((raw & 0x7F) == 0x7F, raw ^ 0x01, raw)
+    exps = torch.randint(117, 138, (n, k // GROUP), generator=gen, device="cuda")
+    scales = reference.to_blocked(exps.to(torch.uint8)).view(torch.float8_e8m0fnu)
+    return raw.view(torch.float8_e4m3fn), scales
+
+
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("tokens,n,k", _table_points())
+@pytest.mark.parametrize(
+    "tokens,n,k", [pytest.param(*p, id=f"{p[1]}x{p[2]}-{p[0]}") for p in _table_points()]
+)
 def test_table_choices_match_reference(tokens, n, k):
     """The configs the measured table picks, at and around each of its switch points."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     cfg = g.choose_config(tokens, n, k)
-    _check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (tokens, n))
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    raw = torch.randint(0, 256, (tokens, k), generator=gen, device="cuda", dtype=torch.uint8)
+    a = torch.where((raw & 0x7F) == 0x7F, raw ^ 0x01, raw).view(torch.float8_e4m3fn)
+    exps = torch.randint(117, 138, (tokens, k // GROUP), generator=gen, device="cuda")
+    sa = reference.to_blocked(exps.to(torch.uint8)).view(torch.float8_e8m0fnu)
+    b, sb = _table_weight(n, k)
+    out = torch.full((tokens + 3, n), 1234.0, device="cuda", dtype=torch.bfloat16)
+    ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    g.run(a, sa, b, sb, None, out, config=cfg)
+    torch.cuda.synchronize()
+    assert (out[tokens:] == 1234.0).all()
+    _check_close(out[:tokens], ref, a, sa, b, sb)
 
 
 SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
