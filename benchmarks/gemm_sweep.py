@@ -337,7 +337,7 @@ def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
                     "k": k,
                     "tokens": group,
                     "rounds": args.rounds,
-                    "rest_s": 0.01 if args.tune else 0.03,
+                    "rest_s": 0.01 if args.tune else 0.02,
                     "before": args.before,
                     "leave_out": ["stream-k"] if args.no_stream_k else [],
                     "out": str(tmp / f"{n}x{k}_{i}.json"),
@@ -419,7 +419,7 @@ def main(args) -> None:
         **environment(args.git_rev),
         "mode": "CUDA Graph replay: one graph per contender and point, `inner` launches "
         "rotating over `weight_copies` copies of the weight (so that at least 200 MB of FP8 "
-        "weight is streamed; cuBLAS likewise); per sample 10-30 ms idle, one untimed replay, "
+        "weight is streamed; cuBLAS likewise); per sample 10-20 ms idle, one untimed replay, "
         "a GPU spin while the host enqueues, then one timed replay (CUDA events); medians over "
         f"{args.rounds} interleaved rounds, contender order rotated each round",
         "ratio_direction": "over_cublas_bf16 = ours time / cuBLAS BF16 time; below 1 ours is "
