@@ -113,8 +113,10 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry names: ``"swap-ab"`` (:func:`skinny_config` for ``tokens``)
-    or ``"tiled MxN cC"`` with an optional ``" stream-k"`` (tile M x N, C B-converter
-    warpgroups, the standard stage split of that tile).
+    or ``"tiled MxN cC"`` with an optional ``" stream-k"`` and an optional ``" sF+H"`` (tile M
+    x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default the standard split
+    of that tile; M 64 is the k-split tile, two consumer warpgroups on alternate K halves of
+    the same 64 rows).
 
     Raises:
         ValueError: on a spec of neither form, or swap-AB above SKINNY_MAX_TOKENS.
@@ -126,12 +128,20 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
                 f"spec: swap-ab serves at most {SKINNY_MAX_TOKENS} tokens, got {tokens}"
             )
         return skinny_config(tokens, num_sms)
+    stage_split = None
+    if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
+        counts = parts.pop()[1:].split("+")
+        if len(counts) != 2 or not all(c.isdigit() for c in counts):
+            raise ValueError(f"spec: stages as sF+H, got {spec!r}")
+        stage_split = (int(counts[0]), int(counts[1]))
     ok = len(parts) in (3, 4) and parts[0] == "tiled" and parts[3:] in ([], ["stream-k"])
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
-        raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k]', got {spec!r}")
+        raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
     tile_m, tile_n = int(dims[0]), int(dims[1])
     stages, bf16_stages = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
+    if stage_split is not None:
+        stages, bf16_stages = stage_split
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
@@ -144,11 +154,14 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 
 
 def spec_of(cfg: GemmConfig) -> str:
-    """The :func:`config_from_spec` spec of ``cfg`` (its stage counts left out)."""
+    """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.tokens_tile:
         return "swap-ab"
     sk = " stream-k" if cfg.stream_k else ""
-    return f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
+    spec = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
+    if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
+        spec += f" s{cfg.stages}+{cfg.bf16_stages}"
+    return spec
 
 
 def table_spec(tokens: int, n: int, k: int, num_sms: int = 132) -> str | None:
@@ -333,8 +346,11 @@ _FLOATS_PER_TILED_FLAG = 2 * 64 * 64
 
 
 def _tiled_workspace_floats(cfg: GemmConfig) -> int:
-    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``."""
-    return cfg.num_ctas * (cfg.tile_m // 64) * 2 * 64 * cfg.tile_n
+    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``: per CTA two
+    slots per 64 rows; 64-row k-split tiles a second block for the hand-off between their
+    consumer warpgroups."""
+    blocks = 2 if cfg.tile_m == 64 else cfg.tile_m // 64
+    return cfg.num_ctas * blocks * 2 * 64 * cfg.tile_n
 
 
 def _fresh_tiled_workspace(device: torch.device, floats: int):

@@ -125,6 +125,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         self.k_split = self.tile_m == 64
         self.row_blocks = self.tile_m // 64
         self.consumers = 2 if self.k_split else self.row_blocks
+        # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
+        # second consumer's sums (gemm_sm90.py sizes the workspace alike)
+        self.ws_blocks = 2 if self.k_split else self.row_blocks
         self.convert_wgs = cfg.converters
         if (self.convert_wgs, self.consumers, False) not in REGS or (
             2 * self.tile_n < self.convert_wgs * WG_THREADS
@@ -197,7 +200,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             work = work * self.k_tiles
         grid = [cutlass.min(work, self.num_ctas_cap), 1, 1]
         gmem = cute.AddressSpace.gmem
-        cap, cons, frag = self.num_ctas_cap, self.row_blocks, self.frag
+        cap, cons, frag = self.num_ctas_cap, self.ws_blocks, self.frag
         mPartials = cute.make_tensor(
             cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
             cute.make_layout(
@@ -213,8 +216,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         stages8 = self.stages8
         stages16 = self.stages16
         ref_words = self.ref_words
-        # k-split: the second consumer's FP32 sums, handed to the first (else a stub)
-        red_words = 64 * self.tile_n if self.k_split else 4
 
         @cute.struct
         class Storage:
@@ -227,7 +228,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
             sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * sa_slots], 128]
             sSB: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * stages8], 128]
-            sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
 
         self.storage = Storage
         launch = self.kernel(
@@ -520,7 +520,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                     rel.advance()
                 part = (acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m)
                 if cutlass.const_expr(self.k_split):
-                    self._add_halves(cwg, ct, st, acc)
+                    self._add_halves(cwg, ct, cta, acc, mPartials)
                     if cwg == 0:
                         owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
                 else:
@@ -565,21 +565,20 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         return ls, rs, rel
 
     @cute.jit
-    def _add_halves(self, cwg, ct, st, acc):
-        """k-split: the second consumer's sums join the first's through shared memory, in a
-        fixed order (first + second), so every call sums alike."""
-        red = st.sRed.get_tensor(
-            cute.make_layout((cute.size(acc), WG_THREADS), stride=(WG_THREADS, 1))
-        )
+    def _add_halves(self, cwg, ct, cta, acc, mPartials):
+        """k-split: the second consumer's sums join the first's, in a fixed order (first +
+        second) so that every call sums alike. They pass through this CTA's own workspace
+        block (L2), which leaves the shared memory to deeper pipelines; a named barrier
+        orders the two warpgroups' global accesses (CTA scope)."""
         both = 2 * WG_THREADS
         if cwg == 1:
             for i in cutlass.range_constexpr(cute.size(acc)):
-                red[i, ct] = acc[i]
+                mPartials[i, ct, 0, 1, cta] = acc[i]
         cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
         if cwg == 0:
             for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + red[i, ct]
-        # the next segment may overwrite ``red`` only after the first consumer has read it
+                acc[i] = acc[i] + mPartials[i, ct, 0, 1, cta]
+        # the next segment may overwrite the block only after the first consumer has read it
         cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
 
     @cute.jit

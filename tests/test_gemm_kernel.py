@@ -62,8 +62,8 @@ def test_compiles_for_sm90a_without_gpu():
              torch.float32),
             (g.config_from_spec("tiled 128x64 c1 stream-k", 300), 200, 512, torch.bfloat16,
              torch.bfloat16),
-            (g.config_from_spec("tiled 64x128 c2 stream-k", 64), 640, 4160, torch.bfloat16,
-             None),
+            (g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64), 640, 4160,
+             torch.bfloat16, None),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
@@ -252,7 +252,16 @@ def test_config_specs_round_trip_and_reject_others():
         assert g.spec_of(cfg) == spec and cfg.tokens_tile == 0 and cfg.num_ctas == 132
     assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
     assert g.config_from_spec("swap-ab", 20, 100) == g.skinny_config(20, 100)
-    for bad in ("tiled", "tiled 128 c2", "tiled 128x128 2", "tiled 128x128 c2 split", "skinny"):
+    assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
+    assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
+    for bad in (
+        "tiled",
+        "tiled 128 c2",
+        "tiled 128x128 2",
+        "tiled 128x128 c2 split",
+        "skinny",
+        "tiled 64x128 c2 stream-k s7",
+    ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
     with pytest.raises(ValueError, match="spec"):
@@ -340,8 +349,10 @@ def _run_kernel(a, sa, b, sb, bias, out):
     gemm_sm90.run(a, sa, b, sb, bias, out)
 
 
-def _check_close(ours, ref, a, sa, b, sb, slack=2.0**-14):
-    """Per-output bound |ours-ref| <= ulp(|ref|) + slack * sum|a*b| (see module docstring)."""
+def _check_close(ours, ref, a, sa, b, sb, slack=2.0**-14, min_same=None):
+    """Per-output bound |ours-ref| <= ulp(|ref|) + slack * sum|a*b| (see module docstring);
+    ``min_same``: the least share of bitwise-equal outputs (default 0.99 for BF16, 0.8 for
+    FP16)."""
     m, n = ref.shape
     absdot = torch.empty(m, n, dtype=torch.float32, device=ref.device)
     abs_a = (a.view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn)
@@ -366,7 +377,9 @@ def _check_close(ours, ref, a, sa, b, sb, slack=2.0**-14):
     print("STATS", ref.shape, ref.dtype, stats)
     assert excess <= 0, stats
     assert rel < finfo.eps / 2, stats
-    assert same > (0.99 if ref.dtype == torch.bfloat16 else 0.8), stats
+    if min_same is None:
+        min_same = 0.99 if ref.dtype == torch.bfloat16 else 0.8
+    assert same > min_same, stats
 
 
 SHAPES = [  # (tokens, N, K)
@@ -581,11 +594,21 @@ def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bia
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", ["tiled 64x128 c2", "tiled 64x128 c1 stream-k"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "tiled 64x128 c2",
+        "tiled 64x128 c1 stream-k",
+        "tiled 64x128 c2 stream-k s7+3",
+        "tiled 64x128 c2 stream-k s6+4",
+        "tiled 128x128 c2 stream-k s5+3",
+    ],
+)
 @pytest.mark.parametrize("tokens", [1, 64, 200])
 def test_k_split_tiles_match_reference(spec, tokens):
     """64-row tiles whose two consumer warpgroups split K: whole tiles per CTA (one K
-    segment per tile), and stream-K with one converter warpgroup."""
+    segment per tile), stream-K with one converter warpgroup, and deeper FP8 pipelines
+    (also for 128-row tiles)."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     cfg = g.config_from_spec(spec, tokens)
@@ -721,7 +744,10 @@ def test_table_choices_match_reference(tokens, n, k):
     g.run(a, sa, b, sb, None, out, config=cfg)
     torch.cuda.synchronize()
     assert (out[tokens:] == 1234.0).all()
-    _check_close(out[:tokens], ref, a, sa, b, sb)
+    # Rounding flips between two FP32 summation orders grow with K: at K 43008 98.7-98.9% of
+    # BF16 outputs matched bitwise, for main's whole-tile 192-row kernel and for stream-K
+    # alike (within the per-output bound everywhere)
+    _check_close(out[:tokens], ref, a, sa, b, sb, min_same=0.98 if k > 16384 else None)
 
 
 SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
