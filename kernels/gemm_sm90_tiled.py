@@ -123,6 +123,10 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         # 64-row tiles: two consumer warpgroups on the same rows, one per K half of every
         # FP8 stage (their sums added at the end of a segment); else one per 64 rows
         self.k_split = self.tile_m == 64
+        # the k-split hand-off goes through the stream-K workspace, which only stream-K
+        # launches get
+        if self.k_split and not cfg.stream_k:
+            raise ValueError(f"64-row tiles need stream_k, got {cfg}")
         self.row_blocks = self.tile_m // 64
         self.consumers = 2 if self.k_split else self.row_blocks
         # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
