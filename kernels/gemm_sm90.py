@@ -7,9 +7,10 @@ order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 benchmarks/GEMM_LOG.md.)
 
-* gemm_sm90_tiled (more than 64 tokens): 128 x 128, 128 x 64 or 192 x 128 output tiles,
-  persistent; consumer warpgroups convert their A rows straight into RS-wgmma register
-  fragments, converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
+* gemm_sm90_tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
+  per persistent CTA or (stream-K) the (tile, K stage) units split evenly over the CTAs;
+  consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
+  converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
   the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
   (gemm_sm90_refs); the others BF16.
@@ -18,9 +19,13 @@ benchmarks/GEMM_LOG.md.)
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
 
-This module holds the host side: the config and its heuristic, the support predicate, the
-compile cache (keyed on compile-time facts; the token count M is a runtime value) and the
-launch (integer arguments through a reusable buffer: see launcher.py).
+Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
+K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
+
+This module holds the host side: the config, the table lookup and the heuristic, the
+support predicate, the compile cache (keyed on compile-time facts; the token count M is a
+runtime value) and the launch (integer arguments through a reusable buffer: see
+launcher.py).
 """
 
 from __future__ import annotations
