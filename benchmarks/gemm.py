@@ -13,6 +13,12 @@ tokens the kernel is shorter than a Python launch). TFLOP/s uses 2*M*N*K. Writes
 benchmarks/results/gemm.json.
 
     python benchmarks/gemm.py [--tokens 16 128 512 4096 16384] [--rounds 20] [--out PATH]
+
+Across token counts and model shapes (gemm_sweep.py holds the machinery):
+
+    python benchmarks/gemm.py --sweep [--before] [--out benchmarks/results/gemm_sweep.json]
+    python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90_table.py \
+        [--out benchmarks/results/gemm_tune.json]
 """
 
 from __future__ import annotations
@@ -213,7 +219,25 @@ def main() -> None:
         default=[],
         help="also time these mainloop variants (ours only) at the first token count",
     )
+    p.add_argument("--sweep", action="store_true", help="every listed shape and token count")
+    p.add_argument("--tune", action="store_true", help="time candidate configs per point")
+    p.add_argument("--before", action="store_true", help="sweep: also the pre-table heuristic")
+    p.add_argument("--write-table", default=None, help="tune: write the table module here")
+    p.add_argument("--plot", default=None, help="redraw the PNG of this sweep receipt")
+    p.add_argument("--shapes", default=None, help="sweep/tune: N,K;N,K;... (default: all)")
+    p.add_argument("--sweep-tokens", type=int, nargs="+", default=None)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--deadline-s", type=float, default=420.0)
+    p.add_argument("--no-stream-k", action="store_true", help="tune: leave stream-K out")
+    p.add_argument("--lock", default=None, help="sweep/tune: GPU lock file shared with others")
+    p.add_argument("--gate", default=None, help="tune: leave out specs containing its words")
+    p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
     args = p.parse_args()
+    if args.sweep or args.tune or args.plot:
+        import gemm_sweep
+
+        gemm_sweep.main(args)
+        return
     variants = {}
     if args.variants:
         variants = bench_variants(args.tokens[0], args.n, args.k, args.variants, args.rounds)

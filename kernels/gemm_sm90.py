@@ -7,9 +7,10 @@ order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 benchmarks/GEMM_LOG.md.)
 
-* gemm_sm90_tiled (more than 64 tokens): 128 x 128, 128 x 64 or 192 x 128 output tiles,
-  persistent; consumer warpgroups convert their A rows straight into RS-wgmma register
-  fragments, converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
+* gemm_sm90_tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
+  per persistent CTA or (stream-K) the (tile, K stage) units split evenly over the CTAs;
+  consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
+  converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
   the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
   (gemm_sm90_refs); the others BF16.
@@ -18,9 +19,13 @@ benchmarks/GEMM_LOG.md.)
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
 
-This module holds the host side: the config and its heuristic, the support predicate, the
-compile cache (keyed on compile-time facts; the token count M is a runtime value) and the
-launch (integer arguments through a reusable buffer: see launcher.py).
+Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
+K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
+
+This module holds the host side: the config, the table lookup and the heuristic, the
+support predicate, the compile cache (keyed on compile-time facts; the token count M is a
+runtime value) and the launch (integer arguments through a reusable buffer: see
+launcher.py).
 """
 
 from __future__ import annotations
@@ -43,14 +48,16 @@ _CHUNK_WORDS = CHUNK_BYTES // 4  # a chunk of the blocked scale layout, as int32
 class GemmConfig:
     """Compile-time tiling.
 
-    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128,
-    or 192 with three consumer warpgroups and one converter) x ``tile_n`` (128 or 64),
+    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128;
+    192 with three consumer warpgroups and one converter; 64 with two consumer warpgroups
+    splitting K) x ``tile_n`` (128 or 64),
     ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
     persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
     most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
     alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
-    tile N 128).
+    tile N 128). ``stream_k`` 1: the tiled kernel splits the (output tile, K stage) units
+    evenly over its CTAs instead of giving each CTA whole tiles.
     """
 
     tile_n: int = 128
@@ -61,6 +68,7 @@ class GemmConfig:
     consumers: int = 3
     converters: int = 1
     tile_m: int = 128
+    stream_k: int = 0
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -82,6 +90,11 @@ _TALL_TILE_COST = 1.4
 # it in registers, while every CTA converts all tokens (so its cost grows with them).
 SKINNY_MAX_TOKENS = 64
 _SMEM_BYTES = 227 * 1024
+# Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
+_STREAM_K_ROUNDS = 2
+# heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
+# beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
+_SWAP_AB_TOKENS = 32
 
 
 def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
@@ -103,35 +116,109 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
     return GemmConfig(stages=stages, num_ctas=num_sms, tokens_tile=tokens_tile, consumers=consumers)
 
 
-@functools.lru_cache(maxsize=4096)
-def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
-    """Kernel and tile heuristic by (tokens, N, K).
+def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
+    """The config a table entry names: ``"swap-ab"`` (:func:`skinny_config` for ``tokens``)
+    or ``"tiled MxN cC"`` with an optional ``" stream-k"`` and an optional ``" sF+H"`` (tile M
+    x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default the standard split
+    of that tile; M 64 is the k-split tile, two consumer warpgroups on alternate K halves of
+    the same 64 rows).
 
-    Few tokens: the swap-AB kernel. Otherwise the tiled kernel: tile N 128 converts fewer FP8
-    bytes per FLOP than 64 (each weight tile serves more rows); with fewer 128 x 128 tiles
-    than SMs the GEMM streams the weight and needs CTAs on every SM, so 64.
+    Raises:
+        ValueError: on a spec of neither form, or swap-AB above SKINNY_MAX_TOKENS.
     """
-    if tokens <= SKINNY_MAX_TOKENS:
+    parts = spec.split()
+    if parts == ["swap-ab"]:
+        if tokens > SKINNY_MAX_TOKENS:
+            raise ValueError(
+                f"spec: swap-ab serves at most {SKINNY_MAX_TOKENS} tokens, got {tokens}"
+            )
         return skinny_config(tokens, num_sms)
-    tile_n = 128 if -(-tokens // _TILE_M) * -(-n // 128) >= num_sms else 64
-    if tile_n == 128 and _tiled_time(tokens, n, 192, num_sms) < _tiled_time(
-        tokens, n, 128, num_sms
-    ):
-        stages, bf16_stages = _TALL_STAGES
-        return GemmConfig(
-            tile_m=192, stages=stages, bf16_stages=bf16_stages, num_ctas=num_sms, converters=1
-        )
-    stages, bf16_stages = _TILED_STAGES[tile_n]
-    # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
-    # (benchmarks/GEMM_LOG.md, variant 22); tile N 64 has one 32-element unit per thread
-    converters = 2 if tile_n == 128 else 1
+    stage_split = None
+    if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
+        counts = parts.pop()[1:].split("+")
+        if len(counts) != 2 or not all(c.isdigit() for c in counts):
+            raise ValueError(f"spec: stages as sF+H, got {spec!r}")
+        stage_split = (int(counts[0]), int(counts[1]))
+    ok = len(parts) in (3, 4) and parts[0] == "tiled" and parts[3:] in ([], ["stream-k"])
+    dims = parts[1].split("x") if ok else []
+    if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
+        raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
+    tile_m, tile_n = int(dims[0]), int(dims[1])
+    stages, bf16_stages = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
+    if stage_split is not None:
+        stages, bf16_stages = stage_split
     return GemmConfig(
+        tile_m=tile_m,
         tile_n=tile_n,
+        converters=int(parts[2][1:]),
         stages=stages,
         bf16_stages=bf16_stages,
         num_ctas=num_sms,
-        converters=converters,
+        stream_k=int(len(parts) == 4),
     )
+
+
+def spec_of(cfg: GemmConfig) -> str:
+    """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
+    if cfg.tokens_tile:
+        return "swap-ab"
+    sk = " stream-k" if cfg.stream_k else ""
+    spec = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
+    if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
+        spec += f" s{cfg.stages}+{cfg.bf16_stages}"
+    return spec
+
+
+def table_spec(tokens: int, n: int, k: int, num_sms: int = 132) -> str | None:
+    """The measured table's spec for ``tokens`` at (N, K), or None where the table has no
+    such shape (or was measured on another SM count). The entry is that of the smallest
+    measured token count at or above ``tokens`` (the largest one past the end), so a
+    swap-AB entry always has a tile that holds ``tokens``."""
+    from . import gemm_sm90_table as table
+
+    rows = table.TABLE.get((n, k)) if num_sms == table.NUM_SMS else None
+    if not rows:
+        return None
+    for bucket, spec in rows:
+        if bucket >= tokens:
+            return spec
+    return rows[-1][1]
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
+    """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
+    the shape, else :func:`heuristic_config`."""
+    spec = table_spec(tokens, n, k, num_sms)
+    if spec is not None and not (spec == "swap-ab" and tokens > SKINNY_MAX_TOKENS):
+        return config_from_spec(spec, tokens, num_sms)
+    return heuristic_config(tokens, n, k, num_sms)
+
+
+def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
+    """Kernel and tile heuristic by (tokens, N, K), for shapes the table does not hold; its
+    rules follow what won in the measured table's shapes (gemm_sm90_table, GEMM_LOG.md).
+
+    Up to 32 tokens the swap-AB kernel (it streams the weight once). Otherwise the tiled
+    kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
+    are split over all CTAs (stream-K), in 192-row tiles where they pad fewer rows than
+    128-row ones, in 128 x 64 tiles for narrow weights (fewer than 24 column tiles of 128)
+    up to 256 tokens. More tiles take whole tiles per CTA, 192 rows where the round-robin
+    model favours them.
+    """
+    if tokens <= _SWAP_AB_TOKENS:
+        return skinny_config(tokens, num_sms)
+    if -(-tokens // _TILE_M) * -(-n // 128) < _STREAM_K_ROUNDS * num_sms:
+        if -(-n // 128) < 24 and tokens <= 256:
+            return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
+        if -(-tokens // 192) * 192 < -(-tokens // 128) * 128:
+            return config_from_spec("tiled 192x128 c1 stream-k", tokens, num_sms)
+        return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
+    if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
+        return config_from_spec("tiled 192x128 c1", tokens, num_sms)
+    # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
+    # (benchmarks/GEMM_LOG.md, variant 22)
+    return config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
 
 def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
@@ -186,9 +273,18 @@ _TORCH_TO_CUTLASS = {
 
 
 # Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
-# count, the A scale chunk count, then two more addresses: the tiled kernel's per-row FP16
-# references of A and of B (gemm_sm90_refs), the swap-AB kernel's stream-K workspace.
+# count, the A scale chunk count, then more addresses: the swap-AB kernel's stream-K
+# workspace (partial sums, flags); the tiled kernel's per-row FP16 references of A and of B
+# (gemm_sm90_refs), then its stream-K workspace (partial sums, flags).
 _KINDS = "qqqqqqiiqq"
+_TILED_KINDS = "qqqqqqiiqqqq"
+
+
+def kinds(cfg: GemmConfig) -> str:
+    """The launch-argument kinds of ``cfg``'s kernel (see launcher.Launcher)."""
+    return _KINDS if cfg.tokens_tile else _TILED_KINDS
+
+
 _REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
 
 
@@ -205,7 +301,7 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
-    return compile_for_scalars(kernel, _KINDS)
+    return compile_for_scalars(kernel, kinds(cfg))
 
 
 @functools.cache
@@ -216,10 +312,12 @@ def _compiled_refs(k: int):
     return compile_for_scalars(RowReferencesSm90(k), _REFS_KINDS)
 
 
-# Buffers of the kernels per (device, stream), kept across calls: the swap-AB kernel's
-# stream-K workspace (FP32 partial sums, two slots per CTA of up to 32 values per consumer
-# thread, and one zeroed flag per CTA; the kernel re-arms every flag it raises) and the
-# tiled kernel's per-row FP16 references (rewritten by the scan launch before each GEMM).
+# Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
+# (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
+# kernel's: two slots per CTA of up to 32 values per consumer thread, one flag per CTA. The
+# tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
+# per CTA and consumer warpgroup. And the tiled kernel's per-row FP16 references
+# (rewritten by the scan launch before each GEMM).
 # Launches on one stream never overlap, so one set serves every later launch there. Under
 # CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
 _WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
@@ -245,6 +343,25 @@ def _stream_buffers(name: str, device: torch.device, index: int, stream: int, si
 def _fresh_workspace(device: torch.device, num_ctas: int):
     partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
     return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+
+
+# A consumer warpgroup's two slots hold 2 x 64 x tile N >= 8192 floats, so a workspace of F
+# floats has room for F / 8192 flags, whichever tile shape it was made for.
+_FLOATS_PER_TILED_FLAG = 2 * 64 * 64
+
+
+def _tiled_workspace_floats(cfg: GemmConfig) -> int:
+    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``: per CTA two
+    slots per 64 rows; 64-row k-split tiles a second block for the hand-off between their
+    consumer warpgroups."""
+    blocks = 2 if cfg.tile_m == 64 else cfg.tile_m // 64
+    return cfg.num_ctas * blocks * 2 * 64 * cfg.tile_n
+
+
+def _fresh_tiled_workspace(device: torch.device, floats: int):
+    partials = torch.empty(floats, device=device)
+    flags = torch.zeros(floats // _FLOATS_PER_TILED_FLAG, dtype=torch.int32, device=device)
+    return partials, flags
 
 
 def _made_outside_graph_pools(make, device: torch.device):
@@ -327,8 +444,16 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         refs = _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream)
         refs_ptr = refs.data_ptr()
         args += (refs_ptr, refs_ptr + 4 * padded_rows(m))
+        if cfg.stream_k:
+            partials, flags = _stream_buffers(
+                "tiled stream-K", device, dev, stream, _tiled_workspace_floats(cfg),
+                lambda size: _fresh_tiled_workspace(device, size),
+            )  # fmt: skip
+            args += (partials.data_ptr(), flags.data_ptr())
+        else:
+            args += (out_ptr, out_ptr)  # unused
     key = (cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None, dev)
-    launch(key, lambda: _compiled(*key[:-1]), _KINDS, (*args, stream), dev)
+    launch(key, lambda: _compiled(*key[:-1]), kinds(cfg), (*args, stream), dev)
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:

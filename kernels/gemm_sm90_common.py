@@ -26,7 +26,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from mxfp8_fusion.format import CHUNK_BYTES
 
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
-from .quantize_ptx import asm_u32
+from .quantize_ptx import asm_u32, inline_ptx
 
 # one 128-row x 4-group chunk of the blocked scale layout as int32 words: the unit of the
 # scale TMA boxes
@@ -156,6 +156,34 @@ def convert_fragment(words, scale_words, groups, frag_words, lows=None):
                         for hi in cutlass.range_constexpr(2):
                             idx = rr + 2 * hi + 4 * (2 * j + i)
                             frag_words[idx] = mul_bf16x2(frag_words[idx], rests[n * rr + j])
+
+
+def _flag_asm(asm: str, constraints: str, ptr, *values, loc=None, ip=None) -> None:
+    """An inline-PTX statement on the global address of flag ``ptr`` (kept: side effects)."""
+    operands = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)]
+    operands += [Int32(v).ir_value(loc=loc, ip=ip) for v in values]
+    inline_ptx(asm, constraints, operands, None, side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def store_flag(ptr, value, *, loc=None, ip=None):
+    """``st.release.gpu`` of a 32-bit flag: everything this thread saw is visible first."""
+    _flag_asm("st.release.gpu.global.b32 [$0], $1;", "l,r", ptr, value, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def wait_flag(ptr, *, loc=None, ip=None):
+    """Spin with ``ld.acquire.gpu`` until the 32-bit flag is non-zero."""
+    _flag_asm(
+        "{\n.reg .pred p;\n.reg .b32 v;\nWAIT:\n"
+        "ld.acquire.gpu.global.b32 v, [$0];\n"
+        "setp.eq.u32 p, v, 0;\n"
+        "@p bra WAIT;\n}",
+        "l",
+        ptr,
+        loc=loc,
+        ip=ip,
+    )
 
 
 def load_gmem_word(addr):

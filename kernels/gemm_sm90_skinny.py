@@ -44,7 +44,6 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import dsl_user_op
 
 from .gemm_sm90_common import (
     CHUNK_WORDS,
@@ -57,11 +56,12 @@ from .gemm_sm90_common import (
     rs_tiled_mma,
     scale_factors,
     smem_layout,
+    store_flag,
     store_smem_word,
     tma_load,
     tma_views,
+    wait_flag,
 )
-from .quantize_ptx import inline_ptx
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
 TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
@@ -70,34 +70,6 @@ K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 WG_THREADS = 128
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
-
-
-def _flag_asm(asm: str, constraints: str, ptr, *values, loc=None, ip=None) -> None:
-    """An inline-PTX statement on the global address of flag ``ptr`` (kept: side effects)."""
-    operands = [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)]
-    operands += [Int32(v).ir_value(loc=loc, ip=ip) for v in values]
-    inline_ptx(asm, constraints, operands, None, side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _store_flag(ptr, value, *, loc=None, ip=None):
-    """``st.release.gpu`` of a 32-bit flag: everything this thread saw is visible first."""
-    _flag_asm("st.release.gpu.global.b32 [$0], $1;", "l,r", ptr, value, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def _wait_flag(ptr, *, loc=None, ip=None):
-    """Spin with ``ld.acquire.gpu`` until the 32-bit flag is non-zero."""
-    _flag_asm(
-        "{\n.reg .pred p;\n.reg .b32 v;\nWAIT:\n"
-        "ld.acquire.gpu.global.b32 v, [$0];\n"
-        "setp.eq.u32 p, v, 0;\n"
-        "@p bra WAIT;\n}",
-        "l",
-        ptr,
-        loc=loc,
-        ip=ip,
-    )
 
 
 # L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
@@ -367,7 +339,7 @@ class MXFP8SkinnyGemmSm90:
                     cute.arch.fence_acq_rel_gpu()
                     cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
                     if ct == 0:
-                        _store_flag(mFlags.iterator + cta, 1)
+                        store_flag(mFlags.iterator + cta, 1)
             u = seg_end
         if cw == 0 and owned >= 0:
             self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
@@ -400,7 +372,7 @@ class MXFP8SkinnyGemmSm90:
         acc.fill(0.0)
         for c in range(first, cta):
             if ct == 0:
-                _wait_flag(mFlags.iterator + c)
+                wait_flag(mFlags.iterator + c)
             cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr(cute.size(acc)):
@@ -412,7 +384,7 @@ class MXFP8SkinnyGemmSm90:
         cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
         if ct == 0:
             for c in range(first, cta):
-                _store_flag(mFlags.iterator + c, 0)
+                store_flag(mFlags.iterator + c, 0)
 
     def _token_units(self, ct):
         """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""

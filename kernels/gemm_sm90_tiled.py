@@ -15,7 +15,13 @@ an RS wgmma. Only the weight operand B is converted into a 16-bit shared-memory 
 dedicated converter warps.
 
 One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgroups, tile_m
-192: three), persistent over output tiles, the full row tiles first and a partial one last:
+192: three), persistent over output tiles, the full row tiles first and a partial one last.
+With ``stream_k`` the (output tile, K stage) units are instead split evenly over the CTAs
+(as in gemm_sm90_skinny): a CTA's range is cut into segments, one per tile it touches; a tile
+split across CTAs is finished by the CTA holding its tail, which adds the parts published by
+the lower CTAs in K order (no atomics: every call sums alike). With few output tiles (fewer
+than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
+keeps all of them streaming. Roles:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
@@ -51,9 +57,11 @@ from .gemm_sm90_common import (
     load_smem_words,
     rs_tiled_mma,
     smem_layout,
+    store_flag,
     store_smem_word,
     tma_load,
     tma_views,
+    wait_flag,
 )
 from .gemm_sm90_f16 import times_pow2
 from .gemm_sm90_tiled_convert import (
@@ -73,8 +81,19 @@ WG_THREADS = 128
 # FP16 path, 3% faster: benchmarks/GEMM_LOG.md, variants 17 and 22a.)
 # Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
-# launch are fewer than an m64n128 wgmma needs.) Keyed by (converters, consumers).
-REGS = {(1, 2): (40, 120, 176), (2, 2): (32, 48, 176), (1, 3): (32, 64, 128)}
+# launch are fewer than an m64n128 wgmma needs.)
+# Stream-K's segment bookkeeping lives in the converters too: at 48 (two converters) and 64
+# (three consumers) ptxas spilled 56 and 36 bytes there. The splits below spill 8 bytes
+# (two converters; none with consumers at 176, where the converters spill) and none (three
+# consumers, which fit 120 without spills). Keyed by (converters, consumers, stream-K).
+REGS = {
+    (1, 2, False): (40, 120, 176),
+    (2, 2, False): (32, 48, 176),
+    (1, 3, False): (32, 64, 128),
+    (1, 2, True): (40, 120, 176),
+    (2, 2, True): (32, 56, 168),
+    (1, 3, True): (32, 72, 120),
+}
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
 # of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring
@@ -99,16 +118,27 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         if self.tile_n not in (64, 128):
             raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
         self.tile_m = cfg.tile_m
-        if self.tile_m not in (128, 192):
-            raise ValueError(f"tile_m must be 128 or 192, got {self.tile_m}")
-        self.consumers = self.tile_m // 64
+        if self.tile_m not in (64, 128, 192):
+            raise ValueError(f"tile_m must be 64, 128 or 192, got {self.tile_m}")
+        # 64-row tiles: two consumer warpgroups on the same rows, one per K half of every
+        # FP8 stage (their sums added at the end of a segment); else one per 64 rows
+        self.k_split = self.tile_m == 64
+        # the k-split hand-off goes through the stream-K workspace, which only stream-K
+        # launches get
+        if self.k_split and not cfg.stream_k:
+            raise ValueError(f"64-row tiles need stream_k, got {cfg}")
+        self.row_blocks = self.tile_m // 64
+        self.consumers = 2 if self.k_split else self.row_blocks
+        # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
+        # second consumer's sums (gemm_sm90.py sizes the workspace alike)
+        self.ws_blocks = 2 if self.k_split else self.row_blocks
         self.convert_wgs = cfg.converters
-        if (self.convert_wgs, self.consumers) not in REGS or (
+        if (self.convert_wgs, self.consumers, False) not in REGS or (
             2 * self.tile_n < self.convert_wgs * WG_THREADS
         ):
             raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
-        # a tile's A rows span one 512-byte scale chunk per stage at 128 rows, two at 192
-        self.a_chunks = 1 if self.tile_m == 128 else 2
+        # a tile's A rows span one 512-byte scale chunk per stage up to 128 rows, two at 192
+        self.a_chunks = 1 if self.tile_m <= 128 else 2
         # ring words: A rows' references, then B rows', then the mode
         self.b_ref0 = self.tile_m
         self.mode_word = self.tile_m + 128
@@ -124,6 +154,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
         self.n_tiles = (n + self.tile_n - 1) // self.tile_n
         self.b_chunks = ((n + 127) // 128) * self.k_tiles
+        self.stream_k = bool(cfg.stream_k)
+        self.num_ctas_cap = cfg.num_ctas
+        # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
+        # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
+        # register, threads fastest so that a warp's stores are contiguous)
+        self.frag = 64 * self.tile_n // WG_THREADS
 
     @cute.jit
     def __call__(
@@ -138,6 +174,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         sa_chunks: cutlass.Int32,
         refs_a: cutlass.Int64,
         refs_b: cutlass.Int64,
+        partials_addr: cutlass.Int64,
+        flags_addr: cutlass.Int64,
         stream: cuda.CUstream,
     ):
         fp8 = cutlass.Float8E4M3FN
@@ -160,10 +198,25 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         scale_bytes = (self.a_chunks + 1) * CHUNK_WORDS * 4
         self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
 
-        sched = utils.PersistentTileSchedulerParams(
-            (((m + self.tile_m - 1) // self.tile_m) * self.n_tiles, 1, 1), (1, 1, 1)
+        # persistent: one CTA per tile up to the cap; stream-K: one per unit up to the cap
+        work = self._tiles(m)
+        if cutlass.const_expr(self.stream_k):
+            work = work * self.k_tiles
+        grid = [cutlass.min(work, self.num_ctas_cap), 1, 1]
+        gmem = cute.AddressSpace.gmem
+        cap, cons, frag = self.num_ctas_cap, self.ws_blocks, self.frag
+        mPartials = cute.make_tensor(
+            cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
+            cute.make_layout(
+                (frag, WG_THREADS, 2, cons, cap),
+                stride=(WG_THREADS, 1, frag * WG_THREADS, 2 * frag * WG_THREADS,
+                        cons * 2 * frag * WG_THREADS),
+            ),
+        )  # fmt: skip
+        mFlags = cute.make_tensor(
+            cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16),
+            cute.make_layout((cons, cap)),
         )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.cfg.num_ctas)
         stages8 = self.stages8
         stages16 = self.stages16
         ref_words = self.ref_words
@@ -183,7 +236,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         self.storage = Storage
         launch = self.kernel(
             tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, refs_a, refs_b, mD, mBias, m,
-            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sa_layout, sched,
+            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sa_layout, mPartials,
+            mFlags,
         ).launch  # fmt: skip
         launch(
             grid=grid,
@@ -216,7 +270,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         b16_layout: cute.ComposedLayout,
         s_layout: cute.Layout,
         sa_layout: cute.Layout,
-        sched_params: utils.PersistentTileSchedulerParams,
+        mPartials: cute.Tensor,
+        mFlags: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -241,8 +296,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.convert_threads),
+            # k-split: each 16-bit stage (one K half) is read by one consumer warpgroup
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.consumers * WG_THREADS
+                pipeline.Agent.Thread, self.row_blocks * WG_THREADS
             ),
             defer_sync=True,
         )
@@ -257,7 +313,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        producer_regs, converter_regs, consumer_regs = REGS[(self.convert_wgs, self.consumers)]
+        producer_regs, converter_regs, consumer_regs = REGS[
+            (self.convert_wgs, self.consumers, self.stream_k)
+        ]
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
             if warp == 0:
@@ -267,14 +325,14 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                 sSB = st.sSB.get_tensor(s_layout)
                 self._producer(
                     tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-                    sA8, sB8, sSA, sSB, load_pipe, m, sched_params,
+                    sA8, sB8, sSA, sSB, load_pipe, m,
                 )  # fmt: skip
             elif warp == 1:
-                self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe, sched_params)
+                self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe)
         elif wg < self.consumer_wg0:
             cute.arch.setmaxregister_decrease(converter_regs)
             ct = tidx - CONVERT_WG0 * WG_THREADS
-            self._converter(ct, m, st, load_pipe, conv_pipe, ref_pipe, sched_params)
+            self._converter(ct, m, st, load_pipe, conv_pipe, ref_pipe)
         else:
             cute.arch.setmaxregister_increase(consumer_regs)
             sB16 = st.sB16.get_tensor(b16_layout.outer, swizzle=b16_layout.inner)
@@ -283,29 +341,26 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             )
             self._consumer(
                 wg - self.consumer_wg0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, (sB16, sB16h),
-                mD, mBias, m, load_pipe, conv_pipe, ref_pipe, sched_params,
+                mD, mBias, m, load_pipe, conv_pipe, ref_pipe, mPartials, mFlags,
             )  # fmt: skip
 
     @cute.jit
     def _producer(
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-        sA8, sB8, sSA, sSB, load_pipe, m, sched_params,
+        sA8, sB8, sSA, sSB, load_pipe, m,
     ):  # fmt: skip
         tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
         tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
         tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
         tSBs, tSBg = tma_views(tma_sb, sSB, gSB_full, (CHUNK_WORDS, 1))
         k_tiles = self.k_tiles
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
+        u, stop, skip = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
-        while work.is_valid_tile:
-            tm, tn = self._tile_mn(work, m)
+        while u < stop:
+            _t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
             b_chunk0 = ((tn * self.tile_n) // 128) * k_tiles
             a_chunk0 = ((tm * self.tile_m) // 128) * k_tiles
-            for kt in range(k_tiles):
+            for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
@@ -323,18 +378,50 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                 )
                 load_pipe.producer_commit(ps)
                 ps.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            u = seg_end + skip
         load_pipe.producer_tail(ps)
 
+    def _tiles(self, m):
+        """Output tiles of ``m`` tokens."""
+        return ((m + self.tile_m - 1) // self.tile_m) * self.n_tiles
+
     @cute.jit
-    def _tile_mn(self, work, m):
+    def _my_units(self, m):
+        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, skip)``, where a
+        segment ending at ``e`` is followed by the one starting at ``e + skip``. Persistent:
+        whole tiles cta, cta + G, ...; stream-K: units [cta U / G, (cta + 1) U / G)."""
+        cta, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        units = self._tiles(m) * self.k_tiles
+        start = cta * self.k_tiles
+        stop = units
+        skip = (grid - 1) * self.k_tiles
+        if cutlass.const_expr(self.stream_k):
+            # in 64 bits: cta * U passes 2**31 past ~16M units
+            start = Int32((cutlass.Int64(cta) * units) // grid)
+            stop = Int32((cutlass.Int64(cta + 1) * units) // grid)
+            skip = Int32(0)
+        return start, stop, skip
+
+    @cute.jit
+    def _segment(self, u, stop, m):
+        """The segment starting at unit ``u``: (tile, row tile, column tile, first K stage,
+        end K stage, end unit)."""
+        t = u // self.k_tiles
+        tm, tn = self._tile_mn(t, m)
+        if cutlass.const_expr(not self.stream_k):
+            # whole tiles: static K bounds (fewer live registers in the 192-row kernel)
+            return t, tm, tn, 0, self.k_tiles, u + self.k_tiles
+        seg_end = cutlass.min(stop, (t + 1) * self.k_tiles)
+        return t, tm, tn, u - t * self.k_tiles, seg_end - t * self.k_tiles, seg_end
+
+    @cute.jit
+    def _tile_mn(self, idx, m):
         """(row tile, column tile) of the scheduler's linear tile: the full row tiles first,
         M fastest, then the partial row tile along N. The partial one has fewer live consumer
         warpgroups, so it is cheaper; last, it fills the final round. (M fastest over all row
         tiles puts it on the same CTAs every round when the grid is a multiple of the row
         tile count: 4096 tokens in 192-row tiles are 22 row tiles, 132 SMs.)"""
-        idx = work.tile_idx[0]
         full_m = m // self.tile_m
         full = full_m * self.n_tiles
         rows = cutlass.max(full_m, 1)
@@ -345,18 +432,15 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         )
 
     @cute.jit
-    def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe, sched_params):
+    def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe):
         """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90_refs)
         into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
         refs = st.refs.data_ptr().toint()
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
+        u, stop, skip = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, REF_STAGES)
         b_parts = self.tile_n // 32
-        while work.is_valid_tile:
-            tm, tn = self._tile_mn(work, m)
+        while u < stop:
+            _t, tm, tn, _k0, _k1, seg_end = self._segment(u, stop, m)
             a_rows = [tm * self.tile_m + lane + 32 * i for i in range(self.tile_m // 32)]
             b_rows = [tn * self.tile_n + lane + 32 * i for i in range(b_parts)]
             # the scan wrote padded_rows(M) words; a 192-row tile may reach past them
@@ -378,13 +462,13 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                 store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)
             ps.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            u = seg_end + skip
         ref_pipe.producer_tail(ps)
 
     @cute.jit
     def _consumer(
-        self, cwg, ct, mmas, st, sBs, mD, mBias, m, load_pipe, conv_pipe, ref_pipe, sched_params
+        self, cwg, ct, mmas, st, sBs, mD, mBias, m, load_pipe, conv_pipe, ref_pipe, mPartials,
+        mFlags,
     ):  # fmt: skip
         refs = st.refs.data_ptr().toint()
         for mma in mmas:  # accumulate from the first wgmma on: acc is zeroed per tile
@@ -392,67 +476,182 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         thr = mmas[0].get_slice(ct)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((64, self.tile_n)), cutlass.Float32)
         lane = ct % 32
-        row0 = cwg * 64 + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
+        wg_row = 0 if cutlass.const_expr(self.k_split) else cwg * 64  # its first tile row
+        row0 = wg_row + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
+        cta, _, _ = cute.arch.block_idx()
 
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
+        u, stop, skip = self._my_units(m)
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
+        if cutlass.const_expr(self.k_split):
+            # consumer c reads the 16-bit stages of K half c: c, c + 2, ...
+            n16 = self.stages16
+            rs = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
+            rel = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
-        while work.is_valid_tile:
-            tm, tn = self._tile_mn(work, m)
+        owned = Int32(-1)  # stream-K: the tile whose tail this CTA holds for the final fixup
+        while u < stop:
+            t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             scale_row0 = (tm * self.tile_m) % 128  # tile row 0 within its first scale chunk
-            if tm * self.tile_m + cwg * 64 < m:
+            if tm * self.tile_m + wg_row < m:
                 acc.fill(0.0)
-                if mode != 0:
-                    ls, rs, rel = self._mainloop(
-                        ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                        ls, rs, rel, None,
-                    )  # fmt: skip
+                # the FP16 factors want ref - 15 (f16_factor)
+                row_lows = [
+                    Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
+                    for rr in range(2)
+                ]
+                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
+                if cutlass.const_expr(self.k_split):
+                    if cwg == 0:
+                        ls, rs, rel = self._mainloops(
+                            mode, mmas, sBs, ls, rs, rel, row_lows, 0, args
+                        )
+                    else:
+                        ls, rs, rel = self._mainloops(
+                            mode, mmas, sBs, ls, rs, rel, row_lows, 1, args
+                        )
                 else:
-                    # the FP16 factors want ref - 15 (f16_factor)
-                    row_lows = [
-                        Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
-                        for rr in range(2)
-                    ]
-                    ls, rs, rel = self._mainloop(
-                        ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                        ls, rs, rel, row_lows,
-                    )  # fmt: skip
+                    ls, rs, rel = self._mainloops(
+                        mode, mmas, sBs, ls, rs, rel, row_lows, None, args
+                    )
                 warpgroup.wait_group(0)
                 conv_pipe.consumer_release(rel)
-                rel.advance()
-                if mode == 0:
-                    self._unscale(acc, thr, buf, row0)
-                self._epilogue(acc, thr, mD, mBias, m, tm * self.tile_m + cwg * 64, tn)
+                for _s in cutlass.range_constexpr(self._stride16()):
+                    rel.advance()
+                part = (acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m)
+                if cutlass.const_expr(self.k_split):
+                    self._add_halves(cwg, ct, cta, acc, mPartials)
+                    if cwg == 0:
+                        owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
+                else:
+                    owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
             else:
                 # every row of this warpgroup lies past M: keep the pipelines in step
-                for _kt in range(self.k_tiles):
+                for _kt in range(k1 - k0):
                     load_pipe.consumer_wait(ls)
-                    for _h in cutlass.range_constexpr(HALVES):
+                    for _h in cutlass.range_constexpr(HALVES // self._stride16()):
                         conv_pipe.consumer_wait(rs)
                         conv_pipe.consumer_release(rs)
-                        rs.advance()
-                        rel.advance()
+                        for _s in cutlass.range_constexpr(self._stride16()):
+                            rs.advance()
+                            rel.advance()
                     load_pipe.consumer_release(ls)
                     ls.advance()
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+            u = seg_end + skip
+        if cutlass.const_expr(self.stream_k):
+            if owned >= 0:
+                self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    def _stride16(self) -> int:
+        """16-bit stages a consumer's pipeline states advance per stage it reads."""
+        return HALVES if self.k_split else 1
+
+    @cute.jit
+    def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
+        """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
+        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
+        if mode != 0:
+            ls, rs, rel = self._mainloop(
+                ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                ls, rs, rel, None, k_stages, k_half,
+            )  # fmt: skip
+        else:
+            ls, rs, rel = self._mainloop(
+                ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                ls, rs, rel, row_lows, k_stages, k_half,
+            )  # fmt: skip
+        return ls, rs, rel
+
+    @cute.jit
+    def _add_halves(self, cwg, ct, cta, acc, mPartials):
+        """k-split: the second consumer's sums join the first's, in a fixed order (first +
+        second) so that every call sums alike. They pass through this CTA's own workspace
+        block (L2), which leaves the shared memory to deeper pipelines; a named barrier
+        orders the two warpgroups' global accesses (CTA scope)."""
+        both = 2 * WG_THREADS
+        if cwg == 1:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                mPartials[i, ct, 0, 1, cta] = acc[i]
+        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
+        if cwg == 0:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + mPartials[i, ct, 0, 1, cta]
+        # the next segment may overwrite the block only after the first consumer has read it
+        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
+
+    @cute.jit
+    def _finish_part(self, part, mD, mBias, mPartials, mFlags, owned):
+        """A segment's sums of one 64-row block: unscaled (FP16 path), then stored (a whole
+        tile, or persistent), kept as this CTA's tail, or published (stream-K). Returns the
+        tile whose tail this CTA now holds (``owned`` if none)."""
+        acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m = part
+        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
+        # every part is unscaled before it is stored or added: the factors are powers of
+        # two, so the sum of unscaled parts is the unscaled sum
+        if mode == 0:
+            self._unscale(acc, thr, buf, row0)
+        if cutlass.const_expr(self.stream_k):
+            if k0 == 0 and k1 == self.k_tiles:
+                self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
+            elif k1 == self.k_tiles:
+                # the tile's tail: the fixup adds the lower CTAs' parts at the end
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    mPartials[i, ct, 1, cwg, cta] = acc[i]
+                owned = t
+            else:
+                # head or middle of the tile: publish it for the CTA holding the tail
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    mPartials[i, ct, 0, cwg, cta] = acc[i]
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
+                if ct == 0:
+                    store_flag(mFlags.iterator + (cwg + self.row_blocks * cta), 1)
+        else:
+            self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
+        return owned
+
+    @cute.jit
+    def _fixup(self, cwg, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
+        """Stream-K: sum the tile's parts of this warpgroup's rows in K order (the published
+        heads and middles of the lower CTAs, then this CTA's tail) and store them. Waits only
+        on lower CTAs, which publish before their own fixup and start no later, so every
+        wait ends."""
+        grid, _, _ = cute.arch.grid_dim()
+        units = self._tiles(m) * self.k_tiles
+        # the CTA holding the tile's first unit (as _my_units splits them)
+        first = Int32(((cutlass.Int64(tile * self.k_tiles) + 1) * grid - 1) // units)
+        acc.fill(0.0)
+        for c in range(first, cta):
+            if ct == 0:
+                wait_flag(mFlags.iterator + (cwg + self.row_blocks * c))
+            cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + mPartials[i, ct, 0, cwg, c]
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
+        tm, tn = self._tile_mn(tile, m)
+        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
+        self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
+        # every thread has read the parts: re-arm the flags for the next launch
+        cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
+        if ct == 0:
+            for c in range(first, cta):
+                store_flag(mFlags.iterator + (cwg + self.row_blocks * c), 0)
 
     @cute.jit
     def _mainloop(
         self, ct, tiled_mma, sB16, acc, st, row0, scale_row0, load_pipe, conv_pipe, ls, rs, rel,
-        row_lows,
+        row_lows, k_stages, k_half=None,
     ):  # fmt: skip
-        """One output tile's K loop: per K 64, convert A into the fragment (FP16 with
+        """One segment's K loop over ``k_stages`` FP8 stages: per K 64 (only half ``k_half`` of
+        each stage where given: k-split), convert A into the fragment (FP16 with
         ``row_lows``, else BF16), then four wgmmas against the converted B stage. Leaves the
         last wgmmas in flight and the last B stage unreleased."""
         thr = tiled_mma.get_slice(ct)
@@ -464,9 +663,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         a8 = st.sA8.data_ptr().toint()
         sa = st.sSA.data_ptr().toint()
         t = ct % 4
-        for _kt in range(self.k_tiles):
+        halves = [h for h in range(HALVES) if k_half is None or h == k_half]
+        stride = self._stride16()
+        for _kt in range(k_stages):
             load_pipe.consumer_wait(ls)
-            for h in cutlass.range_constexpr(HALVES):
+            for h in halves:
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
@@ -477,9 +678,10 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                 warpgroup.wait_group(0)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
-                    rel.advance()
+                    for _s in cutlass.range_constexpr(stride):
+                        rel.advance()
                 convert_fragment(words, scales, groups, frag_words, row_lows)
-                if cutlass.const_expr(h == HALVES - 1):
+                if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(TILE_K16 // 16):
@@ -491,7 +693,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
                         acc,
                     )
                 warpgroup.commit_group()
-                rs.advance()
+                for _s in cutlass.range_constexpr(stride):
+                    rs.advance()
             ls.advance()
         return ls, rs, rel
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass import Int32, Uint32
 
 from .gemm_sm90_common import (
@@ -31,24 +30,21 @@ REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 
 class WeightConverterRole:
     """Mixin of MXFP8TiledGemmSm90: the B-converter warpgroups' methods. Uses the kernel's
-    ``tile_n``, ``convert_threads``, ``stages8``, ``stages16``, ``k_tiles``, ring offsets
-    (``ref_words``, ``mode_word``, ``b_ref0``) and ``_tile_mn``."""
+    ``tile_n``, ``convert_threads``, ``stages8``, ``stages16``, ring offsets (``ref_words``,
+    ``mode_word``, ``b_ref0``) and its work split (``_my_units``, ``_segment``)."""
 
     @cute.jit
-    def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe, sched_params):
+    def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe):
         """B half of each FP8 stage -> one scaled BF16 (or FP16) stage of K 64, K permuted
         per group."""
         refs = st.refs.data_ptr().toint()
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
-        work = sched.initial_work_tile_info()
+        u, stop, skip = self._my_units(m)
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         rows = self._converter_rows(ct)
-        while work.is_valid_tile:
-            _tm, tn = self._tile_mn(work, m)
+        while u < stop:
+            _t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
             b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
@@ -60,11 +56,14 @@ class WeightConverterRole:
             ref_pipe.consumer_release(rfs)
             rfs.advance()
             if mode != 0:
-                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None)
+                ls, cs = self._convert_tile(
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
+                )
             else:
-                ls, cs = self._convert_tile(ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows)
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+                ls, cs = self._convert_tile(
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0
+                )
+            u = seg_end + skip
 
     def _converter_rows(self, ct):
         """The B rows of converter thread ``ct``'s units (see _convert_b)."""
@@ -72,12 +71,12 @@ class WeightConverterRole:
         return [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
 
     @cute.jit
-    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows):
-        """One output tile's B stages (FP16 with ``row_lows``, else BF16)."""
+    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k_stages):
+        """One segment's ``k_stages`` B stages (FP16 with ``row_lows``, else BF16)."""
         b8 = st.sB8.data_ptr().toint()
         b16 = st.sB16.data_ptr().toint()
         sb = st.sSB.data_ptr().toint()
-        for _kt in range(self.k_tiles):
+        for _kt in range(k_stages):
             load_pipe.consumer_wait(ls)
             first = cs.clone()
             for h in cutlass.range_constexpr(HALVES):

@@ -1,0 +1,599 @@
+"""The GEMM across token counts and model shapes: ``benchmarks/gemm.py --sweep`` and ``--tune``.
+
+Both time CUDA Graph replays (GPU time only) of our GEMM and of cuBLAS BF16 ``torch.mm`` on the
+same shape, interleaved per round (the order rotated each round), and take medians. A graph
+holds several launches; where the weight is small enough to stay in L2 the launches rotate
+over copies of it (at least ``L2_ROTATE_BYTES`` of FP8 weight), for cuBLAS likewise, so
+neither side reads its weight from L2 as no served model would.
+
+* ``--sweep``: ``mm_quantized_into`` with the config ``choose_config`` picks (the measured
+  table), and with ``--before`` also the pre-table heuristic (``main_heuristic``) through
+  ``gemm_sm90.run``. Receipt benchmarks/results/gemm_sweep.json and a PNG of the ratios.
+* ``--tune``: candidate configs per point through ``gemm_sm90.run``; receipt
+  benchmarks/results/gemm_tune.json; ``--write-table`` writes the fastest valid candidate per
+  point as kernels/gemm_sm90_table.py.
+
+Every (config, N, K) is its own compile (5-20 s of CPU), so the work runs in worker
+processes, one per shape and token group: they compile in parallel and take turns on the
+GPU under a file lock (data, capture and timing happen only while holding it). Each checks
+every contender's output against cuBLAS on the dequantized operands before timing it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# (N, K): the projection it is
+SHAPES = {
+    (7168, 43008): "six-slice drafter fc (the reference geometry)",
+    (4096, 12288): "EAGLE-3 drafter fc of an 8B model (3 x 4096)",
+    (7168, 14336): "DeepSeek-V3 / Kimi MTP eh_proj (2 x 7168)",
+    (7168, 18432): "dense MLP down_proj (DeepSeek-V3 dense layers)",
+    (18432, 7168): "dense MLP gate / up_proj (DeepSeek-V3 dense layers)",
+    (2048, 7168): "MoE expert gate / up_proj (DeepSeek-V3)",
+}
+TOKENS = (1, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096, 8192, 16384)
+L2_ROTATE_BYTES = 200e6
+MAX_INNER = 50  # launches per graph
+CHECK_REL = 1e-2  # relative Frobenius error against cuBLAS on the dequantized operands
+SPIN_CYCLES = 50_000  # GPU busy while the host enqueues the timed replay
+POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed (a hang)
+LATE_KILL_S = 30.0  # workers still running this long past the deadline are killed
+
+
+def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
+    """The config choice before the measured table (main at f8eb37c): swap-AB up to 64
+    tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
+    where the round-robin model favours it."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    if tokens <= g.SKINNY_MAX_TOKENS:
+        return g.skinny_config(tokens, num_sms)
+    if -(-tokens // 128) * -(-n // 128) < num_sms:
+        return g.config_from_spec("tiled 128x64 c1", tokens, num_sms)
+    if g._tiled_time(tokens, n, 192, num_sms) < g._tiled_time(tokens, n, 128, num_sms):
+        return g.config_from_spec("tiled 192x128 c1", tokens, num_sms)
+    return g.config_from_spec("tiled 128x128 c2", tokens, num_sms)
+
+
+def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
+    """Specs (gemm_sm90.config_from_spec) the tune times at one point: the pre-table
+    heuristic's, and the others where they won anywhere in an earlier full tune (whole tiles
+    of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count with
+    128; 64-row k-split tiles up to 128 tokens). Specs containing a string of ``leave_out``
+    are dropped."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    specs = ["swap-ab"] if tokens <= g.SKINNY_MAX_TOKENS else []
+    specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
+    if tokens >= 256:
+        specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
+    if 256 <= tokens <= 512:
+        specs.append("tiled 128x64 c1")
+    specs.append("tiled 128x128 c2 stream-k")
+    if g.SKINNY_MAX_TOKENS < tokens <= 1024:
+        specs.append("tiled 192x128 c1 stream-k")
+    if tokens <= 256:
+        specs.append("tiled 128x64 c1 stream-k")
+    if tokens <= 128:
+        specs.append("tiled 64x128 c2 stream-k")
+    specs = [s for s in specs if not any(part in s for part in leave_out)]
+    return list(dict.fromkeys(specs))
+
+
+# ---------------------------------------------------------------------------------------
+# worker: one shape, some token counts
+
+
+def _graph(fns):
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fns[0]()  # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    return graph
+
+
+def _replay_ms(graph, inner: int, rest_s: float) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    time.sleep(rest_s)
+    graph.replay()  # warm-up: every contender starts from the same clock state
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SPIN_CYCLES)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / inner
+
+
+class _Data:
+    """One shape's operands for up to ``rows`` tokens, with weight copies for L2 rotation."""
+
+    def __init__(self, n: int, k: int, rows: int):
+        import torch
+
+        from mxfp8_fusion import api, reference
+        from mxfp8_fusion.format import MXFP8Weight
+
+        gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
+        self.x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+        self.inp = api.quantize(self.x)
+        wq = api.pack_weight(w)
+        self.copies = max(1, math.ceil(L2_ROTATE_BYTES / (n * k)))
+        self.wq = [wq] + [
+            MXFP8Weight(wq.values.clone(), wq.scales.clone()) for _ in range(self.copies - 1)
+        ]
+        self.w = [w] + [w.clone() for _ in range(self.copies - 1)]
+        self.xd = reference.dequantize(self.inp.values, self.inp.scales).to(torch.bfloat16)
+        self.wd = reference.dequantize(wq.values, wq.scales).to(torch.bfloat16)
+        self.out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+
+
+def _configs(job, t, num_sms) -> dict:
+    """name -> (spec, config) of our contenders at ``t`` tokens (not cuBLAS)."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    n, k = job["n"], job["k"]
+    if job["mode"] == "sweep":
+        found = {"ours": g.choose_config(t, n, k, num_sms)}
+        if job["before"]:
+            found["before"] = main_heuristic(t, n, k, num_sms)
+    else:
+        specs = candidates(t, n, k, num_sms, job["leave_out"])
+        found = {spec: g.config_from_spec(spec, t, num_sms) for spec in specs}
+    return {name: (g.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED}
+
+
+def _contenders(job, data, t, num_sms) -> dict:
+    """name -> (launch i -> None, spec): ours through the configs of :func:`_configs`
+    (``mm_quantized_into`` for the sweep's own choice), and cuBLAS."""
+    import torch
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    from mxfp8_fusion import api
+
+    out = data.out[:t]
+    a_values = data.inp.values[:t]
+
+    def run_cfg(cfg):
+        return lambda i: g.run(
+            a_values, data.inp.scales, data.wq[i % data.copies].values,
+            data.wq[i % data.copies].scales, None, out, config=cfg,
+        )  # fmt: skip
+
+    found = {}
+    for name, (spec, cfg) in _configs(job, t, num_sms).items():
+        if name == "ours":
+            found[name] = (
+                lambda i: api.mm_quantized_into(data.inp, data.wq[i % data.copies], data.out, t),
+                spec,
+            )
+        else:
+            found[name] = (run_cfg(cfg), spec)
+    x = data.x[:t]
+    found["cublas_bf16"] = (
+        lambda i: torch.mm(x, data.w[i % data.copies].t(), out=out),
+        "torch.mm BF16",
+    )
+    return found
+
+
+_FAILED: dict = {}  # config -> why its compile failed (the tune leaves it out)
+
+
+def _compile(cfg, n, k, compile_s):
+    """Compile outside the GPU lock; records seconds per config spec (and failures)."""
+    import torch
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    t0 = time.perf_counter()
+    try:
+        g._compiled(cfg, n, k, n, torch.bfloat16, None)
+    except Exception as e:  # recorded in the receipt; the other configs go on
+        _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
+    compile_s.setdefault(g.spec_of(cfg) + f" t{cfg.tokens_tile}", time.perf_counter() - t0)
+
+
+def worker(job: dict) -> None:
+    """Time ``job``'s points, writing ``job['out']`` after each one."""
+    import torch
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    n, k = job["n"], job["k"]
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    state = {"n": n, "k": k, "points": [], "compile_s": {}, "status": "compiling"}
+    out_path = Path(job["out"])
+
+    def save():
+        tmp = out_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, out_path)
+
+    # every config of the job first, outside the lock (CPU only, in parallel with the
+    # other workers and with whatever holds the GPU)
+    g._compiled_refs(k)
+    for t in job["tokens"]:
+        for _spec, cfg in _configs(job, t, num_sms).values():
+            _compile(cfg, n, k, state["compile_s"])
+    state["compile_failures"] = {g.spec_of(c): why for c, why in _FAILED.items()}
+    from mxfp8_fusion import api
+
+    api.quantize(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16))  # its compile
+    save()
+    data = None
+    lock = open(job["lock"], "a")
+    for t in job["tokens"]:
+        if time.time() > job["deadline"]:
+            state["status"] = "deadline"
+            break
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        gate = Path(job["gate"]) if job["gate"] else None
+        if gate is not None and gate.exists():
+            # spec families whose GPU tests failed: time only the others
+            job["leave_out"] = [*job["leave_out"], *gate.read_text().split()]
+        try:
+            state["status"], state["since"], state["point"] = "timing", time.time(), t
+            save()
+            try:
+                if data is None:
+                    data = _Data(n, k, max(job["tokens"]))
+                state["points"].append(_point(job, data, t, num_sms))
+            except Exception as e:  # recorded; a broken context fails the later points too
+                state.setdefault("errors", {})[str(t)] = f"{type(e).__name__}: {e}"[:500]
+            state["status"] = "idle"
+            save()
+        finally:
+            try:
+                torch.cuda.synchronize()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        if state["points"] and state["points"][-1]["tokens"] == t:
+            p = state["points"][-1]["contenders"]
+            print(
+                f"N {n} K {k} tokens {t}: " + ", ".join(f"{c} {v['ms']:.4f}" for c, v in p.items()),
+                flush=True,
+            )
+        else:
+            print(f"N {n} K {k} tokens {t}: {state['errors'][str(t)]}", flush=True)
+    if state["status"] != "deadline":
+        state["status"] = "done"
+    save()
+
+
+def _point(job, data, t, num_sms) -> dict:
+    import torch
+
+    n, k = job["n"], job["k"]
+    flops = 2.0 * t * n * k
+    inner = min(MAX_INNER, max(data.copies, int(2e13 // flops), 1))
+    ref = torch.mm(data.xd[:t], data.wd.t())
+    contenders = _contenders(job, data, t, num_sms)
+    result = {"tokens": t, "inner": inner, "weight_copies": data.copies, "contenders": {}}
+    graphs = {}
+    for name, (fn, spec) in contenders.items():
+        data.out.fill_(float("nan"))
+        fn(0)
+        got = data.out[:t].float()
+        rel = ((got - ref.float()).norm() / ref.float().norm()).item()
+        valid = math.isfinite(rel) and rel < CHECK_REL
+        result["contenders"][name] = {"spec": spec, "rel_err_vs_dequant_cublas": rel}
+        if valid or name == "cublas_bf16":
+            graphs[name] = _graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
+        else:
+            result["contenders"][name]["ms"] = float("nan")
+    samples = {name: [] for name in graphs}
+    names = list(graphs)
+    for r in range(job["rounds"]):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            samples[name].append(_replay_ms(graphs[name], inner, job["rest_s"]))
+    cub = statistics.median(samples["cublas_bf16"])
+    for name, times in samples.items():
+        ms = statistics.median(times)
+        entry = result["contenders"][name]
+        entry.update(ms=ms, samples_ms=times, over_cublas_bf16=ms / cub)
+    del graphs
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# orchestration
+
+
+def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
+    mode = "tune" if args.tune else "sweep"
+    groups = [[t for t in tokens if t <= 128], [t for t in tokens if t > 128]]
+    if args.workers < 2 * len(shapes):
+        groups = [list(tokens)]
+    jobs = []
+    for n, k in shapes:
+        for i, group in enumerate(g for g in groups if g):
+            jobs.append(
+                {
+                    "mode": mode,
+                    "n": n,
+                    "k": k,
+                    "tokens": group,
+                    "rounds": args.rounds,
+                    "rest_s": 0.01 if args.tune else 0.02,
+                    "before": args.before,
+                    "leave_out": ["stream-k"] if args.no_stream_k else [],
+                    "out": str(tmp / f"{n}x{k}_{i}.json"),
+                    "lock": args.lock or str(tmp / "gpu.lock"),
+                    "gate": args.gate,
+                    "deadline": deadline,
+                }
+            )
+    return jobs
+
+
+def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
+    procs = []
+    for job in jobs:
+        cmd = [sys.executable, __file__, "--worker", json.dumps(job)]
+        procs.append((job, subprocess.Popen(cmd, start_new_session=True)))
+    while any(p.poll() is None for _, p in procs):
+        time.sleep(2.0)
+        for job, p in procs:
+            if p.poll() is not None:
+                continue
+            state = _read(job["out"])
+            hung = (
+                state.get("status") == "timing"
+                and time.time() - state.get("since", time.time()) > POINT_TIMEOUT_S
+            )
+            if hung or time.time() > deadline + LATE_KILL_S:
+                print(f"killing worker {job['n']}x{job['k']} ({state.get('point')})", flush=True)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [{**_read(job["out"]), "returncode": p.returncode} for job, p in procs]
+
+
+def _read(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def main(args) -> None:
+    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py."""
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
+    import torch
+    from machine import environment, write_receipt
+
+    shapes = list(SHAPES)
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    tokens = tuple(args.sweep_tokens or TOKENS)
+    deadline = time.time() + args.deadline_s
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
+    by_shape: dict = {}
+    for st in states:
+        if "n" in st:
+            entry = by_shape.setdefault((st["n"], st["k"]), {"points": [], "compile_s": {}})
+            entry["points"] += st["points"]
+            entry["compile_s"].update(st["compile_s"])
+            entry.setdefault("errors", {}).update(st.get("errors", {}))
+            entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
+            entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
+    mode = "tune" if args.tune else "sweep"
+    base_note = {}
+    if mode == "tune" and args.tune_base:
+        base_note = _merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
+    receipt = {
+        "what": f"MXFP8 GEMM {mode}: ours (SM90 CuTe DSL, "
+        + (
+            "mm_quantized_into with the config choose_config picks; 'before' = the pre-table "
+            "heuristic through gemm_sm90.run"
+            if mode == "sweep"
+            else "gemm_sm90.run with each candidate config"
+        )
+        + ") vs cublas_bf16 (torch.mm on BF16 operands of the same shape), BF16 output, no bias",
+        **environment(args.git_rev),
+        "mode": "CUDA Graph replay: one graph per contender and point, `inner` launches "
+        "rotating over `weight_copies` copies of the weight (so that at least 200 MB of FP8 "
+        "weight is streamed; cuBLAS likewise); per sample 10-20 ms idle, one untimed replay, "
+        "a GPU spin while the host enqueues, then one timed replay (CUDA events); medians over "
+        f"{args.rounds} interleaved rounds, contender order rotated each round",
+        "ratio_direction": "over_cublas_bf16 = ours time / cuBLAS BF16 time; below 1 ours is "
+        "faster",
+        "check": f"every contender's output against torch.mm of the dequantized operands "
+        f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
+        "wall_s": time.time() - t0,
+        **base_note,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
+        "shapes": [
+            {
+                "n": n,
+                "k": k,
+                "what": SHAPES.get((n, k), ""),
+                **{
+                    key: v
+                    for key, v in by_shape.get((n, k), {}).items()
+                    if key in ("compile_s", "worker_status", "errors", "compile_failures")
+                },
+                "points": sorted(by_shape.get((n, k), {}).get("points", []), key=_tokens),
+            }
+            for n, k in shapes
+        ],
+    }
+    write_receipt(args.out, receipt)
+    if mode == "tune" and args.write_table:
+        write_table(receipt, args.write_table)
+    if mode == "sweep":
+        _summary(receipt)
+        try:
+            plot(receipt, Path(args.out).with_suffix(".png"))
+        except ImportError as e:  # matplotlib is optional (the bench extra)
+            print("no PNG:", e)
+
+
+def _merge_base(by_shape: dict, base: dict) -> dict:
+    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
+    with the revision that measured it."""
+    taken = 0
+    for shape in base["shapes"]:
+        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
+        have = {p["tokens"] for p in entry["points"]}
+        for p in shape["points"]:
+            if p["tokens"] not in have:
+                entry["points"].append({**p, "measured_at": base["git_revision"]})
+                taken += 1
+    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
+
+
+def _tokens(point: dict) -> int:
+    return point["tokens"]
+
+
+def _summary(receipt: dict) -> None:
+    for shape in receipt["shapes"]:
+        print(f"N {shape['n']} K {shape['k']}:")
+        for p in shape["points"]:
+            c = p["contenders"]
+            ours = c["ours"]
+            line = f"  {p['tokens']:6d}  ours {ours.get('over_cublas_bf16', math.nan):.3f}"
+            line += f" ({ours['spec']}, rel err {ours['rel_err_vs_dequant_cublas']:.1e})"
+            if "before" in c:
+                line += f"  before {c['before'].get('over_cublas_bf16', math.nan):.3f}"
+            print(line + f"  cuBLAS {c['cublas_bf16']['ms']:.4f} ms", flush=True)
+
+
+# A point keeps the previous point's spec while that one is within this factor of the
+# fastest there: closer than the run-to-run spread, a switch would only follow noise.
+STICKY = 1.03
+
+
+def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
+    """(tokens, chosen valid spec, its ms, its ratio to cuBLAS) per measured point: the
+    fastest, or the previous point's spec within STICKY of it."""
+    rows = []
+    prev = None
+    for p in shape["points"]:
+        timed = {
+            name: c
+            for name, c in p["contenders"].items()
+            if name != "cublas_bf16" and math.isfinite(c.get("ms", float("nan")))
+        }
+        if timed:
+            name = min(timed, key=lambda s: timed[s]["ms"])
+            if prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
+                name = prev
+            rows.append((p["tokens"], name, timed[name]["ms"], timed[name]["over_cublas_bf16"]))
+            prev = name
+    return rows
+
+
+REGENERATE = (
+    "python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json "
+    "--write-table kernels/gemm_sm90_table.py"
+)
+
+
+def write_table(receipt: dict, path: str) -> None:
+    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid spec per point."""
+    lines = [
+        '"""Measured GEMM configs (gemm_sm90.choose_config) per weight shape (N, K) and token count.',
+        "",
+        "Regenerate on an H200 (132 SMs) with",
+        "",
+        f"    {REGENERATE}",
+        "",
+        f"Measured on the {receipt['gpu']} at {receipt['git_revision']}: per (tokens, N, K) the",
+        "fastest candidate that matched the reference, by CUDA Graph replay, medians of",
+        "interleaved rounds (the comments: its time and its ratio to cuBLAS BF16's time). Each",
+        "row is (measured token count, spec); a call takes the row of the smallest measured",
+        "token count at or above its own (gemm_sm90.table_spec). Shapes not listed take",
+        'gemm_sm90.heuristic_config."""',
+        "",
+        "NUM_SMS = 132",
+        "",
+        "TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {",
+    ]
+    for shape in receipt["shapes"]:
+        rows = best_specs(shape)
+        if not rows:
+            continue
+        lines.append(f"    ({shape['n']}, {shape['k']}): (")
+        for t, spec, ms, ratio in rows:
+            lines.append(f'        ({t}, "{spec}"),  # {ms:.4f} ms, {ratio:.2f}x')
+        lines.append("    ),")
+    lines.append("}")
+    Path(path).write_text("\n".join(lines) + "\n")
+    print("wrote", path)
+
+
+# targets of the issue: (largest tokens of the band, ratio) for the reference shape and others
+TARGETS = {
+    (7168, 43008): [(32, 0.65), (64, 0.70), (128, 0.85), (256, 1.05), (16384, 1.15)],
+    "other": [(16, 0.80), (256, 1.00), (16384, 1.20)],
+}
+
+
+def plot(receipt: dict, out: Path) -> None:
+    """Ratio to cuBLAS BF16 vs tokens, one panel per shape (after; before where measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = receipt["shapes"]
+    cols = 3
+    rows = -(-len(shapes) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, shape in zip(axes.flat, shapes, strict=False):
+        pts = shape["points"]
+        for name, style in (("before", "--"), ("ours", "-")):
+            xs = [p["tokens"] for p in pts if name in p["contenders"]]
+            ys = [p["contenders"][name].get("over_cublas_bf16", float("nan")) for p in pts]
+            ys = [y for p, y in zip(pts, ys, strict=True) if name in p["contenders"]]
+            if xs:
+                label = "ours (table)" if name == "ours" else "before (heuristic)"
+                ax.plot(xs, ys, style, marker="o", markersize=3, label=label)
+        key = (shape["n"], shape["k"])
+        lo = 1
+        for hi, target in TARGETS.get(key, TARGETS["other"]):
+            ax.hlines(target, lo, hi, colors="gray", linestyles=":", linewidth=1)
+            lo = hi
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"N {shape['n']}, K {shape['k']}", fontsize=10)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("time / cuBLAS BF16")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(shapes) :]:
+        ax.axis("off")
+    fig.suptitle("MXFP8 GEMM (H200, CUDA Graph replay) vs cuBLAS BF16; dotted: targets")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
