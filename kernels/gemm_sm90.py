@@ -5,7 +5,7 @@ exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run B
 with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
 order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
-benchmarks/GEMM_LOG.md.)
+docs/gemm_log.md.)
 
 * gemm_sm90_tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
   per persistent CTA or (stream-K) the (tile, K stage) units split evenly over the CTAs;
@@ -74,10 +74,10 @@ class GemmConfig:
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
 # 128) and their scale chunks, a BF16 stage B only (tile N x K 64). Measured at 4096 tokens
 # (tile 128, one run): 4 + 4 5.29 ms, 3 + 6 5.64 ms, 2 + 8 6.04 ms; the earlier kernel that
-# also staged A as BF16 in shared memory 6.16 ms (benchmarks/GEMM_LOG.md).
+# also staged A as BF16 in shared memory 6.16 ms (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 3.727 ms, 3 + 5 3.735, 4 + 3
-# 3.825, 2 + 6 4.178 at 4096 tokens, one run (GEMM_LOG.md, variant 30)
+# 3.825, 2 + 6 4.178 at 4096 tokens, one run (docs/gemm_log.md, variant 30)
 _TALL_STAGES = (3, 4)
 # Time of a 192-row tile over a 128-row one (tile N 128, 4096 tokens: 0.394 vs 0.281 ms per
 # round of 132 tiles). Three consumer warpgroups keep the tensor pipe busier than two, so a
@@ -103,7 +103,7 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 
     Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
     registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
-    stream-K split (benchmarks/GEMM_LOG.md, variant 20).
+    stream-K split (docs/gemm_log.md, variant 20).
     """
     tokens_tile = 8
     while tokens_tile < tokens:
@@ -197,7 +197,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
 
 def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
     """Kernel and tile heuristic by (tokens, N, K), for shapes the table does not hold; its
-    rules follow what won in the measured table's shapes (gemm_sm90_table, GEMM_LOG.md).
+    rules follow what won in the measured table's shapes (gemm_sm90_table, docs/gemm_log.md).
 
     Up to 32 tokens the swap-AB kernel (it streams the weight once). Otherwise the tiled
     kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
@@ -217,7 +217,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
         return config_from_spec("tiled 192x128 c1", tokens, num_sms)
     # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
-    # (benchmarks/GEMM_LOG.md, variant 22)
+    # (docs/gemm_log.md, variant 22)
     return config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
 

@@ -4,7 +4,7 @@ An E4M3 value times its power-of-two E8M0 scale is exactly a BF16 value (3 manti
 fit in 7; the exponent range fits unless the product leaves BF16's range, where it rounds
 as the FP32 reference's product would overflow or lose precision). So both kernels scale
 FP8 operands into BF16 and run BF16 wgmma with FP32 accumulation: no per-32-K promotion and
-no FP8 tensor-core truncation (benchmarks/GEMM_LOG.md), only the summation order differs
+no FP8 tensor-core truncation (docs/gemm_log.md), only the summation order differs
 from the reference.
 
 Both kernels permute K inside each 32-element scale group, identically for the two

@@ -33,7 +33,7 @@ read anything. Six back-to-back slice launches then lose less between kernels (H
 instead of 0.80 of copy bandwidth with CUDA events, 0.88 instead of 0.86 as a graph replay;
 at 16 tokens 7.6 instead of 10.3 us for the six). While they wait, the first CTAs prefetch
 their source lines into L2 (``_Config.prefetch``): 0.86 instead of 0.84
-(benchmarks/QUANTIZE_LOG.md).
+(docs/quantize_log.md).
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
 column, the three addresses) is a runtime argument, so one compile serves every call of a
@@ -65,7 +65,7 @@ _ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
 # Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
 # 4096 x 7168 slice. H200, six such slices, six launches (benchmarks/quantize_slice.py --tiles):
 # 32 rows 0.1614 ms, 64 rows 0.1621 ms, 128 rows 0.1645 ms, 16 rows 0.1665 ms; 32 and 64 are
-# within run-to-run noise (see benchmarks/QUANTIZE_LOG.md). With PDL (17ab7dd): 32 rows
+# within run-to-run noise (see docs/quantize_log.md). With PDL (17ab7dd): 32 rows
 # 0.1533, 64 rows 0.1537, 128 rows 0.1573 ms.
 DEFAULT_TILE_ROWS = 64
 
