@@ -1,0 +1,65 @@
+"""The README's code runs as written, and user-facing text names nothing outside the
+repository."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks(README.read_text()))))
+def test_readme_snippet_runs(index, monkeypatch):
+    import torch
+
+    torch._dynamo.reset()
+    monkeypatch.chdir(ROOT)
+    code = _python_blocks(README.read_text())[index]
+    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_readme_is_short_and_shows_both_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 160
+    assert "python -m mxfp8_fusion demo" in text
+    assert "python -m pytest" in text
+
+
+# Paths, tools and machines that exist only where this project is developed.
+_OUTSIDE = re.compile(
+    r"\.\./shared|(^|[\s`'\"(])\.device\b|bootstrap\.sh"
+    r"|GPU machine's copy|on these machines|lent (GPU|H200|machine)"
+)
+_USER_TEXT = ("README.md", "docs", "mxfp8_fusion", "passes", "kernels", "benchmarks",
+              "examples", ".ci", "pyproject.toml")  # fmt: skip
+
+
+def _user_files():
+    for name in _USER_TEXT:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(path.rglob("*")) if path.exists() else []
+        for f in files:
+            if f.is_file() and f.suffix in ("", ".md", ".py", ".toml", ".sh", ".txt"):
+                yield f
+
+
+def test_no_user_text_names_paths_outside_the_repository():
+    offenders = []
+    for f in _user_files():
+        for number, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            if _OUTSIDE.search(line):
+                offenders.append(f"{f.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_readme_links_resolve():
+    text = README.read_text()
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert (ROOT / target).exists(), target
