@@ -78,3 +78,29 @@ def test_direct_launch_packs_pointers_once_and_refills_the_scalars():
     compiled.executor.cuda_result.value = 700
     with pytest.raises(RuntimeError, match="CUDA error 700"):
         launcher((0, 0, 0, 0))
+
+
+class _GenericOnly(_FakeCompiled):
+    """A compiled program whose executor lacks the internals the direct path reads (as a
+    newer nvidia-cutlass-dsl might): every call must take the DSL's generic path."""
+
+    def __init__(self, kinds):
+        super().__init__(kinds)
+        self.calls = []
+
+    def to(self, device):
+        return object()  # no _get_invoke_packed_args, capi_func, ...
+
+    def __call__(self, *args):
+        self.calls.append((*args[:-1], int(args[-1])))
+
+
+@requires_cutlass
+def test_changed_executor_internals_fall_back_to_the_generic_call():
+    from mxfp8_fusion.kernels.launcher import Launcher
+
+    compiled = _GenericOnly("qi")
+    launcher = Launcher(compiled, "qi", (1 << 40, 7, 0xAB))
+    assert launcher._entry is None
+    launcher((5, 6, 0xCD))
+    assert compiled.calls == [(5, 6, 0xCD)]
