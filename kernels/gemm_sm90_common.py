@@ -26,7 +26,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from mxfp8_fusion.format import CHUNK_BYTES
 
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
-from .quantize_ptx import asm_u32, inline_ptx
+from .ptx import asm_u32, inline_ptx
 
 # one 128-row x 4-group chunk of the blocked scale layout as int32 words: the unit of the
 # scale TMA boxes
