@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from drafter import Drafter, make_drafter, run_staged
 from machine import environment
 
 import mxfp8_fusion as mf
-from mxfp8_fusion.demo import DemoConfig, Drafter, make_drafter, run_staged
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,7 @@ def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str,
 
 def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
     torch._dynamo.reset()
-    cfg = DemoConfig(tokens=geo.tokens, hidden=geo.hidden, slices=geo.slices)
-    model, hidden = make_drafter(cfg, torch.device("cuda"))
+    model, hidden = make_drafter(geo.tokens, geo.hidden, geo.slices, torch.device("cuda"))
     weight_bf16 = mf.reference.dequantize(model.fc.weight_values, model.fc.weight_scales).to(
         torch.bfloat16
     )

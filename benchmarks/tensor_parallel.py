@@ -47,12 +47,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from drafter import Drafter
 from machine import environment, git_revision, write_receipt
 from torch import nn
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import tensor_parallel as tp
-from mxfp8_fusion.demo import Drafter
 from mxfp8_fusion.format import scale_bytes
 
 MULTICAST_OFF = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_fusion.format import CHUNK_BYTES, GROUP, padded_rows
+from mxfp8_fusion.format import GROUP, padded_rows
 
+from .constants import CHUNK_WORDS as _CHUNK_WORDS
 from .launcher import compile_for_scalars, launch, raw_stream
 
 _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
-_CHUNK_WORDS = CHUNK_BYTES // 4  # a chunk of the blocked scale layout, as int32 words
 
 
 @dataclass(frozen=True)

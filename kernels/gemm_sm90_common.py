@@ -26,11 +26,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from mxfp8_fusion.format import CHUNK_BYTES
 
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
-from .quantize_ptx import asm_u32, inline_ptx
-
-# one 128-row x 4-group chunk of the blocked scale layout as int32 words: the unit of the
-# scale TMA boxes
-CHUNK_WORDS = CHUNK_BYTES // 4
+from .ptx import asm_u32, inline_ptx
 
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
 ONE_FACTOR_MAX = 134

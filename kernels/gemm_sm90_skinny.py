@@ -45,8 +45,8 @@ import cutlass.utils as utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
-    CHUNK_WORDS,
     convert_fragment,
     dequant_pair,
     gemm_tensors,
@@ -64,11 +64,8 @@ from .gemm_sm90_common import (
 )
 
 TILE_W = 64  # weight rows per CTA: one wgmma M
-TILE_K8 = 128  # FP8 K per stage: 4 scale groups = one 512-byte chunk per 128 rows
-TILE_K16 = 64  # BF16 K per token half-tile: one 128-byte swizzle row
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
-WG_THREADS = 128
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
 
 

@@ -48,8 +48,8 @@ import cutlass.utils as utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
-    CHUNK_WORDS,
     convert_fragment,
     gemm_tensors,
     load_fragment_bytes,
@@ -64,15 +64,8 @@ from .gemm_sm90_common import (
     wait_flag,
 )
 from .gemm_sm90_f16 import times_pow2
-from .gemm_sm90_tiled_convert import (
-    HALVES,
-    REF_STAGES,
-    TILE_K8,
-    TILE_K16,
-    WeightConverterRole,
-)
+from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
 
-WG_THREADS = 128
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
 # accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
 # faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120

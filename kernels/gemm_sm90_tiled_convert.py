@@ -13,8 +13,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
+from .constants import CHUNK_WORDS, TILE_K8, TILE_K16
 from .gemm_sm90_common import (
-    CHUNK_WORDS,
     dequant_pair,
     load_smem_words,
     mul_bf16x2,
@@ -22,8 +22,6 @@ from .gemm_sm90_common import (
 )
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 
-TILE_K8 = 128  # FP8 K tile: 4 scale groups = one 512-byte chunk per 128 rows per stage
-TILE_K16 = 64  # BF16 K tile: one 128-byte swizzle row
 HALVES = TILE_K8 // TILE_K16
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 

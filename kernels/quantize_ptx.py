@@ -14,46 +14,12 @@ the RCEIL rule defines, independent of any fast-math lowering:
 
 from __future__ import annotations
 
-from cutlass import Int32, Int64
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
+from cutlass import Int32
 from cutlass.cutlass_dsl import dsl_user_op
 
-# E8M0 bytes with a special meaning in the RCEIL rule.
-BYTE_INF = 254
-BYTE_NAN = 255
+from mxfp8_fusion.format import SCALE_INF_BYTE, SCALE_NAN_BYTE
 
-
-def inline_ptx(asm: str, constraints: str, operands, result_type, side_effects=False, *, loc, ip):
-    """One inline-PTX block: MLIR ``operands``, one result of ``result_type`` (None: none,
-    then it is kept only with ``side_effects``)."""
-    return llvm.inline_asm(
-        result_type,
-        operands,
-        asm,
-        constraints,
-        has_side_effects=side_effects,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@dsl_user_op
-def prefetch_l2(addr, *, loc=None, ip=None) -> None:
-    """Hint: bring the line holding global byte address ``addr`` into L2. It changes no
-    value anyone reads (L2 is the GPU's point of coherence for global memory), so it may be
-    issued before a programmatic-dependent-launch wait."""
-    operand = Int64(addr).ir_value(loc=loc, ip=ip)
-    inline_ptx("prefetch.global.L2 [$0];", "l", [operand], None, True, loc=loc, ip=ip)
-
-
-def asm_u32(asm: str, constraints: str, *args: Int32, loc=None, ip=None) -> Int32:
-    """One inline-PTX block with 32-bit register operands and one 32-bit result."""
-    operands = [Int32(a).ir_value(loc=loc, ip=ip) for a in args]
-    i32 = ir.IntegerType.get_signless(32)
-    return Int32(inline_ptx(asm, constraints, operands, i32, loc=loc, ip=ip))
+from .ptx import asm_u32
 
 
 @dsl_user_op
@@ -124,9 +90,9 @@ def scale_byte(amax_bits, is_fp16: bool, *, loc=None, ip=None) -> Int32:
         + widen
         + _SCALE_BYTE_TAIL
         + f"setp.eq.u32 p, $1, {inf};\n"
-        + f"selp.b32 e, {BYTE_INF}, e, p;\n"
+        + f"selp.b32 e, {SCALE_INF_BYTE}, e, p;\n"
         + f"setp.gt.u32 p, $1, {inf};\n"
-        + f"selp.b32 $0, {BYTE_NAN}, e, p;\n"
+        + f"selp.b32 $0, {SCALE_NAN_BYTE}, e, p;\n"
         + "}",
         "=r,r",
         amax_bits,
@@ -232,7 +198,7 @@ def quantize4_special(w0, w1, byte, is_fp16: bool, *, loc=None, ip=None) -> Int3
         ".reg .b32 q;\n"
         ".reg .b16 lo, hi;\n"
         ".reg .pred p;\n"
-        f"setp.eq.u32 p, $3, {BYTE_NAN};\n"
+        f"setp.eq.u32 p, $3, {SCALE_NAN_BYTE};\n"
         "selp.b32 q, 0x7FC00000, 0x1F800000, p;\n"
         "mov.b32 r, q;\n"
         "selp.b32 q, 0x3F800000, 0x20000000, p;\n"

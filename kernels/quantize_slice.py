@@ -1,11 +1,12 @@
 """CuTe DSL slice quantizer: BF16/FP16 ``[tokens, width]`` -> MXFP8 columns of a destination.
 
-Layers: :class:`_SliceQuantizer` (the ``@cute.jit`` launcher and ``@cute.kernel`` body) ->
-:func:`_compiled` (one compile per :class:`_Config`, cached on compile-time facts only) ->
-:func:`run_if_supported` (what the ops call: checks and launches in one pass over the call's
-facts), with :func:`supported` and :func:`run` as its two halves for tests and benchmarks.
-The ``*_many`` functions quantize up to 8 equal-shape slices in one launch (the same tile
-code; one launch instead of six removes the gaps between kernels).
+Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` launcher and ``@cute.kernel``
+body) -> :func:`_compiled` (one compile per :class:`QuantizerConfig`, cached on compile-time
+facts only) -> :func:`run_if_supported` (what the ops call: checks and launches in one pass
+over the call's facts), with :func:`supported` and :func:`run` as its two halves for tests
+and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
+(the same tile code; one launch instead of six removes the gaps between kernels). The config,
+tile shapes and grid both sides read are in ``quantize_geometry``.
 
 Work split. A CTA of 256 threads quantizes a tile of ``rows`` rows x ``blocks`` column tiles
 of 128 columns (4 scale groups each). 16 threads cover 128 columns of one row, each loading
@@ -27,13 +28,12 @@ Two tile shapes are compiled into one kernel and chosen per launch from ``tokens
 CTA-uniform branch): up to ``small_tokens`` tokens, a 16-row tile over 4 column tiles (a
 quarter of the CTAs, each thread still 4 loads deep), otherwise ``tile_rows`` x 1.
 
-Launches use programmatic dependent launch (``_Config.pdl``): a launch's CTAs may be
+Launches use programmatic dependent launch (``QuantizerConfig.pdl``): a launch's CTAs may be
 scheduled while the previous kernel's last ones run, and wait for it to finish before they
-read anything. Six back-to-back slice launches then lose less between kernels (H200: 0.84
-instead of 0.80 of copy bandwidth with CUDA events, 0.88 instead of 0.86 as a graph replay;
-at 16 tokens 7.6 instead of 10.3 us for the six). While they wait, the first CTAs prefetch
-their source lines into L2 (``_Config.prefetch``): 0.86 instead of 0.84
-(docs/quantize_log.md).
+read anything, so back-to-back slice launches lose less between kernels (six 16-token
+slices: 7.6 instead of 10.3 us on the H200). While they wait, the first CTAs prefetch their
+source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
+docs/quantize_log.md.
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
 column, the three addresses) is a runtime argument, so one compile serves every call of a
@@ -45,80 +45,27 @@ Targets (:data:`ARCHS`): the kernel is plain SIMT code. Its PTX needs sm_90 or l
 (``cvt.rn.satfinite.e4m3x2``), and uses none of Hopper's own machinery (no wgmma, TMA,
 mbarriers or clusters), so the same source builds for Hopper and for Blackwell. An
 arch-specific (``a``) binary runs only on its own arch, so each capability has its own build,
-chosen from the device's capability; the arch is a compile-time fact of :class:`_Config`.
+chosen from the device's capability; the arch is a compile-time fact of the config.
 """
 
 import functools
 import threading
-from dataclasses import dataclass
 
 import torch
 
+from mxfp8_fusion.format import GROUP, group_blocks, padded_rows
+
 from .launcher import compile_for_scalars, launch, raw_stream
-
-_GROUP = 32
-_TILE_COLS = 128  # one 512-byte scale chunk column: 4 groups
-_THREADS = 256
-_THREADS_PER_ROW = _TILE_COLS // 8  # 16-byte loads of 8 halves
-_ROWS_PER_PASS = _THREADS // _THREADS_PER_ROW  # 16
-
-# Rows per CTA tile. 64 rows = 4 loads of 16 bytes in flight per thread and 3584 CTAs for one
-# 4096 x 7168 slice. H200, six such slices, six launches (benchmarks/quantize_slice.py --tiles):
-# 32 rows 0.1614 ms, 64 rows 0.1621 ms, 128 rows 0.1645 ms, 16 rows 0.1665 ms; 32 and 64 are
-# within run-to-run noise (see docs/quantize_log.md). With PDL (17ab7dd): 32 rows
-# 0.1533, 64 rows 0.1537, 128 rows 0.1573 ms.
-DEFAULT_TILE_ROWS = 64
-
-# Calls with at most this many tokens use the few-token tile (16 rows x up to 4 column tiles).
-# At one token the 64-row tile launches one CTA per column tile with a single live warp; the
-# wide tile gives the same per-thread load depth (4) with a quarter of the CTAs, and the
-# per-thread pass count (register use) is the same as the 64-row tile's, so the kernel that
-# holds both keeps its occupancy. 0 turns the few-token tile off.
-SMALL_TOKENS = 16
-
-# Loads in flight per thread (passes of one tile): the few-token tile is kept at the default
-# tile's depth so that compiling both shapes into one kernel costs no registers.
-_MAX_PASSES = DEFAULT_TILE_ROWS // _ROWS_PER_PASS
-
-# Build target per compute capability (see the module docstring). The tests compile every
-# entry on a CPU-only machine and check its PTX for arch-specific instructions.
-ARCHS: dict[tuple[int, int], str] = {
-    (9, 0): "sm_90a",  # H100 / H200
-    (10, 0): "sm_100a",  # B200 / GB200
-    (10, 3): "sm_103a",  # B300 / GB300
-    (12, 0): "sm_120a",  # RTX PRO 6000, RTX 50 series
-    (12, 1): "sm_121a",  # DGX Spark (GB10)
-}
-DEFAULT_ARCH = "sm_90a"
-
-
-@dataclass(frozen=True)
-class _Config:
-    """Compile-time facts of one kernel: source dtype, slice width, tile height, how many
-    equal-width slices one launch quantizes (1 for :func:`run`, up to 8 for
-    :func:`run_many`), the token count up to which the few-token tile is used, whether
-    launches use programmatic dependent launch (see :func:`run`), and the target arch (one
-    of :data:`ARCHS`' values)."""
-
-    fp16: bool
-    width: int
-    tile_rows: int = DEFAULT_TILE_ROWS
-    slices: int = 1
-    small_tokens: int = SMALL_TOKENS
-    pdl: bool = True
-    prefetch: bool = True
-    arch: str = DEFAULT_ARCH
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """One CTA tile: ``rows`` rows (a multiple of 16) x ``blocks`` column tiles of 128."""
-
-    rows: int
-    blocks: int
-
-
-MAX_SLICES = 8
+from .quantize_geometry import (
+    ARCHS,
+    DEFAULT_ARCH,
+    DEFAULT_TILE_ROWS,
+    MAX_SLICES,
+    SMALL_TOKENS,
+    TILE_COLS,
+    QuantizerConfig,
+    check_config,
+)
 
 # Scalar arguments of the two launchers, in order: q = 64-bit, i = 32-bit (then the stream).
 #   one slice:  src, dst, scales, tokens, src_ld, dst_ld, column, scale_g4
@@ -127,65 +74,15 @@ _ONE_KINDS = "qqqiiiii"
 _MANY_KINDS = "qqiii" + "q" * MAX_SLICES + "i" * (2 * MAX_SLICES)
 
 
-def _kinds(config: _Config) -> str:
+def _kinds(config: QuantizerConfig) -> str:
     return _ONE_KINDS if config.slices == 1 else _MANY_KINDS
 
 
-def _check_config(config: _Config) -> None:
-    if config.width % _TILE_COLS or config.width <= 0:
-        raise ValueError(f"width must be a positive multiple of 128, got {config.width}")
-    if config.tile_rows not in (16, 32, 64, 128):
-        raise ValueError(f"tile_rows must be one of 16, 32, 64, 128, got {config.tile_rows}")
-    if not 1 <= config.slices <= MAX_SLICES:
-        raise ValueError(f"slices must be in [1, {MAX_SLICES}], got {config.slices}")
-    if config.small_tokens not in (0, 16, 32):
-        raise ValueError(f"small_tokens must be one of 0, 16, 32, got {config.small_tokens}")
-    if config.arch not in ARCHS.values():
-        raise ValueError(f"arch must be one of {list(ARCHS.values())}, got {config.arch!r}")
-
-
-def _big_shape(config: _Config) -> _Shape:
-    return _Shape(config.tile_rows, 1)
-
-
-def _small_shape(config: _Config) -> _Shape | None:
-    """The few-token tile: ``small_tokens`` rows (so the call is one row tile) and as many
-    column tiles as keep a thread at most ``_MAX_PASSES`` loads deep and divide the width."""
-    if not config.small_tokens:
-        return None
-    passes_per_block = config.small_tokens // _ROWS_PER_PASS
-    blocks = config.width // _TILE_COLS
-    for tile_blocks in (4, 2, 1):
-        if tile_blocks * passes_per_block <= _MAX_PASSES and blocks % tile_blocks == 0:
-            return _Shape(config.small_tokens, tile_blocks)
-    return _Shape(config.small_tokens, 1)
-
-
-def _shape_for(config: _Config, tokens: int) -> _Shape:
-    """The tile shape a launch with ``tokens`` rows uses (the kernel decides the same way)."""
-    small = _small_shape(config)
-    return small if small is not None and tokens <= small.rows else _big_shape(config)
-
-
-def _grid(config: _Config, tokens: int) -> tuple[int, int]:
-    """(grid.x, grid.y) of a launch: (slice, column tile group) x live row tiles."""
-    shape = _shape_for(config, tokens)
-    blocks = config.width // _TILE_COLS
-    return config.slices * (blocks // shape.blocks), -(-tokens // shape.rows)
-
-
-def _padding_row(row_block, ty, tx, half):
-    """Row of the scale byte at chunk offset ``ty * 16 + tx + 256 * half`` of row block
-    ``row_block`` (inverse of the blocked layout's ``(r%32)*16 + ((r//32)%4)*4 + g``, with
-    ``g = tx % 4``). Works on ints and on kernel integers."""
-    return row_block * 128 + ty + 16 * half + 32 * (tx // 4)
-
-
-_cache: dict[_Config, object] = {}
+_cache: dict[QuantizerConfig, object] = {}
 _lock = threading.Lock()
 
 
-def _compiled(config: _Config):
+def _compiled(config: QuantizerConfig):
     """The compiled kernel for ``config``; compiles at most once per config per process."""
     fn = _cache.get(config)
     if fn is None:
@@ -197,7 +94,7 @@ def _compiled(config: _Config):
     return fn
 
 
-def compile_kernel(config: _Config):
+def compile_kernel(config: QuantizerConfig):
     """Compile the kernel for ``config`` and its ``arch`` (works without a GPU; a binary for
     another arch than the DSL's runtime one can be inspected but not launched).
 
@@ -205,7 +102,7 @@ def compile_kernel(config: _Config):
     """
     from .quantize_slice_kernel import build
 
-    _check_config(config)
+    check_config(config)
     return compile_for_scalars(build(config), _kinds(config), config.arch)
 
 
@@ -234,7 +131,7 @@ def config_for(
     pdl: bool = True,
     prefetch: bool = True,
     arch: str = DEFAULT_ARCH,
-) -> _Config:
+) -> QuantizerConfig:
     """The compile-time facts of a call (the token count is not one of them)."""
     fp16 = source.dtype == torch.float16
     width = source.shape[1]
@@ -243,7 +140,7 @@ def config_for(
 
 # One instance per set of facts, made once: building a frozen dataclass per call costs more
 # than looking it up by a plain tuple.
-_cached_config = functools.cache(_Config)
+_cached_config = functools.cache(QuantizerConfig)
 
 
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
@@ -259,12 +156,12 @@ def _row_stride_if_served(source: torch.Tensor, values: torch.Tensor, column: in
         return None
     tokens, width = source.shape
     k = values.shape[1]
-    if width == 0 or width % _TILE_COLS or column % _TILE_COLS or column + width > k:
+    if width == 0 or width % TILE_COLS or column % TILE_COLS or column + width > k:
         return None
     row, unit = source.stride()
     if tokens > values.shape[0] or unit != 1:
         return None
-    if (tokens + 127) // 128 * (128 // DEFAULT_TILE_ROWS) > 65535:  # grid.y limit
+    if padded_rows(tokens) // DEFAULT_TILE_ROWS > 65535:  # grid.y limit
         return None
     src_ld = row if tokens > 1 else width
     if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
@@ -284,7 +181,7 @@ def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
     return _row_stride_if_served(source, values, column) is not None
 
 
-def _launch(config: _Config, device: int, args: tuple) -> None:
+def _launch(config: QuantizerConfig, device: int, args: tuple) -> None:
     launch((config, device), lambda: _compiled(config), _kinds(config), args, device)
 
 
@@ -343,7 +240,7 @@ def run_if_supported(
     return True
 
 
-def _launch_one(config: _Config, source, values, scales, column: int, src_ld: int) -> None:
+def _launch_one(config: QuantizerConfig, source, values, scales, column: int, src_ld: int) -> None:
     k = values.shape[1]
     device = _device_index(source)
     args = (
@@ -354,7 +251,7 @@ def _launch_one(config: _Config, source, values, scales, column: int, src_ld: in
         src_ld,
         k,
         column,
-        (k // _GROUP + 3) // 4,
+        group_blocks(k // GROUP),
         raw_stream(device),
     )
     _launch(config, device, args)
@@ -380,7 +277,7 @@ def _row_strides_if_served(sources, values: torch.Tensor, columns) -> list[int] 
         src_ld = row if tokens > 1 else width
         if unit != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
             return None
-        if column % _TILE_COLS or column + width > k or source.device != device:
+        if column % TILE_COLS or column + width > k or source.device != device:
             return None
         strides.append(src_ld)
     return strides
@@ -426,7 +323,7 @@ def run_many_if_supported(
     return True
 
 
-def _launch_many(config: _Config, sources, values, scales, columns, strides) -> None:
+def _launch_many(config: QuantizerConfig, sources, values, scales, columns, strides) -> None:
     k = values.shape[1]
     device = _device_index(sources[0])
     pad = [0] * (MAX_SLICES - len(sources))
@@ -435,7 +332,7 @@ def _launch_many(config: _Config, sources, values, scales, columns, strides) -> 
         scales.data_ptr(),
         sources[0].shape[0],
         k,
-        (k // _GROUP + 3) // 4,
+        group_blocks(k // GROUP),
         *[s.data_ptr() for s in sources],
         *pad,
         *strides,

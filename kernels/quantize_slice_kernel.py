@@ -11,36 +11,36 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
-from mxfp8_fusion.format import CHUNK_BYTES
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
 
-from . import quantize_ptx as ptx
+from . import quantize_ptx as qptx
 from .launcher import wait_for_previous_kernel
-from .quantize_slice import (
-    _ROWS_PER_PASS,
-    _THREADS,
-    _THREADS_PER_ROW,
-    _TILE_COLS,
-    _big_shape,
-    _Config,
-    _padding_row,
-    _Shape,
-    _small_shape,
+from .ptx import prefetch_l2
+from .quantize_geometry import (
+    ROWS_PER_PASS,
+    THREADS,
+    THREADS_PER_ROW,
+    TILE_COLS,
+    QuantizerConfig,
+    TileShape,
+    big_shape,
+    padding_row,
+    small_shape,
 )
 
-_PADDING_BYTE = 127  # E8M0 1.0: what the layout holds for rows past the live ones
-# CTAs that may start while the previous kernel drains: 6 resident per SM (256 threads, 40
-# registers) x 132 H200 SMs = 792. Only these prefetch before the PDL wait; in one large
-# launch every CTA prefetching cost 3% (0.954 vs 0.978 of copy bandwidth).
+# About the CTAs that can be resident while the previous kernel drains (6 per SM on the
+# H200's 132 SMs). Only these prefetch before the PDL wait: in one large launch, every CTA
+# prefetching cost 3% of copy bandwidth (docs/quantize_log.md).
 _PREFETCH_CTAS = 1024
 
 
-def build(config: _Config):
+def build(config: QuantizerConfig):
     """The kernel object for ``config``: one slice per launch, or up to MAX_SLICES."""
     fp16 = config.fp16
     slices = config.slices
-    blocks = config.width // _TILE_COLS  # column tiles per slice
-    big = _big_shape(config)
-    small = _small_shape(config)
+    blocks = config.width // TILE_COLS  # column tiles per slice
+    big = big_shape(config)
+    small = small_shape(config)
     gmem = cute.AddressSpace.gmem
 
     # Plain helpers (no control flow): the bodies of the guarded regions below are single
@@ -54,9 +54,9 @@ def build(config: _Config):
         tensor = cute.make_tensor(ptr, cute.make_layout(1))
         tensor[0] = Uint8(Int32(value))
 
-    def make_tile(shape: _Shape, partial: bool):
+    def make_tile(shape: TileShape, partial: bool):
         """The tile body for ``shape``; ``partial`` for the last row tile (guards, padding)."""
-        passes = shape.rows // _ROWS_PER_PASS
+        passes = shape.rows // ROWS_PER_PASS
         tile_blocks = shape.blocks
 
         @cute.jit
@@ -66,7 +66,7 @@ def build(config: _Config):
                 # 64-bit constant offsets per column tile fold into the load's immediate.
                 offset = Int64(row) * src_ld8 + Int64(col0)
                 ptr = cute.make_ptr(
-                    Uint32, src_addr + offset * 2 + c * _TILE_COLS * 2, gmem, assumed_align=16
+                    Uint32, src_addr + offset * 2 + c * TILE_COLS * 2, gmem, assumed_align=16
                 )
                 cute.autovec_copy(cute.make_tensor(ptr, cute.make_layout(4)), frags[c])
 
@@ -80,7 +80,7 @@ def build(config: _Config):
             # column tile ct, so g % 4 = tx // 4 and g // 4 = column/128 + ct (column is a
             # multiple of 128); chunk0 is the byte offset of the first column tile's chunk.
             scale_row = chunk0 + (
-                Int64(row // 128) * Int64(g4) * CHUNK_BYTES
+                Int64(row // ROW_BLOCK) * Int64(g4) * CHUNK_BYTES
                 + Int64((row % 32) * 16 + ((row // 32) % 4) * 4 + tx // 4)
             )
             dst_row = Int64(row) * dst_ld8 + dst_col0
@@ -89,22 +89,22 @@ def build(config: _Config):
             scale_bytes = []
             for c in cutlass.range_constexpr(tile_blocks):
                 w = frags[c]
-                amax = ptx.magnitude_max4(w[0], w[1], w[2], w[3])
-                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
-                amax = ptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2))
-                scale_bytes.append(ptx.scale_byte(amax, fp16))
+                amax = qptx.magnitude_max4(w[0], w[1], w[2], w[3])
+                amax = qptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1))
+                amax = qptx.umax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2))
+                scale_bytes.append(qptx.scale_byte(amax, fp16))
             for c in cutlass.range_constexpr(tile_blocks):
                 w = frags[c]
                 byte = scale_bytes[c]
                 out = cute.make_rmem_tensor((2,), Uint32)
-                if byte < ptx.BYTE_INF:
-                    recip = ptx.reciprocal_bits(byte)
-                    out[0] = Uint32(ptx.quantize4(w[0], w[1], recip, fp16))
-                    out[1] = Uint32(ptx.quantize4(w[2], w[3], recip, fp16))
+                if byte < SCALE_INF_BYTE:
+                    recip = qptx.reciprocal_bits(byte)
+                    out[0] = Uint32(qptx.quantize4(w[0], w[1], recip, fp16))
+                    out[1] = Uint32(qptx.quantize4(w[2], w[3], recip, fp16))
                 else:
-                    out[0] = Uint32(ptx.quantize4_special(w[0], w[1], byte, fp16))
-                    out[1] = Uint32(ptx.quantize4_special(w[2], w[3], byte, fp16))
-                value_addr = dst_addr + dst_row + c * _TILE_COLS
+                    out[0] = Uint32(qptx.quantize4_special(w[0], w[1], byte, fp16))
+                    out[1] = Uint32(qptx.quantize4_special(w[2], w[3], byte, fp16))
+                value_addr = dst_addr + dst_row + c * TILE_COLS
                 scale_addr_c = scale_addr + scale_row + c * CHUNK_BYTES
                 if const_expr(partial):
                     if row < tokens:
@@ -121,31 +121,29 @@ def build(config: _Config):
             """Scale byte 127 for the rows ``[tokens, roundup(tokens, 128))`` of this tile's
             chunks. The 256 threads walk each 512-byte chunk in address order (two bytes
             per thread and chunk), so every warp store covers 32 consecutive bytes."""
-            row_block = (tokens - 1) // 128
+            row_block = (tokens - 1) // ROW_BLOCK
             base = scale_addr + chunk0 + Int64(row_block) * Int64(g4) * CHUNK_BYTES
-            ty = tidx // _THREADS_PER_ROW
-            tx = tidx % _THREADS_PER_ROW
+            ty = tidx // THREADS_PER_ROW
+            tx = tidx % THREADS_PER_ROW
             for k in cutlass.range_constexpr(2 * tile_blocks):
-                padding_row = _padding_row(row_block, ty, tx, k % 2)
-                if padding_row >= tokens:
-                    store_byte(
-                        base + (k // 2) * CHUNK_BYTES + (k % 2) * _THREADS + tidx, _PADDING_BYTE
-                    )
+                pad_row = padding_row(row_block, ty, tx, k % 2)
+                if pad_row >= tokens:
+                    store_byte(base + (k // 2) * CHUNK_BYTES + (k % 2) * THREADS + tidx, SCALE_PAD)
 
         @cute.jit
         def tile(src_addr, src_ld, column, ct0, by, dst_addr, scale_addr, tokens, dst_ld, g4):
             """Row tile ``by``, column tiles ``ct0 .. ct0 + blocks - 1`` of one slice."""
             tidx, _, _ = cute.arch.thread_idx()
-            tx = tidx % _THREADS_PER_ROW
-            ty = tidx // _THREADS_PER_ROW
+            tx = tidx % THREADS_PER_ROW
+            ty = tidx // THREADS_PER_ROW
             row0 = by * shape.rows + ty  # this thread's row in pass 0
-            col0 = ct0 * _TILE_COLS + tx * 8  # first of its 8 columns in the first column tile
+            col0 = ct0 * TILE_COLS + tx * 8  # first of its 8 columns in the first column tile
             # Source and destination row strides are multiples of 8 elements (checked by
             # supported()), so every 16-byte load and 8-byte store below is aligned.
             src_ld8 = cute.assume(Int64(src_ld), divby=8)
             dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
             dst_col0 = Int64(column + col0)
-            chunk0 = Int64(column // _TILE_COLS + ct0) * CHUNK_BYTES
+            chunk0 = Int64(column // TILE_COLS + ct0) * CHUNK_BYTES
             # First row of this thread's warp in pass 0: a warp covers rows 2w and 2w + 1 of
             # a pass, so "the warp holds a live row" is the same test in all its lanes.
             warp_row0 = by * shape.rows + (tidx // 32) * 2
@@ -159,12 +157,12 @@ def build(config: _Config):
                     gx, _, _ = cute.arch.grid_dim()
                     if (by * gx + bx < _PREFETCH_CTAS) & (tx % 8 == 0):
                         for i in cutlass.range_constexpr(passes):
-                            row = row0 + i * _ROWS_PER_PASS
+                            row = row0 + i * ROWS_PER_PASS
                             if const_expr(partial):
                                 row = cutlass.min(row, last)
                             line = src_addr + (Int64(row) * src_ld8 + Int64(col0)) * 2
                             for c in cutlass.range_constexpr(tile_blocks):
-                                ptx.prefetch_l2(line + c * _TILE_COLS * 2)
+                                prefetch_l2(line + c * TILE_COLS * 2)
                 wait_for_previous_kernel()  # the source may be the previous kernel's output
 
             words = []
@@ -178,29 +176,29 @@ def build(config: _Config):
                     # A lane past the last row (upper row of a half-live warp) loads the
                     # last live row instead: in bounds, never stored, and the block max
                     # only combines the 4 lanes of one row.
-                    if warp_row0 + i * _ROWS_PER_PASS < tokens:
+                    if warp_row0 + i * ROWS_PER_PASS < tokens:
                         load_pass(
                             words[i],
-                            cutlass.min(row0 + i * _ROWS_PER_PASS, last),
+                            cutlass.min(row0 + i * ROWS_PER_PASS, last),
                             col0,
                             src_addr,
                             src_ld8,
                         )
                 else:
-                    load_pass(words[i], row0 + i * _ROWS_PER_PASS, col0, src_addr, src_ld8)
+                    load_pass(words[i], row0 + i * ROWS_PER_PASS, col0, src_addr, src_ld8)
             if const_expr(partial):
                 # Independent of the loads: issued while they are in flight.
                 write_padding(tidx, chunk0, scale_addr, tokens, g4)
             for i in cutlass.range_constexpr(passes):
                 if const_expr(partial):
-                    if warp_row0 + i * _ROWS_PER_PASS < tokens:
+                    if warp_row0 + i * ROWS_PER_PASS < tokens:
                         quantize_pass(
-                            words[i], row0 + i * _ROWS_PER_PASS, tx, chunk0,
+                            words[i], row0 + i * ROWS_PER_PASS, tx, chunk0,
                             dst_addr, dst_col0, dst_ld8, scale_addr, tokens, g4,
                         )  # fmt: skip
                 else:
                     quantize_pass(
-                        words[i], row0 + i * _ROWS_PER_PASS, tx, chunk0,
+                        words[i], row0 + i * ROWS_PER_PASS, tx, chunk0,
                         dst_addr, dst_col0, dst_ld8, scale_addr, tokens, g4,
                     )  # fmt: skip
 
@@ -248,7 +246,7 @@ def build(config: _Config):
                 big_full(*args)
 
     def grid(tokens):
-        """As :func:`_grid`, on the launch's runtime token count."""
+        """As ``quantize_geometry.grid``, on the launch's runtime token count."""
         big_x = slices * blocks
         big_y = (tokens + (big.rows - 1)) // big.rows
         if small is None:
@@ -274,7 +272,7 @@ def build(config: _Config):
         ):
             self.kernel(
                 src_addr, dst_addr, scale_addr, tokens, src_ld, dst_ld, column, scale_g4
-            ).launch(grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream, use_pdl=config.pdl)
+            ).launch(grid=grid(tokens), block=[THREADS, 1, 1], stream=stream, use_pdl=config.pdl)
 
         @cute.kernel
         def kernel(
@@ -321,7 +319,7 @@ def build(config: _Config):
                 l0, l1, l2, l3, l4, l5, l6, l7,
                 c0, c1, c2, c3, c4, c5, c6, c7,
             ).launch(
-                grid=grid(tokens), block=[_THREADS, 1, 1], stream=stream, use_pdl=config.pdl
+                grid=grid(tokens), block=[THREADS, 1, 1], stream=stream, use_pdl=config.pdl
             )  # fmt: skip
 
         @cute.kernel

@@ -15,6 +15,7 @@ from . import grad, ops, reference
 from .format import (
     GROUP,
     SCALE_DTYPE,
+    SCALE_NAN_BYTE,
     SOURCE_DTYPES,
     STAGE_ALIGN,
     VALUE_DTYPE,
@@ -153,7 +154,7 @@ def pack_weight(weight: Tensor, scales: Tensor | None = None) -> MXFP8Weight:
     # a NaN scale says so in the one place the GEMM kernels' conversions read NaN from
     values = weight.contiguous()
     nan_block = ((values.view(torch.uint8) & 0x7F) == 0x7F).view(n, k // GROUP, GROUP).any(-1)
-    rows = torch.where(nan_block, torch.full_like(rows, 255), rows)
+    rows = torch.where(nan_block, torch.full_like(rows, SCALE_NAN_BYTE), rows)
     blocked = reference.to_blocked(rows).view(SCALE_DTYPE)
     return MXFP8Weight(values, blocked)
 

@@ -25,7 +25,7 @@ class DemoConfig:
     @classmethod
     def for_device(cls, device: torch.device) -> DemoConfig:
         if device.type == "cuda":
-            return cls(tokens=4096, hidden=7168)  # the reference geometry of BASELINES.md
+            return cls(tokens=4096, hidden=7168)  # the benchmarks' reference geometry
         return cls(tokens=512, hidden=1024)  # seconds on two CPU cores
 
 

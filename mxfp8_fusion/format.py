@@ -28,6 +28,12 @@ SCALE_BIAS = 127
 SCALE_PAD = 127
 """Scale byte written into padding rows and groups (a scale of exactly 1.0)."""
 
+SCALE_INF_BYTE = 254
+"""Scale byte of a group holding an infinity (and no NaN): ``2 ** 127``."""
+
+SCALE_NAN_BYTE = 255
+"""Scale byte of a group holding a NaN: E8M0's NaN, so every value of the group reads NaN."""
+
 ROW_BLOCK = 128
 """Rows covered by one 512-byte chunk of the blocked scale layout."""
 
@@ -50,9 +56,14 @@ def ceil_div(a, b):
     return (a + b - 1) // b
 
 
+def row_blocks(rows):
+    """128-row blocks of the scale layout that hold ``rows`` rows."""
+    return ceil_div(rows, ROW_BLOCK)
+
+
 def padded_rows(rows):
     """Rows of the scale layout: ``rows`` rounded up to a multiple of 128."""
-    return ceil_div(rows, ROW_BLOCK) * ROW_BLOCK
+    return row_blocks(rows) * ROW_BLOCK
 
 
 def scale_groups(k: int) -> int:
@@ -60,9 +71,25 @@ def scale_groups(k: int) -> int:
     return k // GROUP
 
 
+def group_blocks(groups: int) -> int:
+    """512-byte chunks side by side in one 128-row block of ``groups`` scale groups: the
+    groups rounded up to a multiple of 4, over 4 (``G4`` in :func:`scale_offset`)."""
+    return (groups + GROUP_BLOCK - 1) // GROUP_BLOCK
+
+
+def padded_groups(groups: int) -> int:
+    """Groups of the scale layout: ``groups`` rounded up to a multiple of 4."""
+    return group_blocks(groups) * GROUP_BLOCK
+
+
+def row_block_bytes(k: int) -> int:
+    """Bytes of the blocked scales of one 128-row block of ``k`` columns."""
+    return group_blocks(scale_groups(k)) * CHUNK_BYTES
+
+
 def scale_bytes(rows, k: int):
     """Bytes of the blocked scale buffer for ``rows`` x ``k`` values, padding included."""
-    return ceil_div(rows, ROW_BLOCK) * ceil_div(scale_groups(k), GROUP_BLOCK) * CHUNK_BYTES
+    return row_blocks(rows) * row_block_bytes(k)
 
 
 def scale_offset(row, group, k: int):
@@ -70,7 +97,7 @@ def scale_offset(row, group, k: int):
 
     ``(r%32)*16 + ((r//32)%4)*4 + (g%4) + (g//4)*512 + (r//128)*G4*512``, ``G4 = ceil(G/4)``.
     """
-    g4 = ceil_div(scale_groups(k), GROUP_BLOCK)
+    g4 = group_blocks(scale_groups(k))
     return (
         (row % 32) * 16
         + ((row // 32) % 4) * 4

@@ -137,15 +137,6 @@ def _(x: Tensor) -> tuple[Tensor, Tensor]:
 # --- GEMM ------------------------------------------------------------------------------
 
 
-def _mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> None:
-    if a_values.shape[0] == 0:
-        return
-    if kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out):
-        return
-    _fallback_warning("GEMM", a_values.device)
-    reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
-
-
 def _mm_into_body(
     a_values: Tensor,
     a_scales: Tensor,
@@ -155,7 +146,12 @@ def _mm_into_body(
     out: Tensor,
 ) -> None:
     """``out[:M] = A @ B.T (+ bias)`` with ``A`` ``[M, K]`` and ``B`` ``[N, K]`` MXFP8."""
-    _mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    if a_values.shape[0] == 0:
+        return
+    if kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out):
+        return
+    _fallback_warning("GEMM", a_values.device)
+    reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
 
 
 mm_into = _define("mm_into", _mm_into_body, mutates_args=("out",))
@@ -176,7 +172,7 @@ def _mm_body(
 ) -> Tensor:
     """``A @ B.T (+ bias)`` into a new ``[M, N]`` tensor of ``out_dtype``."""
     out = torch.empty(_out_shape(a_values, b_values), dtype=out_dtype, device=a_values.device)
-    _mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    _mm_into_body(a_values, a_scales, b_values, b_scales, bias, out)
     return out
 
 

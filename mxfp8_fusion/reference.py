@@ -15,9 +15,13 @@ from .format import (
     ROW_BLOCK,
     SCALE_BIAS,
     SCALE_DTYPE,
+    SCALE_INF_BYTE,
+    SCALE_NAN_BYTE,
     SCALE_PAD,
     VALUE_DTYPE,
-    ceil_div,
+    group_blocks,
+    padded_groups,
+    padded_rows,
     scale_bytes,
 )
 
@@ -34,8 +38,8 @@ def rceil_scale_bytes(amax: torch.Tensor) -> torch.Tensor:
     """
     descale = amax.float() / E4M3_MAX
     exponent = torch.clamp(torch.ceil(torch.log2(descale)), -SCALE_BIAS, SCALE_BIAS) + SCALE_BIAS
-    exponent = torch.where(torch.isinf(descale), 254.0, exponent)
-    exponent = torch.where(torch.isnan(descale), 255.0, exponent)
+    exponent = torch.where(torch.isinf(descale), float(SCALE_INF_BYTE), exponent)
+    exponent = torch.where(torch.isnan(descale), float(SCALE_NAN_BYTE), exponent)
     return exponent.to(torch.uint8)
 
 
@@ -44,8 +48,8 @@ def _reciprocal_scales(exponent: torch.Tensor) -> torch.Tensor:
     e = exponent.float()
     recip = torch.exp2(SCALE_BIAS - e)
     recip = torch.where(exponent == 0, 1.0, recip)
-    recip = torch.where(exponent == 254, 2.0**-127, recip)
-    return torch.where(exponent == 255, float("nan"), recip)
+    recip = torch.where(exponent == SCALE_INF_BYTE, 2.0**-127, recip)
+    return torch.where(exponent == SCALE_NAN_BYTE, float("nan"), recip)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,15 +69,14 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _blocked_view(flat: torch.Tensor, groups: int) -> torch.Tensor:
     """View a flat blocked buffer as ``[row_block, group_block, r%32, (r//32)%4, g%4]``."""
-    g4 = ceil_div(groups, GROUP_BLOCK)
-    return flat.view(torch.uint8).view(-1, g4, 32, 4, 4)
+    return flat.view(torch.uint8).view(-1, group_blocks(groups), 32, 4, 4)
 
 
 def to_blocked(scale_rows: torch.Tensor) -> torch.Tensor:
     """Row-major ``[rows, G]`` scale bytes -> flat blocked ``uint8`` buffer, padded with 127."""
     rows, groups = scale_rows.shape
     padded = torch.full(
-        (ceil_div(rows, ROW_BLOCK) * ROW_BLOCK, ceil_div(groups, GROUP_BLOCK) * GROUP_BLOCK),
+        (padded_rows(rows), padded_groups(groups)),
         SCALE_PAD,
         dtype=torch.uint8,
         device=scale_rows.device,

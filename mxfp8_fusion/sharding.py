@@ -22,13 +22,14 @@ from . import api
 from .format import (
     CHUNK_BYTES,
     GROUP,
-    GROUP_BLOCK,
     ROW_BLOCK,
     SCALE_DTYPE,
     STAGE_ALIGN,
     VALUE_DTYPE,
     MXFP8Weight,
-    ceil_div,
+    group_blocks,
+    row_block_bytes,
+    scale_bytes,
 )
 
 # --- how the features split over ranks ------------------------------------------------------
@@ -108,7 +109,7 @@ def _is_blocked(scales, n: int, k: int) -> bool:
     than a checkpoint's row-major ``[N, K/32]``."""
     shape = _shape(scales, "scales")
     if len(shape) == 1:
-        expected = ceil_div(n, ROW_BLOCK) * ceil_div(k // GROUP, GROUP_BLOCK) * CHUNK_BYTES
+        expected = scale_bytes(n, k)
         if shape[0] != expected:
             raise ValueError(
                 f"scales: expected blocked scales of {expected} bytes or row-major "
@@ -179,7 +180,7 @@ def load_column_shard(
     if _is_blocked(scales, n, k):
         if start % ROW_BLOCK or end % ROW_BLOCK:
             raise ValueError(f"rows: expected multiples of {ROW_BLOCK}, got {rows}")
-        chunk_row = ceil_div(k // GROUP, GROUP_BLOCK) * CHUNK_BYTES  # bytes per 128 rows
+        chunk_row = row_block_bytes(k)
         part = scales[start // ROW_BLOCK * chunk_row : end // ROW_BLOCK * chunk_row]
         values = _on(weight[start:end], device).contiguous()
         return MXFP8Weight(values, _as_scales(_on(part, device)))
@@ -213,7 +214,7 @@ def load_row_shard(
     _check_values(weight)
     values = _on(weight[:, start:end], device)
     if _is_blocked(scales, n, k):
-        per_row_block = k // STAGE_ALIGN  # chunks per 128 rows (K is a multiple of 128)
+        per_row_block = group_blocks(k // GROUP)  # chunks per 128 rows
         flat = scales if isinstance(scales, Tensor) else scales[:]  # a lazy one: read (small)
         chunks = flat.view(-1, per_row_block, CHUNK_BYTES)
         part = _on(chunks[:, start // STAGE_ALIGN : end // STAGE_ALIGN], device)

@@ -60,10 +60,6 @@ class Site:
     """Set when the concatenation is read through last-dim slices (column ranges): what each
     range stages and feeds. ``None`` for a site whose MXFP8 ops read the whole concatenation."""
 
-    @property
-    def ok(self) -> bool:
-        return self.reason is None
-
 
 def _val(node) -> torch.Tensor | None:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
@@ -266,17 +262,6 @@ def _reaches(cat: fx.Node, targets) -> bool:
 
 def is_cat(node: fx.Node) -> bool:
     return _is_call(node, aten.cat.default)
-
-
-def find_sites(graph: fx.Graph, max_slices: int | None = None) -> list[Site]:
-    """Every cat in ``graph`` that reaches an MXFP8 quantize or linear, in graph order."""
-    sites = []
-    for node in graph.nodes:
-        if is_cat(node):
-            site = analyze(node, max_slices)
-            if site is not None:
-                sites.append(site)
-    return sites
 
 
 # --- column ranges of a concatenation ---------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 from torch import fx
 from torch.fx.node import map_arg
 
-from ..format import CHUNK_BYTES, GROUP, GROUP_BLOCK, ROW_BLOCK, VALUE_DTYPE
+from ..format import ROW_BLOCK, VALUE_DTYPE, row_block_bytes, scale_bytes
 from .pattern import ColumnRange, Site
 
 aten = torch.ops.aten
@@ -79,13 +79,12 @@ class _Builder:
         return rows
 
     def scale_bytes(self, rows, k: int):
-        """``format.scale_bytes(rows, k)`` as graph arithmetic when ``rows`` is symbolic."""
-        per_row_block = -(-(k // GROUP) // GROUP_BLOCK) * CHUNK_BYTES
+        """``format.scale_bytes(rows, k)``, as graph arithmetic when ``rows`` is a node."""
         if isinstance(rows, int):
-            return -(-rows // ROW_BLOCK) * per_row_block
+            return scale_bytes(rows, k)
         padded = self.call(operator.add, rows, ROW_BLOCK - 1)
         blocks = self.call(operator.floordiv, padded, ROW_BLOCK)
-        return self.call(operator.mul, blocks, per_row_block)
+        return self.call(operator.mul, blocks, row_block_bytes(k))
 
     def empty(self, size: list, dtype: torch.dtype, device: torch.device) -> fx.Node:
         return self.call(
@@ -108,8 +107,8 @@ def _ranges(site: Site) -> list[ColumnRange]:
 
 
 def rewrite(graph: fx.Graph, site: Site) -> None:
-    """Replace ``site`` in ``graph`` by staged quantization (``site.ok`` must be true): one
-    MXFP8 storage per column range, holding only the slices or slice parts inside it.
+    """Replace ``site`` in ``graph`` by staged quantization (``site.reason`` must be None):
+    one MXFP8 storage per column range, holding only the slices or slice parts inside it.
 
     All new nodes are built (and their fake values computed) before anything is replaced;
     if that fails, they are removed again and the graph is exactly as it was. Replacing then

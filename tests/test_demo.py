@@ -71,3 +71,11 @@ def test_demo_main_names_a_bad_device():
         demo.main(5)
     with pytest.raises(ValueError, match="device 'gpu' is not a device name"):
         demo.main("gpu")
+
+
+def test_demo_is_the_only_command(capsys):
+    """The benchmarks run by path from a checkout (``python benchmarks/end_to_end.py``)."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench"])
+    assert info.value.code == 2
+    assert "invalid choice: 'bench'" in capsys.readouterr().err

@@ -52,7 +52,7 @@ def test_compiles_for_sm90a_without_gpu(dtype, width, monkeypatch):
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
-    config = kernel._Config(fp16=dtype == torch.float16, width=width)
+    config = kernel.QuantizerConfig(fp16=dtype == torch.float16, width=width)
     compiled = kernel.compile_kernel(config)
     assert compiled is not None
 
@@ -75,6 +75,7 @@ def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
 
 
 def test_build_target_per_capability():
+    from mxfp8_fusion.kernels import quantize_geometry as geometry
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     assert kernel.arch_for((9, 0)) == "sm_90a"
@@ -83,7 +84,7 @@ def test_build_target_per_capability():
     for unbuilt in [(8, 9), (9, 4), (11, 0), (13, 0)]:
         assert kernel.arch_for(unbuilt) is None
     with pytest.raises(ValueError, match="arch must be one of"):
-        kernel._check_config(kernel._Config(fp16=False, width=128, arch="sm_89"))
+        geometry.check_config(geometry.QuantizerConfig(fp16=False, width=128, arch="sm_89"))
 
 
 # Instructions that exist only on Hopper (or need its machinery: TMA, transaction barriers,
@@ -104,8 +105,8 @@ def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
         found = {}
         for arch in kernel.ARCHS.values():
             for config in (
-                kernel._Config(fp16=False, width=7168, arch=arch),
-                kernel._Config(fp16=True, width=1024, slices=6, arch=arch),
+                kernel.QuantizerConfig(fp16=False, width=7168, arch=arch),
+                kernel.QuantizerConfig(fp16=True, width=1024, slices=6, arch=arch),
             ):
                 ptx = kernel.compile_kernel(config).__ptx__
                 lines = [line.split() for line in ptx.splitlines() if line.strip()]
@@ -159,37 +160,41 @@ def test_tile_variants_compile_for_sm90a(variant, monkeypatch):
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
-    assert kernel.compile_kernel(kernel._Config(fp16=False, **variant)) is not None
+    assert kernel.compile_kernel(kernel.QuantizerConfig(fp16=False, **variant)) is not None
 
 
 def test_launch_shape_follows_tokens():
     """Six 7168-wide slices: the few-token tile (16 rows x 4 column tiles) runs 84 CTAs up to
     16 tokens; past that, one CTA per 64 live rows and column tile, none for padding rows."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels import quantize_geometry as geometry
 
-    config = kernel._Config(fp16=False, width=7168, slices=6)
-    assert kernel._shape_for(config, 1) == kernel._Shape(16, 4)
-    assert kernel._grid(config, 1) == (84, 1)
-    assert kernel._grid(config, 16) == (84, 1)
-    assert kernel._grid(config, 17) == (336, 1)
-    assert kernel._grid(config, 128) == (336, 2)
-    assert kernel._grid(config, 129) == (336, 3)
-    assert kernel._grid(config, 4096) == (336, 64)
-    off = kernel._Config(fp16=False, width=7168, slices=6, small_tokens=0)
-    assert kernel._grid(off, 1) == (336, 1)
-    assert kernel._small_shape(kernel._Config(fp16=False, width=384)) == kernel._Shape(16, 1)
-    assert kernel._small_shape(kernel._Config(False, 1024, small_tokens=32)) == kernel._Shape(32, 2)
+    config = geometry.QuantizerConfig(fp16=False, width=7168, slices=6)
+    assert geometry.shape_for(config, 1) == geometry.TileShape(16, 4)
+    assert geometry.grid(config, 1) == (84, 1)
+    assert geometry.grid(config, 16) == (84, 1)
+    assert geometry.grid(config, 17) == (336, 1)
+    assert geometry.grid(config, 128) == (336, 2)
+    assert geometry.grid(config, 129) == (336, 3)
+    assert geometry.grid(config, 4096) == (336, 64)
+    off = geometry.QuantizerConfig(fp16=False, width=7168, slices=6, small_tokens=0)
+    assert geometry.grid(off, 1) == (336, 1)
+    assert geometry.small_shape(
+        geometry.QuantizerConfig(fp16=False, width=384)
+    ) == geometry.TileShape(16, 1)
+    assert geometry.small_shape(
+        geometry.QuantizerConfig(False, 1024, small_tokens=32)
+    ) == geometry.TileShape(32, 2)
 
 
 def _modelled_writes(config, tokens: int, k: int, columns: list[int]):
     """Destination bytes one launch writes, following the kernel's work split thread by
     thread (grid, tile shape, last-tile guards per warp, padding walk): value byte indices
     (row * k + column), live scale byte offsets, padding scale byte offsets."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels import quantize_geometry as geometry
 
-    shape = kernel._shape_for(config, tokens)
+    shape = geometry.shape_for(config, tokens)
     few = config.small_tokens and tokens <= config.small_tokens
-    grid_x, grid_y = kernel._grid(config, tokens)
+    grid_x, grid_y = geometry.grid(config, tokens)
     per_slice = config.width // 128 // shape.blocks
     g4 = (k // 32 + 3) // 4
     tidx = torch.arange(256)
@@ -223,7 +228,7 @@ def _modelled_writes(config, tokens: int, k: int, columns: list[int]):
             if partial:
                 row_block = (tokens - 1) // 128
                 for kk in range(2 * shape.blocks):
-                    prow = kernel._padding_row(row_block, ty, tx, kk % 2)
+                    prow = geometry.padding_row(row_block, ty, tx, kk % 2)
                     offset = (column // 128 + ct0) * 512 + row_block * g4 * 512
                     offset = offset + (kk // 2) * 512 + (kk % 2) * 256 + tidx
                     padding.append(offset[prow >= tokens])
@@ -239,11 +244,11 @@ def test_work_split_writes_each_byte_once(variant):
     """CPU model of the launch: every value byte of the live rows, every scale byte of the
     live rows and 127 for every padding row up to the 128-row boundary, each exactly once,
     and nothing else (no padding CTAs, no value bytes for padding rows)."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels import quantize_geometry as geometry
 
     from mxfp8_fusion.format import scale_offset
 
-    config = kernel._Config(fp16=False, **variant)
+    config = geometry.QuantizerConfig(fp16=False, **variant)
     width = config.width
     columns = [(2 * i + 1) * width for i in range(config.slices)]  # gaps between slices
     k = 2 * config.slices * width + 128
@@ -274,7 +279,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     from mxfp8_fusion.kernels import quantize_slice as kernel
     from mxfp8_fusion.kernels.launcher import Launcher
 
-    compiled = kernel._compiled(kernel._Config(fp16=False, width=256))
+    compiled = kernel._compiled(kernel.QuantizerConfig(fp16=False, width=256))
     probe = (1 << 40, (1 << 40) + 4096, (1 << 41) + 512, 4097, 1024, 2048, 768, 16, 0xABC)
     generic, _ = compiled.execution_args.generate_execution_args(
         (*probe[:-1], cuda.CUstream(probe[-1])), {}
@@ -283,7 +288,7 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
     assert launcher._same_layout(generic, probe)
     assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
 
-    many = kernel._compiled(kernel._Config(fp16=False, width=256, slices=3))
+    many = kernel._compiled(kernel.QuantizerConfig(fp16=False, width=256, slices=3))
     probe = (1 << 40, 1 << 41, 300, 768, 6, *range(1 << 42, (1 << 42) + 8))
     probe += (*range(256, 264), *range(0, 1024, 128), 0x5)
     generic, _ = many.execution_args.generate_execution_args(

@@ -99,6 +99,16 @@ def test_row_shard_is_the_columns_of_the_packed_weight(source):
         assert torch.equal(reference.from_blocked(shard.scales, 200, g1 - g0), full_rows[:, g0:g1])
 
 
+@pytest.mark.parametrize("source", ["bf16", "checkpoint", "blocked"])
+def test_row_shard_of_a_width_not_a_multiple_of_128(source):
+    """K 160: the blocked layout pads its 5 groups to two chunks per row block, so a
+    128-column shard is the first chunk of every row block."""
+    weight = full_linear(k=160, n=256).weight.detach()
+    w, scales = _sources(weight)[source]
+    shard = tp.load_row_shard(w, (0, 128), scales, "cpu")
+    _assert_weight_bitwise(shard, mf.pack_weight(weight[:, :128]))
+
+
 class LazyTensor:
     """A lazily read tensor, as a safetensors slice: ``get_shape()`` and ``[...]`` indexing;
     it records every index it is read with."""

@@ -1,0 +1,18 @@
+"""Constants more than one kernel module uses: plain ints, so host modules import them
+without cutlass. Format facts (group size, chunk bytes, ...) are in ``mxfp8_fusion.format``."""
+
+from __future__ import annotations
+
+from mxfp8_fusion.format import CHUNK_BYTES, GROUP, GROUP_BLOCK
+
+WG_THREADS = 128
+"""Threads of one warpgroup (4 warps): the unit of wgmma and of register reallocation."""
+
+TILE_K8 = GROUP * GROUP_BLOCK
+"""K of one FP8 GEMM stage (128): 4 scale groups, one 512-byte scale chunk per 128 rows."""
+
+TILE_K16 = 64
+"""K of one 16-bit GEMM stage: one 128-byte swizzle row of BF16/FP16."""
+
+CHUNK_WORDS = CHUNK_BYTES // 4
+"""One 512-byte chunk of the blocked scale layout as int32 words: the scale TMA boxes' unit."""
