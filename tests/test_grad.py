@@ -303,20 +303,7 @@ def test_compiled_mm_quantized_into_with_bias_in_grad_mode(backend):
     assert bias.grad is None
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "aot_eager",
-        pytest.param(
-            "inductor",
-            marks=pytest.mark.xfail(
-                raises=torch._inductor.exc.InductorError,
-                strict=True,
-                reason="Inductor on CPU cannot copy a mutated e8m0 graph input back",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_staging_into_a_dest_argument_keeps_its_history(backend):
     """The allocate-once pattern: AOTAutograd drops the history that ``mark_dirty`` gives a
     graph input, so the traced op writes copies and ``copy_`` carries the history back."""
