@@ -52,7 +52,7 @@ LATE_KILL_S = 30.0  # workers still running this long past the deadline are kill
 
 
 def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
-    """The config choice before the measured table (main at f8eb37c): swap-AB up to 64
+    """The config choice before the measured table existed: swap-AB up to 64
     tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
     where the round-robin model favours it."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
@@ -524,12 +524,12 @@ def write_table(receipt: dict, path: str) -> None:
         "",
         f"    {REGENERATE}",
         "",
-        f"Measured on the {receipt['gpu']} at {receipt['git_revision']}: per (tokens, N, K) the",
-        "fastest candidate that matched the reference, by CUDA Graph replay, medians of",
-        "interleaved rounds (the comments: its time and its ratio to cuBLAS BF16's time). Each",
-        "row is (measured token count, spec); a call takes the row of the smallest measured",
-        "token count at or above its own (gemm_sm90.table_spec). Shapes not listed take",
-        'gemm_sm90.heuristic_config."""',
+        f"Measured on the {receipt['gpu']} (the receipt, benchmarks/results/gemm_tune.json,",
+        "names the revision): per (tokens, N, K) the fastest candidate that matched the",
+        "reference, by CUDA Graph replay, medians of interleaved rounds (the comments: its time",
+        "and its ratio to cuBLAS BF16's time). Each row is (measured token count, spec); a call",
+        "takes the row of the smallest measured token count at or above its own",
+        '(gemm_sm90.table_spec). Shapes not listed take gemm_sm90.heuristic_config."""',
         "",
         "NUM_SMS = 132",
         "",
