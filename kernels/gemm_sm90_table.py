@@ -4,12 +4,12 @@ Regenerate on an H200 (132 SMs) with
 
     python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90_table.py
 
-Measured on the NVIDIA H200 at af674f7: per (tokens, N, K) the
-fastest candidate that matched the reference, by CUDA Graph replay, medians of
-interleaved rounds (the comments: its time and its ratio to cuBLAS BF16's time). Each
-row is (measured token count, spec); a call takes the row of the smallest measured
-token count at or above its own (gemm_sm90.table_spec). Shapes not listed take
-gemm_sm90.heuristic_config."""
+Measured on the NVIDIA H200 (the receipt, benchmarks/results/gemm_tune.json,
+names the revision): per (tokens, N, K) the fastest candidate that matched the
+reference, by CUDA Graph replay, medians of interleaved rounds (the comments: its time
+and its ratio to cuBLAS BF16's time). Each row is (measured token count, spec); a call
+takes the row of the smallest measured token count at or above its own
+(gemm_sm90.table_spec). Shapes not listed take gemm_sm90.heuristic_config."""
 
 NUM_SMS = 132
 

@@ -31,7 +31,7 @@ keeps all of them streaming. Roles:
 * the last two or three warpgroups: consumers, 64 A rows each: per K 64, convert A into the
   fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage. A consumer's
   conversion does not overlap its own wgmmas (they read the fragment), only the other
-  consumers', so a third consumer keeps the tensor pipe busier (docs/gemm_log.md, variant 30).
+  consumers', so a third consumer keeps the tensor pipe busier (docs/gemm_log.md).
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
@@ -70,8 +70,8 @@ from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
 # accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
 # faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
 # + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 =
-# 61440. (Two converters with the consumers at 128 measured 5% slower; with 176 and the
-# FP16 path, 3% faster: docs/gemm_log.md, variants 17 and 22a.)
+# 61440. (Two converters with the consumers at 176 and the FP16 path measured 3% faster;
+# docs/gemm_log.md.)
 # Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
 # launch are fewer than an m64n128 wgmma needs.)

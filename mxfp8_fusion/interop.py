@@ -86,9 +86,9 @@ def skip_reason(weight: torch.Tensor) -> str | None:
     return None
 
 
-def from_torchao(linear: nn.Linear, cls: type | None = None):
-    """An :class:`~mxfp8_fusion.MXFP8Linear` (or ``cls``) holding the bytes of ``linear``'s
-    torchao MXFP8 weight, and its bias.
+def from_torchao(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(values, scales, bias)`` of ``linear``'s torchao MXFP8 weight, in this library's
+    format: what :meth:`~mxfp8_fusion.MXFP8Linear.from_linear` builds the layer from.
 
     The values tensor is the ``MXTensor``'s own ``qdata``; the scales are its ``scale``
     buffer when that already is this library's blocked layout byte for byte, else the
@@ -97,9 +97,6 @@ def from_torchao(linear: nn.Linear, cls: type | None = None):
     Raises:
         TypeError: when the weight does not qualify (:func:`skip_reason` says why).
     """
-    from .nn import MXFP8Linear
-
-    cls = cls or MXFP8Linear
     weight = linear.weight
     reason = skip_reason(weight)
     if reason is not None:
@@ -121,7 +118,7 @@ def from_torchao(linear: nn.Linear, cls: type | None = None):
     if flat is not None and torch.equal(scales.view(torch.uint8), flat):
         scales = flat.view(SCALE_DTYPE)  # already this library's layout: the same storage
     bias = linear.bias.detach() if linear.bias is not None else None
-    return cls(packed.values, scales, bias)
+    return packed.values, scales, bias
 
 
 __all__ = ["from_torchao", "is_torchao_tensor", "skip_reason"]

@@ -64,7 +64,7 @@ class MXFP8Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             _fail(TypeError, "linear", "an nn.Linear", type(linear).__name__)
         if interop.is_torchao_tensor(linear.weight):
-            return interop.from_torchao(linear, cls)
+            return cls(*interop.from_torchao(linear))
         packed = pack_weight(linear.weight)
         return cls(packed.values, packed.scales, linear.bias)
 

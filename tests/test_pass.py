@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from test_pass_support import (
+from pass_helpers import (
     NO_CACHE,
     Capture,
     CatLinear,

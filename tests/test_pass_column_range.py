@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 from expecttest import assert_expected_inline
+from pass_helpers import Capture, assert_bitwise, linear, randn
 from test_pass import compile_and_check
-from test_pass_support import Capture, assert_bitwise, linear, randn
 from torch import nn
 
 import mxfp8_fusion as mf

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
-from test_pass_support import Capture, randn
-from test_tensor_parallel_support import (
+from pass_helpers import Capture, randn
+from tensor_parallel_helpers import (
     WIDTHS,
     Block,
     Drafter,

@@ -1,6 +1,6 @@
 """Shared pieces of the pass and backend tests: models, a capturing test backend, helpers.
 
-(No tests here; the module name only lets pytest's rootdir imports find it.)
+No tests here: the test modules import it (pytest puts this folder on ``sys.path``).
 """
 
 from __future__ import annotations
