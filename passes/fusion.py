@@ -29,9 +29,12 @@ from .report import SiteReport
 log = logging.getLogger("mxfp8_fusion.passes")
 
 _PASS_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(format_module.__file__))
+# The pass's own files, and the files that define the ops it emits (their schemas and
+# autograd): a change to any of them must not be served a graph compiled before it.
 _SOURCES = (
     *(os.path.join(_PASS_DIR, name) for name in ("fusion.py", "pattern.py", "rewrite.py")),
-    os.path.abspath(format_module.__file__),
+    *(os.path.join(_PACKAGE_DIR, name) for name in ("format.py", "ops.py", "grad.py")),
 )
 
 
