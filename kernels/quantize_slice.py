@@ -324,6 +324,9 @@ def run_many_if_supported(
 
 
 def _launch_many(config: QuantizerConfig, sources, values, scales, columns, strides) -> None:
+    if config.slices == 1:  # the one-slice kernel: its own argument list (_ONE_KINDS)
+        _launch_one(config, sources[0], values, scales, columns[0], strides[0])
+        return
     k = values.shape[1]
     device = _device_index(sources[0])
     pad = [0] * (MAX_SLICES - len(sources))

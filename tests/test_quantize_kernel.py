@@ -170,6 +170,28 @@ def test_eager_multi_slice_call_is_one_launch(monkeypatch, tokens):
 
 @pytest.mark.gpu
 @requires_sm90
+@pytest.mark.parametrize("tokens", [3, 40])
+def test_eager_multi_slice_call_of_one_slice(tokens):
+    """``quantize_input_slices`` with a single slice (into the second half of the columns)
+    writes the one-slice kernel's bytes: one slice compiles the one-slice kernel, whose
+    arguments the launch must then pass in that kernel's order."""
+    import mxfp8_fusion as mf
+
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    a = _wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
+    b = _wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
+    dest = mf.empty_input(64, 512, "cuda")
+    mf.quantize_input_slice(a, dest, 0)
+    mf.quantize_input_slices([b], dest, 256)
+    torch.cuda.synchronize()
+    want = mf.quantize(torch.cat([a, b], -1))
+    assert torch.equal(dest.values[:tokens].view(torch.uint8), want.values.view(torch.uint8))
+    live = scale_bytes(tokens, 512)
+    assert torch.equal(dest.scales[:live].view(torch.uint8), want.scales.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_sm90
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [1, 129, 300])
 def test_run_many_equals_per_slice_reference(dtype, tokens):
