@@ -203,11 +203,12 @@ def empty_input(
     return MXFP8Input(values, scales, dtype)
 
 
-def _check_device(device) -> torch.device:
+def _check_device(device) -> torch.device | None:
     """``device`` as a ``torch.device`` that exists here: the CPU, ``meta``, or an index
-    below the device count of this machine's accelerator (CUDA on a GPU build)."""
+    below the device count of this machine's accelerator (CUDA on a GPU build). None stays
+    None: torch's default device (``torch.get_default_device()`` does not trace)."""
     if device is None:
-        return torch.get_default_device()
+        return None
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
         _fail(
             TypeError, "device", "a torch.device, a device string or an int", type(device).__name__
@@ -219,7 +220,8 @@ def _check_device(device) -> torch.device:
         if isinstance(device, int):  # an index with no accelerator to index
             expected = "a device that exists (torch sees no accelerator here)"
         _fail(ValueError, "device", expected, repr(device))
-    if parsed.type in ("cpu", "meta"):
+    if parsed.type in ("cpu", "meta") or torch.compiler.is_compiling():
+        # traced code: torch.empty on the device fails at compile time where it is missing
         return parsed
     accelerator = torch.accelerator.current_accelerator(check_available=True)
     if accelerator is None or parsed.type != accelerator.type:

@@ -137,6 +137,23 @@ def test_empty_input_on_good_devices(device):
     assert dest.device.type == torch.device(device or "cpu").type
 
 
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
+def test_empty_input_in_a_compiled_graph(device):
+    """Storage made inside ``fullgraph=True`` code. Before: the default device's look-up
+    (``device=None``) broke the graph."""
+
+    def stage(x):
+        dest = mf.empty_input(8, 256, device)
+        mf.quantize_input_slice(x, dest, 0)
+        return dest.values.view(torch.uint8), dest.raw_scales
+
+    x = torch.randn(8, 256).to(torch.bfloat16)
+    got = torch.compile(stage, fullgraph=True, backend="aot_eager")(x)
+    want = mf.quantize(x)
+    assert torch.equal(got[0], want.values.view(torch.uint8))
+    assert torch.equal(got[1], want.raw_scales)
+
+
 @pytest.mark.parametrize("capacity", [2**62, 2**56])
 def test_empty_input_names_a_capacity_too_large(capacity):
     with pytest.raises(ValueError, match="^capacity: expected"):
