@@ -11,6 +11,13 @@ The backward does not raise in Python: it emits ``mxfp8::gradient_unavailable``,
 kernel raises and whose fake returns an empty gradient. AOTAutograd traces the backward
 with fake tensors when it compiles a graph in grad mode, so a Python raise would fail the
 compile; the op becomes a node of the compiled backward and raises only when that runs.
+
+No gradient is ever a float8 tensor that autograd must add up: MXFP8 storage read by two
+ops (one quantized input, several GEMMs) would need a float8 sum in the backward, which
+Triton cannot build, so the compiled backward would fail with a compiler error instead of
+raising ours. An op reads float8 storage with history through a BF16 scalar "bridge" made
+once per storage version (:func:`_bridge`): readers' gradients meet, and are added, on
+that scalar; the bridge alone hands a float8 gradient on to the storage's writer.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torch.utils import _python_dispatch
+from torch.utils.weak import WeakIdKeyDictionary
 
 _lib = torch.library.Library("mxfp8", "FRAGMENT")
 _TENSOR_LIST = torch._C.ListType.ofTensors()
@@ -98,7 +106,7 @@ class _Signature:
             if i in self.written:
                 continue
             for t in arg if i in self.lists else (arg,):
-                if isinstance(t, Tensor) and t.requires_grad:
+                if isinstance(t, Tensor) and has_history(t):
                     return True
         return False
 
@@ -116,6 +124,17 @@ class _Signature:
             if i in self.written and arg.is_floating_point():  # uint8 scales carry no grad
                 dirty.append(len(flat))
             flat.append(arg)
+        # float8 storage the op reads: run on it detached, take its history from its bridge
+        bridges, bridge_labels = [], []
+        for j, t in enumerate(flat):
+            if j in dirty or not isinstance(t, Tensor) or t.dtype not in _FLOAT8:
+                continue
+            if has_history(t):
+                bridges.append(_bridge(t))
+                bridge_labels.append(labels[j])
+                flat[j] = t.detach()
+        flat += bridges
+        labels = labels + bridge_labels
         if not self.written:
             return _NoGradient.apply(self, layout, labels, *flat)
         for i in dirty:  # as torch refuses for any in-place op, but before anything is written
@@ -131,7 +150,13 @@ class _Signature:
         # the history that mark_dirty gives a graph input (torch 2.13), so the op writes
         # copies, and a plain copy_, which AOTAutograd does carry back to the caller's tensor,
         # puts them in place with their history.
-        written = _NoGradientWrite.apply(self, layout, labels, dirty, *flat)
+        # A float8 buffer's earlier history reaches the backward through copy_'s edge to the
+        # overwritten tensor alone: the op takes it detached, so that no two float8
+        # gradients meet on it.
+        sources = [
+            t.detach() if j in dirty and t.dtype in _FLOAT8 else t for j, t in enumerate(flat)
+        ]
+        written = _NoGradientWrite.apply(self, layout, labels, dirty, *sources)
         for i, new in zip(dirty, written, strict=True):
             flat[i].copy_(new)
         return None
@@ -256,8 +281,12 @@ def live_rows(values: Tensor, tokens) -> Tensor:
 
 
 def _live_rows_body(values: Tensor, tokens: int) -> Tensor:
-    if torch.is_grad_enabled() and values.requires_grad:
-        return _LiveRows.apply(values, tokens)
+    if torch.is_grad_enabled() and has_history(values):
+        # the ops read the rows through the storage's bridge: a plain slice's backward, a
+        # float8 zero-fill and scatter, is not something Inductor can compile
+        rows = values.detach()[:tokens]
+        _BRIDGES[rows] = (rows._version, _bridge(values))
+        return rows
     return values[:tokens]
 
 
@@ -268,16 +297,46 @@ _lib.impl("live_rows", _live_rows_body, "CompositeImplicitAutograd")
 _live_rows_op = torch.ops.mxfp8.live_rows.default
 
 
-class _LiveRows(torch.autograd.Function):
+# float8 dtypes: no arithmetic in Triton, so no float8 gradient may meet another
+_FLOAT8 = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                 "float8_e8m0fnu")
+    if hasattr(torch, name)
+)  # fmt: skip
+
+# float8 storage (or a row view of it) -> (its version when bridged, the bridge)
+_BRIDGES: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def has_history(t: Tensor) -> bool:
+    """Whether a backward through ``t`` must reach a raise: it requires grad, or it is a
+    detached row view of storage that does (made by :func:`live_rows`)."""
+    return t.requires_grad or (bool(_BRIDGES) and t in _BRIDGES)
+
+
+def _bridge(t: Tensor) -> Tensor:
+    """A BF16 scalar whose backward hands ``t`` its (raising) gradient, one per version of
+    ``t``: every op reading ``t`` takes its history from it, so their gradients are added
+    on the scalar and ``t`` gets a single float8 gradient (Triton cannot add float8)."""
+    entry = _BRIDGES.get(t)
+    if entry is not None and entry[0] == t._version:
+        return entry[1]
+    bridge = _Bridge.apply(t)
+    _BRIDGES[t] = (t._version, bridge)
+    return bridge
+
+
+class _Bridge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, tokens):
+    def forward(ctx, t):
         ctx.set_materialize_grads(False)
-        ctx.shape, ctx.dtype = values.shape, values.dtype
-        return values[:tokens]
+        ctx.shape, ctx.dtype = t.shape, t.dtype
+        return t.new_zeros((), dtype=torch.bfloat16)
 
     @staticmethod
     def backward(ctx, grad):
         if grad is None:
-            return None, None
+            return None
         what = "MXFP8 input storage (MXFP8Input.values)"
-        return gradient_unavailable(grad, list(ctx.shape), ctx.dtype, what, "values"), None
+        return gradient_unavailable(grad, list(ctx.shape), ctx.dtype, what, "values")

@@ -233,16 +233,16 @@ def _needs_dispatcher(args) -> bool:
     return _records_or_subclass(args, torch.is_grad_enabled())
 
 
-def _records_or_subclass(args, grad: bool) -> bool:
+def _records_or_subclass(args, grad_enabled: bool) -> bool:
     """Whether autograd would record on ``args`` or one is a tensor subclass (in lists too).
-    Type tests only, no predicate calls: this runs on every eager op call."""
+    Type tests, and in grad mode the history check: this runs on every eager op call."""
     for arg in args:
         kind = type(arg)
         if kind is Tensor or kind is Parameter:  # a Parameter dispatches as a plain Tensor
-            if grad and arg.requires_grad:
+            if grad_enabled and grad.has_history(arg):
                 return True
         elif kind is list or kind is tuple:
-            if _records_or_subclass(arg, grad):
+            if _records_or_subclass(arg, grad_enabled):
                 return True
         elif isinstance(arg, Tensor):  # a subclass: its own dispatch must run
             return True
