@@ -14,7 +14,7 @@ docs/gemm_log.md.)
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
   the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
   (gemm_sm90_refs); the others BF16.
-* gemm_sm90_skinny (up to 64 tokens): the operands swap, the weight is the wgmma M operand
+* gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
@@ -53,7 +53,7 @@ class GemmConfig:
     splitting K) x ``tile_n`` (128 or 64),
     ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
     persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
-    most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
+    most that many tokens (gemm_sm90_swap_ab): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
     alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
     tile N 128). ``stream_k`` 1: the tiled kernel splits the (output tile, K stage) units
@@ -87,17 +87,17 @@ _TALL_TILE_COST = 1.4
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
 # it in registers, while every CTA converts all tokens (so its cost grows with them).
-SKINNY_MAX_TOKENS = 64
+SWAP_AB_MAX_TOKENS = 64
 _SMEM_BYTES = 227 * 1024
 # Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
 _STREAM_K_ROUNDS = 2
 # heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
 # beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
-_SWAP_AB_TOKENS = 32
+_HEURISTIC_SWAP_AB_TOKENS = 32
 
 
-def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
-    """The swap-AB config for ``tokens`` <= SKINNY_MAX_TOKENS: wgmma N = the next power
+def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
+    """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
     Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
@@ -116,22 +116,22 @@ def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
-    """The config a table entry names: ``"swap-ab"`` (:func:`skinny_config` for ``tokens``)
+    """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``)
     or ``"tiled MxN cC"`` with an optional ``" stream-k"`` and an optional ``" sF+H"`` (tile M
     x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default the standard split
     of that tile; M 64 is the k-split tile, two consumer warpgroups on alternate K halves of
     the same 64 rows).
 
     Raises:
-        ValueError: on a spec of neither form, or swap-AB above SKINNY_MAX_TOKENS.
+        ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
     """
     parts = spec.split()
     if parts == ["swap-ab"]:
-        if tokens > SKINNY_MAX_TOKENS:
+        if tokens > SWAP_AB_MAX_TOKENS:
             raise ValueError(
-                f"spec: swap-ab serves at most {SKINNY_MAX_TOKENS} tokens, got {tokens}"
+                f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}"
             )
-        return skinny_config(tokens, num_sms)
+        return swap_ab_config(tokens, num_sms)
     stage_split = None
     if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
         counts = parts.pop()[1:].split("+")
@@ -189,7 +189,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
     the shape, else :func:`heuristic_config`."""
     spec = table_spec(tokens, n, k, num_sms)
-    if spec is not None and not (spec == "swap-ab" and tokens > SKINNY_MAX_TOKENS):
+    if spec is not None and not (spec == "swap-ab" and tokens > SWAP_AB_MAX_TOKENS):
         return config_from_spec(spec, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
 
@@ -205,8 +205,8 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     up to 256 tokens. More tiles take whole tiles per CTA, 192 rows where the round-robin
     model favours them.
     """
-    if tokens <= _SWAP_AB_TOKENS:
-        return skinny_config(tokens, num_sms)
+    if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
+        return swap_ab_config(tokens, num_sms)
     if -(-tokens // _TILE_M) * -(-n // 128) < _STREAM_K_ROUNDS * num_sms:
         if -(-n // 128) < 24 and tokens <= 256:
             return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
@@ -294,7 +294,7 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
     if cfg.tokens_tile:
-        from .gemm_sm90_skinny import MXFP8SkinnyGemmSm90 as kernel_class
+        from .gemm_sm90_swap_ab import MXFP8SwapABGemmSm90 as kernel_class
     else:
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 

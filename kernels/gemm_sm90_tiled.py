@@ -17,7 +17,7 @@ dedicated converter warps.
 One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgroups, tile_m
 192: three), persistent over output tiles, the full row tiles first and a partial one last.
 With ``stream_k`` the (output tile, K stage) units are instead split evenly over the CTAs
-(as in gemm_sm90_skinny): a CTA's range is cut into segments, one per tile it touches; a tile
+(as in gemm_sm90_swap_ab): a CTA's range is cut into segments, one per tile it touches; a tile
 split across CTAs is finished by the CTA holding its tail, which adds the parts published by
 the lower CTAs in K order (no atomics: every call sums alike). With few output tiles (fewer
 than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
@@ -35,7 +35,7 @@ keeps all of them streaming. Roles:
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
-B tile, as in gemm_sm90_skinny.
+B tile, as in gemm_sm90_swap_ab.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def test_tile_configs_agree(tokens):
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
 
 
-SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
+SWAP_AB_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
     (1, 7168, 4096),
     (3, 200, 4160),
     (8, 128, 128),
@@ -170,7 +170,7 @@ SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, o
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("tokens,n,k", SKINNY_SHAPES)
+@pytest.mark.parametrize("tokens,n,k", SWAP_AB_SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
     """The few-token kernel: scale bytes 97-157 (both conversion factors), bias, rows past
@@ -178,7 +178,7 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     # the swap-AB kernel itself, whichever kernel the measured table picks for this shape
-    cfg = g.skinny_config(tokens)
+    cfg = g.swap_ab_config(tokens)
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
     seeds = (tokens + 7 * k, n + 1)
@@ -199,7 +199,7 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     outs = []
     for tile in (8, 16, 32, 64):
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.skinny_config(tile))
+        g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tile))
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))

@@ -30,8 +30,8 @@ def test_compiles_for_sm90a_without_gpu():
             (g.choose_config(4096, 7168, 43008), 7168, 43008, torch.bfloat16, torch.bfloat16),
             (g.choose_config(512, 7168, 43008), 7168, 43008, torch.float16, None),
             (g.choose_config(300, 200, 512), 200, 512, torch.float16, torch.float32),
-            (g.skinny_config(1), 200, 4160, torch.float16, torch.float32),
-            (g.skinny_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
+            (g.swap_ab_config(1), 200, 4160, torch.float16, torch.float32),
+            (g.swap_ab_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
             # stream-K: every tile shape
             (g.config_from_spec("tiled 128x128 c2 stream-k", 300), 640, 4160, torch.bfloat16,
              None),
@@ -157,11 +157,11 @@ def test_two_step_power_of_two_scaling():
         assert torch.equal(two_steps[normal], want[normal]), e
 
 
-def test_skinny_configs_fit_shared_memory():
+def test_swap_ab_configs_fit_shared_memory():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
-        cfg = g.skinny_config(tokens)
+        cfg = g.swap_ab_config(tokens)
         assert cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
@@ -171,7 +171,7 @@ def test_heuristic_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens in (1, 8, 9, 16, 17, 32):
-        assert g.heuristic_config(tokens, 7168, 43008) == g.skinny_config(tokens)
+        assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
     assert g.heuristic_config(33, 7168, 43008).tokens_tile == 0
     assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
@@ -239,7 +239,7 @@ def test_config_specs_round_trip_and_reject_others():
         cfg = g.config_from_spec(spec, 300)
         assert g.spec_of(cfg) == spec and cfg.tokens_tile == 0 and cfg.num_ctas == 132
     assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
-    assert g.config_from_spec("swap-ab", 20, 100) == g.skinny_config(20, 100)
+    assert g.config_from_spec("swap-ab", 20, 100) == g.swap_ab_config(20, 100)
     assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
     assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
     for bad in (
@@ -247,7 +247,7 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128 c2",
         "tiled 128x128 2",
         "tiled 128x128 c2 split",
-        "skinny",
+        "swap-ab stream-k",
         "tiled 64x128 c2 stream-k s7",
     ):
         with pytest.raises(ValueError, match="spec"):
@@ -275,7 +275,7 @@ def test_choose_config_looks_up_the_table(monkeypatch):
         spec = lambda t: g.spec_of(g.choose_config(t, 1024, 2048))  # noqa: E731
         assert spec(1) == "swap-ab" and g.choose_config(1, 1024, 2048).tokens_tile == 8
         assert [spec(t) for t in (2, 16)] == ["tiled 128x64 c1 stream-k"] * 2
-        assert g.choose_config(40, 1024, 2048) == g.skinny_config(40)  # tile 64
+        assert g.choose_config(40, 1024, 2048) == g.swap_ab_config(40)  # tile 64
         assert spec(49) == spec(96) == spec(5000) == "tiled 192x128 c1"
         assert g.choose_config(300, 1024, 4096) == g.heuristic_config(300, 1024, 4096)
         assert g.choose_config(300, 1024, 2048, 114) == g.heuristic_config(300, 1024, 2048, 114)

@@ -75,7 +75,7 @@ W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 L2_EVICT_FIRST = 0x12F0000000000000
 
 
-class MXFP8SkinnyGemmSm90:
+class MXFP8SwapABGemmSm90:
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
