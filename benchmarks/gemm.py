@@ -165,6 +165,11 @@ def _capture(fn, inner: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
+# Variant labels recorded in older receipts (benchmarks/results/gemm_variants.json) name the
+# GemmConfig fields as they were then: they still run as written.
+_OLD_FIELDS = {"bf16_stages": "stages16"}
+
+
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     """Median ms of each named config override: ``label,field=int,...`` on the heuristic's
     GemmConfig (e.g. ``tiled,tokens_tile=0,tile_n=64,stages=4``)."""
@@ -184,7 +189,8 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     fns = {}
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
-        cfg = dataclasses.replace(base, **{key: int(v) for key, v in spec.items()})
+        fields = {_OLD_FIELDS.get(key, key): int(v) for key, v in spec.items()}
+        cfg = dataclasses.replace(base, **fields)
         fns[name] = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)
         out.zero_()
         fns[name]()

@@ -51,8 +51,8 @@ class GemmConfig:
     ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128;
     192 with three consumer warpgroups and one converter; 64 with two consumer warpgroups
     splitting K) x ``tile_n`` (128 or 64),
-    ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
-    persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
+    ``stages`` FP8 stages of K 128, ``stages16`` 16-bit (BF16 or FP16) weight stages of K 64,
+    and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
     most that many tokens (gemm_sm90_swap_ab): ``num_ctas`` CTAs sharing the (64-row weight
     tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
     alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
@@ -62,7 +62,7 @@ class GemmConfig:
 
     tile_n: int = 128
     stages: int = 4
-    bf16_stages: int = 4
+    stages16: int = 4
     num_ctas: int = 132
     tokens_tile: int = 0
     consumers: int = 3
@@ -71,8 +71,8 @@ class GemmConfig:
     stream_k: int = 0
 
 
-# FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
-# 128) and their scale chunks, a BF16 stage B only (tile N x K 64). At 4096 tokens 4 + 4
+# FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
+# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
 # was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
@@ -143,15 +143,15 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
         raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
     tile_m, tile_n = int(dims[0]), int(dims[1])
-    stages, bf16_stages = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
+    stages, stages16 = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
     if stage_split is not None:
-        stages, bf16_stages = stage_split
+        stages, stages16 = stage_split
     return GemmConfig(
         tile_m=tile_m,
         tile_n=tile_n,
         converters=int(parts[2][1:]),
         stages=stages,
-        bf16_stages=bf16_stages,
+        stages16=stages16,
         num_ctas=num_sms,
         stream_k=int(len(parts) == 4),
     )
@@ -164,7 +164,7 @@ def spec_of(cfg: GemmConfig) -> str:
     sk = " stream-k" if cfg.stream_k else ""
     spec = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
-        spec += f" s{cfg.stages}+{cfg.bf16_stages}"
+        spec += f" s{cfg.stages}+{cfg.stages16}"
     return spec
 
 

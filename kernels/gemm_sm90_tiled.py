@@ -139,11 +139,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         self.convert_threads = self.convert_wgs * WG_THREADS
         self.consumer_wg0 = CONVERT_WG0 + self.convert_wgs
         self.stages8 = cfg.stages
-        self.stages16 = cfg.bf16_stages
+        self.stages16 = cfg.stages16
         # the converter commits both halves of an FP8 stage together and the consumers
         # release each half one half late: two 16-bit stages deadlock (measured: a hang)
         if self.stages16 < 2 * HALVES - 1:
-            raise ValueError(f"bf16_stages must be at least {2 * HALVES - 1}, got {cfg}")
+            raise ValueError(f"stages16 must be at least {2 * HALVES - 1}, got {cfg}")
         self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
         self.n_tiles = (n + self.tile_n - 1) // self.tile_n
         self.b_chunks = ((n + 127) // 128) * self.k_tiles

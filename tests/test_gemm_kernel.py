@@ -118,7 +118,7 @@ def test_fp16_and_bf16_tiles_in_one_launch(tile_m, tile_n, converters):
     out = torch.full((tokens + 20, n), 1234.0, device="cuda", dtype=torch.bfloat16)
     poison = out.clone()
     stages16 = 3 if tile_m == 192 else 4  # 4 + 4 stages of 192-row tiles overflow smem
-    cfg = g.GemmConfig(tile_n=tile_n, converters=converters, tile_m=tile_m, bf16_stages=stages16)
+    cfg = g.GemmConfig(tile_n=tile_n, converters=converters, tile_m=tile_m, stages16=stages16)
     g.run(a, sa, b, sb, None, out, config=cfg)
     ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     reference.mm_into(a, sa, b, sb, None, ref)
@@ -142,12 +142,12 @@ def test_tile_configs_agree(tokens):
     b, sb = random_operand(640, 1024, seed=2)
     outs = []
     for cfg in (
-        g.GemmConfig(tile_n=64, stages=4, bf16_stages=4),
-        g.GemmConfig(tile_n=128, stages=4, bf16_stages=4),
-        g.GemmConfig(tile_n=128, stages=3, bf16_stages=6),
+        g.GemmConfig(tile_n=64, stages=4, stages16=4),
+        g.GemmConfig(tile_n=128, stages=4, stages16=4),
+        g.GemmConfig(tile_n=128, stages=3, stages16=6),
         g.GemmConfig(tile_n=128, converters=2),
-        g.GemmConfig(tile_m=192, stages=4, bf16_stages=3),
-        g.GemmConfig(tile_m=192, stages=3, bf16_stages=4),
+        g.GemmConfig(tile_m=192, stages=4, stages16=3),
+        g.GemmConfig(tile_m=192, stages=3, stages16=4),
     ):
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
         g.run(a, sa, b, sb, None, out, config=cfg)
