@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_fusion.format import GROUP, padded_rows
+from mxfp8_fusion.format import GROUP, fail, padded_rows
 
 from .constants import CHUNK_WORDS as _CHUNK_WORDS
 from .launcher import compile_for_scalars, launch, raw_stream
@@ -44,22 +44,35 @@ from .launcher import compile_for_scalars, launch, raw_stream
 _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
 
 
+# The two kernels, by the name their table specs and ``GemmConfig.kernel`` give them.
+SWAP_AB = "swap-ab"
+TILED = "tiled"
+# The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
+# whole 16-byte units of the tile's tokens (8 per token and stage).
+_SWAP_AB_TILES = (8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """Compile-time tiling.
+    """Compile-time tiling, and which kernel it is for.
 
-    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128;
-    192 with three consumer warpgroups and one converter; 64 with two consumer warpgroups
-    splitting K) x ``tile_n`` (128 or 64),
-    ``stages`` FP8 stages of K 128, ``stages16`` 16-bit (BF16 or FP16) weight stages of K 64,
-    and the persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
-    most that many tokens (gemm_sm90_swap_ab): ``num_ctas`` CTAs sharing the (64-row weight
-    tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
-    alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
-    tile N 128). ``stream_k`` 1: the tiled kernel splits the (output tile, K stage) units
-    evenly over its CTAs instead of giving each CTA whole tiles.
+    ``kernel`` ``"tiled"`` (gemm_sm90_tiled): output tile ``tile_m`` (128; 192 with three
+    consumer warpgroups and one converter; 64 with two consumer warpgroups splitting K) x
+    ``tile_n`` (128 or 64), ``stages`` FP8 stages of K 128, ``stages16`` 16-bit (BF16 or
+    FP16) weight stages of K 64, and the persistent CTA count. ``converters``: its
+    B-converter warpgroups (2 needs tile N 128). ``stream_k`` 1: it splits the (output
+    tile, K stage) units evenly over its CTAs instead of giving each CTA whole tiles.
+
+    ``kernel`` ``"swap-ab"`` (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
+    32 or 64; 0 for the tiled kernel): ``num_ctas`` CTAs sharing the (64-row weight tile, K
+    stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting alternate
+    stages.
+
+    Raises:
+        ValueError: naming ``kernel`` or ``tokens_tile`` where they do not go together.
     """
 
+    kernel: str = TILED
     tile_n: int = 128
     stages: int = 4
     stages16: int = 4
@@ -69,6 +82,16 @@ class GemmConfig:
     converters: int = 1
     tile_m: int = 128
     stream_k: int = 0
+
+    def __post_init__(self):
+        if self.kernel == SWAP_AB:
+            if self.tokens_tile not in _SWAP_AB_TILES:
+                fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB)", self.tokens_tile)
+        elif self.kernel == TILED:
+            if self.tokens_tile != 0:
+                fail(ValueError, "tokens_tile", "0 (the tiled kernel has none)", self.tokens_tile)
+        else:
+            fail(ValueError, "kernel", f"{SWAP_AB!r} or {TILED!r}", repr(self.kernel))
 
 
 # FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -87,7 +110,7 @@ _TALL_TILE_COST = 1.4
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
 # it in registers, while every CTA converts all tokens (so its cost grows with them).
-SWAP_AB_MAX_TOKENS = 64
+SWAP_AB_MAX_TOKENS = _SWAP_AB_TILES[-1]
 _SMEM_BYTES = 227 * 1024
 # Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
 _STREAM_K_ROUNDS = 2
@@ -103,7 +126,12 @@ def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
     Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
     registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
     stream-K split (docs/gemm_log.md).
+
+    Raises:
+        ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS.
     """
+    if tokens > SWAP_AB_MAX_TOKENS:
+        fail(ValueError, "tokens", f"at most {SWAP_AB_MAX_TOKENS} for the swap-AB kernel", tokens)
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
@@ -112,7 +140,13 @@ def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
     # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
     fixed = consumers * (2 * tokens_tile * 128 + 64 * tokens_tile * 4) + 4096
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
-    return GemmConfig(stages=stages, num_ctas=num_sms, tokens_tile=tokens_tile, consumers=consumers)
+    return GemmConfig(
+        kernel=SWAP_AB,
+        stages=stages,
+        num_ctas=num_sms,
+        tokens_tile=tokens_tile,
+        consumers=consumers,
+    )
 
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
@@ -126,7 +160,7 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
     """
     parts = spec.split()
-    if parts == ["swap-ab"]:
+    if parts == [SWAP_AB]:
         if tokens > SWAP_AB_MAX_TOKENS:
             raise ValueError(
                 f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}"
@@ -138,7 +172,7 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         if len(counts) != 2 or not all(c.isdigit() for c in counts):
             raise ValueError(f"spec: stages as sF+H, got {spec!r}")
         stage_split = (int(counts[0]), int(counts[1]))
-    ok = len(parts) in (3, 4) and parts[0] == "tiled" and parts[3:] in ([], ["stream-k"])
+    ok = len(parts) in (3, 4) and parts[0] == TILED and parts[3:] in ([], ["stream-k"])
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
         raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
@@ -147,6 +181,7 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     if stage_split is not None:
         stages, stages16 = stage_split
     return GemmConfig(
+        kernel=TILED,
         tile_m=tile_m,
         tile_n=tile_n,
         converters=int(parts[2][1:]),
@@ -159,10 +194,10 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
-    if cfg.tokens_tile:
-        return "swap-ab"
+    if cfg.kernel == SWAP_AB:
+        return SWAP_AB
     sk = " stream-k" if cfg.stream_k else ""
-    spec = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
+    spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
         spec += f" s{cfg.stages}+{cfg.stages16}"
     return spec
@@ -189,7 +224,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
     the shape, else :func:`heuristic_config`."""
     spec = table_spec(tokens, n, k, num_sms)
-    if spec is not None and not (spec == "swap-ab" and tokens > SWAP_AB_MAX_TOKENS):
+    if spec is not None and not (spec == SWAP_AB and tokens > SWAP_AB_MAX_TOKENS):
         return config_from_spec(spec, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
 
@@ -280,7 +315,7 @@ _TILED_KINDS = "qqqqqqiiqqqq"
 
 def kinds(cfg: GemmConfig) -> str:
     """The launch-argument kinds of ``cfg``'s kernel (see launcher.Launcher)."""
-    return _KINDS if cfg.tokens_tile else _TILED_KINDS
+    return _KINDS if cfg.kernel == SWAP_AB else _TILED_KINDS
 
 
 _REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
@@ -293,7 +328,7 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
 
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    if cfg.tokens_tile:
+    if cfg.kernel == SWAP_AB:
         from .gemm_sm90_swap_ab import MXFP8SwapABGemmSm90 as kernel_class
     else:
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
@@ -418,7 +453,7 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     device = a_values.device
     dev = device.index if device.index is not None else 0
     cfg = config or choose_config(m, n, k, _num_sms(dev))
-    if cfg.tokens_tile and m > cfg.tokens_tile:
+    if cfg.kernel == SWAP_AB and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
     out_ptr = out.data_ptr()
     args = (
@@ -432,7 +467,7 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         a_scales.numel() // (4 * _CHUNK_WORDS),
     )
     stream = raw_stream(dev)
-    if cfg.tokens_tile:
+    if cfg.kernel == SWAP_AB:
         partials, flags = _stream_buffers(
             "stream-K", device, dev, stream, cfg.num_ctas,
             lambda ctas: _fresh_workspace(device, ctas),

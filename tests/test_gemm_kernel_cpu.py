@@ -162,9 +162,30 @@ def test_swap_ab_configs_fit_shared_memory():
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
         cfg = g.swap_ab_config(tokens)
-        assert cfg.tokens_tile == tile
+        assert cfg.kernel == g.SWAP_AB and cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
+
+
+def test_config_names_its_kernel():
+    """GemmConfig.kernel picks the kernel; tokens_tile is the swap-AB kernel's token tile
+    only, and a combination that does not go together is refused naming the field."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    assert g.GemmConfig().kernel == g.TILED and g.kinds(g.GemmConfig()) == g._TILED_KINDS
+    swap = g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=16)
+    assert g.kinds(swap) == g._KINDS and g.spec_of(swap) == "swap-ab"
+    for bad, field in [
+        (dict(kernel=g.SWAP_AB), "tokens_tile"),
+        (dict(kernel=g.SWAP_AB, tokens_tile=24), "tokens_tile"),
+        (dict(kernel=g.TILED, tokens_tile=8), "tokens_tile"),
+        (dict(tokens_tile=8), "tokens_tile"),
+        (dict(kernel="wide", tokens_tile=8), "kernel"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            g.GemmConfig(**bad)
+    with pytest.raises(ValueError, match="^tokens:"):
+        g.swap_ab_config(65)
 
 
 def test_heuristic_swaps_operands_for_few_tokens():
@@ -172,7 +193,7 @@ def test_heuristic_swaps_operands_for_few_tokens():
 
     for tokens in (1, 8, 9, 16, 17, 32):
         assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
-    assert g.heuristic_config(33, 7168, 43008).tokens_tile == 0
+    assert g.heuristic_config(33, 7168, 43008).kernel == g.TILED
     assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
@@ -237,7 +258,7 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 192x128 c1 stream-k",
     ):
         cfg = g.config_from_spec(spec, 300)
-        assert g.spec_of(cfg) == spec and cfg.tokens_tile == 0 and cfg.num_ctas == 132
+        assert g.spec_of(cfg) == spec and cfg.kernel == g.TILED and cfg.num_ctas == 132
     assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
     assert g.config_from_spec("swap-ab", 20, 100) == g.swap_ab_config(20, 100)
     assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
