@@ -23,9 +23,10 @@ Which kernel and tile serve a call comes from a table measured on the H200 per (
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
 
 This module holds the host side: the config, the table lookup and the heuristic, the
-support predicate, the compile cache (keyed on compile-time facts; the token count M is a
-runtime value) and the launch (integer arguments through a reusable buffer: see
-launcher.py).
+support predicate (a call it refuses is the caller's to serve: the ops run the reference,
+with a one-time warning naming the reason), the compile cache (keyed on compile-time facts;
+the token count M is a runtime value) and the launch (integer arguments through a reusable
+buffer: see launcher.py).
 """
 
 from __future__ import annotations
@@ -269,40 +270,47 @@ def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
 
-def _shape_if_served(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor):
-    """``(M, N, K)`` where this kernel serves the call, else None (cheap: no compile, no
-    sync; one read of each tensor fact)."""
-    if a_values.dim() != 2 or b_values.dim() != 2 or out.dim() != 2:
-        return None
-    m, k = a_values.shape
-    n = b_values.shape[0]
-    if a_values.dtype != torch.float8_e4m3fn or b_values.dtype != torch.float8_e4m3fn:
-        return None
-    if out.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    if k % GROUP != 0 or k == 0 or n == 0 or b_values.shape[1] != k:
-        return None
-    if a_values.stride(1) != 1 or a_values.stride(0) != k:
-        return None
-    if not b_values.is_contiguous() or out.stride(1) != 1 or out.shape[1] != n:
-        return None
-    if (out.stride(0) * out.element_size()) % 16 != 0 or out.shape[0] < m:
-        return None
-    if a_values.data_ptr() % 16 or b_values.data_ptr() % 16 or out.data_ptr() % 16:
-        return None
-    return m, n, k
-
-
-def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether this kernel serves the call (cheap: no compile, no sync)."""
-    return _shape_if_served(a_values, b_values, out) is not None
-
-
 _TORCH_TO_CUTLASS = {
     torch.bfloat16: "BFloat16",
     torch.float16: "Float16",
     torch.float32: "Float32",
 }
+
+
+def _served(a_values, a_scales, b_values, b_scales, bias, out):
+    """``(M, N, K)`` where this kernel serves the call, else a sentence saying why not
+    (cheap: no compile, no sync; one read of each tensor fact). The kernels read every
+    tensor through 16-byte aligned loads (TMA for the values and the scale chunks) and the
+    bias as a contiguous vector of a dtype they are compiled for; other calls are left to
+    the caller's fallback."""
+    if a_values.dim() != 2 or b_values.dim() != 2 or out.dim() != 2:
+        return "values and out must be 2-D"
+    m, k = a_values.shape
+    n = b_values.shape[0]
+    if a_values.dtype != torch.float8_e4m3fn or b_values.dtype != torch.float8_e4m3fn:
+        return "values must be float8_e4m3fn"
+    if out.dtype not in (torch.bfloat16, torch.float16):
+        return f"out dtype {out.dtype} is neither BF16 nor FP16"
+    if k % GROUP != 0 or k == 0 or n == 0 or b_values.shape[1] != k:
+        return f"K={k} must be a positive multiple of {GROUP} in both operands, N={n} positive"
+    if a_values.stride(1) != 1 or a_values.stride(0) != k:
+        return "A's rows must be K contiguous bytes"
+    if not b_values.is_contiguous() or out.stride(1) != 1 or out.shape[1] != n:
+        return "B must be contiguous, out N contiguous columns"
+    if (out.stride(0) * out.element_size()) % 16 != 0 or out.shape[0] < m:
+        return "out's rows must start 16-byte aligned and be at least M"
+    if a_values.data_ptr() % 16 or b_values.data_ptr() % 16 or out.data_ptr() % 16:
+        return "values and out must be 16-byte aligned"
+    if a_scales.data_ptr() % 16 or b_scales.data_ptr() % 16:
+        return "scale buffers must be 16-byte aligned"
+    if bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1):
+        return "bias must be a contiguous BF16, FP16 or FP32 vector"
+    return m, n, k
+
+
+def supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+    """Whether this kernel serves the call (cheap: no compile, no sync)."""
+    return not isinstance(_served(a_values, a_scales, b_values, b_scales, bias, out), str)
 
 
 # Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
@@ -421,18 +429,32 @@ def _num_sms(index: int) -> int:
 def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | None = None):
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` on the current stream; no sync.
 
-    Call only where :func:`supported` is True. ``config`` overrides the heuristic (tests,
-    benchmarks). Compiles once per (config, N, K, out row stride, out dtype, bias dtype).
+    ``config`` overrides the heuristic (tests, benchmarks). Compiles once per (config, N, K,
+    out row stride, out dtype, bias dtype).
+
+    Raises:
+        ValueError: where :func:`supported` is False (saying why), or ``config`` is a
+            swap-AB config whose token tile is below M; nothing is launched.
     """
-    m, k = a_values.shape
-    _run(m, b_values.shape[0], k, a_values, a_scales, b_values, b_scales, bias, out, config)
+    shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
+    if isinstance(shape, str):
+        raise ValueError(f"the SM90 GEMM does not serve this call: {shape}")
+    _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, config)
+
+
+last_refusal = "no call was refused"
+"""Why :func:`run_if_supported` refused its latest refused call (the fallback warning's
+reason)."""
 
 
 def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
-    """:func:`run` where :func:`supported` holds; False (nothing launched) where it does
-    not. The ops' one entry point: checks and launches in one pass over the call's facts."""
-    shape = _shape_if_served(a_values, b_values, out)
-    if shape is None:
+    """:func:`run` where :func:`supported` holds; False (nothing launched, the reason in
+    :data:`last_refusal`) where it does not. The ops' one entry point: checks and launches
+    in one pass over the call's facts."""
+    global last_refusal
+    shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
+    if isinstance(shape, str):
+        last_refusal = shape
         return False
     _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, None)
     return True
@@ -441,21 +463,13 @@ def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
 def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> None:
     if m == 0:
         return
-    odd_bias = bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1)
-    a_scales_ptr, b_scales_ptr = a_scales.data_ptr(), b_scales.data_ptr()
-    if odd_bias or a_scales_ptr % 16 or b_scales_ptr % 16:
-        # TMA needs 16-byte aligned scale chunks; the kernel reads bias as a contiguous
-        # BF16/FP16/FP32 vector. Such calls are rare: the reference serves them.
-        from mxfp8_fusion import reference
-
-        reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
-        return
     device = a_values.device
     dev = device.index if device.index is not None else 0
     cfg = config or choose_config(m, n, k, _num_sms(dev))
     if cfg.kernel == SWAP_AB and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
     out_ptr = out.data_ptr()
+    a_scales_ptr, b_scales_ptr = a_scales.data_ptr(), b_scales.data_ptr()
     args = (
         a_values.data_ptr(),
         a_scales_ptr,

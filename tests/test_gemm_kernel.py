@@ -349,3 +349,42 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
         g.run(st_values[:tokens], st_scales, w_values, w_scales, None, out_st, config=cfg)
         torch.cuda.synchronize()
         assert torch.equal(out_one.view(torch.int16), out_st.view(torch.int16))
+
+
+def _shifted(scales: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``scales`` in a buffer starting 4 bytes past a 16-byte boundary."""
+    raw = torch.empty(scales.numel() + 16, device="cuda", dtype=torch.uint8)[4 : 4 + scales.numel()]
+    return raw.copy_(scales.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("case", ["a_scales", "b_scales", "strided_bias", "float64_bias"])
+def test_calls_the_kernels_cannot_read_take_the_ops_fallback(case, monkeypatch):
+    """Scale buffers not 16-byte aligned and a bias that is no contiguous BF16/FP16/FP32
+    vector: the kernels refuse them, the op gives the reference's bytes and warns once,
+    naming the reason."""
+    from mxfp8_fusion import ops
+
+    tokens, n, k = 40, 256, 512
+    a, sa = random_operand(tokens, k, seed=21)
+    b, sb = random_operand(n, k, seed=22)
+    sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
+    bias, reason = None, "scale buffers"
+    if case == "a_scales":
+        sa = _shifted(sa)
+    elif case == "b_scales":
+        sb = _shifted(sb)
+    elif case == "strided_bias":
+        bias, reason = torch.randn(2 * n, device="cuda", dtype=torch.bfloat16)[::2], "bias"
+    else:
+        bias, reason = torch.randn(n, device="cuda", dtype=torch.float64), "bias"
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(ops, "_warned", set())
+    with pytest.warns(UserWarning, match=f"GPU sm_90: {reason}"):
+        ops.mm_into(a, sa, b, sb, bias, out)
+    ref = torch.empty_like(out)
+    reference.mm_into(a, sa, b, sb, bias, ref)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))

@@ -16,6 +16,8 @@ from gemm_helpers import (
     requires_cutlass,
 )
 
+from mxfp8_fusion.format import scale_bytes
+
 
 @requires_cutlass
 def test_compiles_for_sm90a_without_gpu():
@@ -320,13 +322,45 @@ def test_measured_table_is_well_formed():
             assert g.spec_of(g.choose_config(t, n, k)) == spec
 
 
+def _predicate_operands(tokens=4, n=16, k=64):
+    a = torch.zeros(tokens, k, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    sa = torch.zeros(scale_bytes(tokens, k), dtype=torch.uint8)
+    sb = torch.zeros(scale_bytes(n, k), dtype=torch.uint8)
+    return a, sa, b, sb, torch.zeros(tokens, n, dtype=torch.bfloat16)
+
+
 def test_supported_rejects_unaligned_shapes():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    a = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
-    b = torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
-    assert g.supported(a, b, torch.zeros(4, 16, dtype=torch.bfloat16))
-    assert not g.supported(a, b, torch.zeros(4, 16, dtype=torch.float32))
+    a, sa, b, sb, out = _predicate_operands()
+    assert g.supported(a, sa, b, sb, None, out)
+    assert not g.supported(a, sa, b, sb, None, out.float())
     odd = torch.zeros(4, 12, dtype=torch.bfloat16)[:, :12]
-    assert not g.supported(a, torch.zeros(12, 64, dtype=torch.float8_e4m3fn), odd)
-    assert not g.supported(a[:, :48], b[:, :48], torch.zeros(4, 16, dtype=torch.bfloat16))
+    b12 = torch.zeros(12, 64, dtype=torch.float8_e4m3fn)
+    assert not g.supported(a, sa, b12, sb, None, odd)
+    assert not g.supported(a[:, :48], sa, b[:, :48], sb, None, out)
+
+
+def test_supported_rejects_what_the_kernels_cannot_read():
+    """Scale buffers not 16-byte aligned (TMA) and a bias the kernels do not read (not a
+    contiguous BF16/FP16/FP32 vector) are refused by the predicate, with the reason the
+    fallback warning gives; run() refuses them too, before any launch."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    a, sa, b, sb, out = _predicate_operands()
+    shifted = lambda t: torch.zeros(t.numel() + 16, dtype=torch.uint8)[4 : 4 + t.numel()]  # noqa: E731
+    for bias in (None, torch.zeros(16), torch.zeros(16, dtype=torch.float16)):
+        assert g.supported(a, sa, b, sb, bias, out)
+    refused = [
+        ((a, shifted(sa), b, sb, None, out), "scale buffers"),
+        ((a, sa, b, shifted(sb), None, out), "scale buffers"),
+        ((a, sa, b, sb, torch.zeros(32, dtype=torch.bfloat16)[::2], out), "bias"),
+        ((a, sa, b, sb, torch.zeros(16, dtype=torch.float64), out), "bias"),
+    ]
+    for args, reason in refused:
+        assert not g.supported(*args)
+        assert not g.run_if_supported(*args)
+        assert g.last_refusal.startswith(reason), g.last_refusal
+        with pytest.raises(ValueError, match=reason):
+            g.run(*args)
