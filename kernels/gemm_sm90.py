@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_fusion.format import GROUP, fail, padded_rows
+from mxfp8_fusion.format import CHUNK_BYTES, GROUP, ceil_div, fail, padded_rows
 
-from .constants import CHUNK_WORDS as _CHUNK_WORDS
+from .constants import TILE_K8, TILE_K16, WG_THREADS
 from .launcher import compile_for_scalars, launch, raw_stream
 
 _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
@@ -137,9 +137,9 @@ def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
     while tokens_tile < tokens:
         tokens_tile *= 2
     consumers = 3
-    per_stage = (64 + tokens_tile) * 128 + 2 * _CHUNK_WORDS * 4 + 16
+    per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
     # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
-    fixed = consumers * (2 * tokens_tile * 128 + 64 * tokens_tile * 4) + 4096
+    fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
     return GemmConfig(
         kernel=SWAP_AB,
@@ -243,10 +243,10 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     """
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
         return swap_ab_config(tokens, num_sms)
-    if -(-tokens // _TILE_M) * -(-n // 128) < _STREAM_K_ROUNDS * num_sms:
-        if -(-n // 128) < 24 and tokens <= 256:
+    if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:
+        if ceil_div(n, 128) < 24 and tokens <= 256:
             return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
-        if -(-tokens // 192) * 192 < -(-tokens // 128) * 128:
+        if ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128:
             return config_from_spec("tiled 192x128 c1 stream-k", tokens, num_sms)
         return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
     if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
@@ -260,12 +260,12 @@ def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     take the tiles round-robin in the tiled kernel's order: full row tiles first, the partial
     one last. A partial tile is charged a third (its B conversion) plus two thirds times its
     share of live consumer warpgroups: an estimate, not a measurement."""
-    n_tiles = -(-n // 128)
+    n_tiles = ceil_div(n, 128)
     full_m, rest = divmod(tokens, tile_m)
     cost = _TALL_TILE_COST if tile_m == 192 else 1.0
     costs = [cost] * (full_m * n_tiles)
     if rest:
-        live = -(-rest // 64) * 64 / tile_m
+        live = ceil_div(rest, 64) * 64 / tile_m
         costs += [cost * (1 + 2 * live) / 3] * n_tiles
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
@@ -361,7 +361,7 @@ def _compiled_refs(k: int):
 # (rewritten by the scan launch before each GEMM).
 # Launches on one stream never overlap, so one set serves every later launch there. Under
 # CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
-_WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
+_WORKSPACE_FLOATS_PER_CTA = 2 * WG_THREADS * 32
 _kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
 
 
@@ -478,7 +478,7 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         bias.data_ptr() if bias is not None else out_ptr,
         out_ptr,
         m,
-        a_scales.numel() // (4 * _CHUNK_WORDS),
+        a_scales.numel() // CHUNK_BYTES,
     )
     stream = raw_stream(dev)
     if cfg.kernel == SWAP_AB:

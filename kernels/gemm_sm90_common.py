@@ -23,7 +23,7 @@ from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
-from mxfp8_fusion.format import CHUNK_BYTES
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE
 
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 from .ptx import asm_u32, inline_ptx
@@ -70,7 +70,7 @@ def scale_factors(s):
     """
     e = cutlass.min(s, ONE_FACTOR_MAX) + 120
     e2 = cutlass.max(s, ONE_FACTOR_MAX) - 7
-    rest = cutlass.select_(s == 255, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
+    rest = cutlass.select_(s == SCALE_NAN_BYTE, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
     return (e << 7) | (e << 23), rest, Int32(s > ONE_FACTOR_MAX)
 
 
@@ -107,7 +107,7 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int 
             words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
         r = scale_row0 + row
         if cutlass.const_expr(chunks > 1):  # a 192-row tile's A spans two chunks
-            offset = (r // 128) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % 128) // 32
+            offset = (r // ROW_BLOCK) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % ROW_BLOCK) // 32
         else:
             offset = (r % 32) * 4 + r // 32
         scale_words.append(load_smem_words(scales + offset * 4, 1, 4))

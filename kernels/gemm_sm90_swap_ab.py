@@ -45,6 +45,8 @@ import cutlass.utils as utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from mxfp8_fusion.format import ROW_BLOCK, ceil_div, row_blocks
+
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
     convert_fragment,
@@ -89,9 +91,9 @@ class MXFP8SwapABGemmSm90:
         self.has_bias = bias_dtype is not None
         self.bias_dtype = bias_dtype or out_dtype
         self.out_dtype = out_dtype
-        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
-        self.w_tiles = (n + TILE_W - 1) // TILE_W
-        self.w_chunks = ((n + 127) // 128) * self.k_tiles
+        self.k_tiles = ceil_div(k, TILE_K8)
+        self.w_tiles = ceil_div(n, TILE_W)
+        self.w_chunks = row_blocks(n) * self.k_tiles
         self.units = self.w_tiles * self.k_tiles
         self.num_ctas = min(self.num_ctas_cap, self.units)
 
@@ -235,7 +237,7 @@ class MXFP8SwapABGemmSm90:
         for u in range(begin, end):
             tile = u // self.k_tiles
             kt = u - tile * self.k_tiles
-            w_chunk0 = ((tile * TILE_W) // 128) * self.k_tiles
+            w_chunk0 = ((tile * TILE_W) // ROW_BLOCK) * self.k_tiles
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
             # the weight and its scales are read once: evict them first, so they do not push
@@ -296,7 +298,7 @@ class MXFP8SwapABGemmSm90:
                 load_pipe.consumer_wait(ls)
                 w_words, w_scales = load_fragment_bytes(
                     w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * (CHUNK_WORDS * 4),
-                    (tile * TILE_W) % 128,
+                    (tile * TILE_W) % ROW_BLOCK,
                 )  # fmt: skip
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
                 # the previous stage's wgmma has read the fragment registers and token tile

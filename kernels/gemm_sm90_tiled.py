@@ -49,6 +49,8 @@ import cutlass.utils as utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
+from mxfp8_fusion.format import ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
+
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
     gemm_tensors,
@@ -127,7 +129,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         ):
             raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
         # a tile's A rows span one 512-byte scale chunk per stage up to 128 rows, two at 192
-        self.a_chunks = 1 if self.tile_m <= 128 else 2
+        self.a_chunks = 1 if self.tile_m <= ROW_BLOCK else 2
         # ring words: A rows' references, then B rows', then the mode
         self.b_ref0 = self.tile_m
         self.mode_word = self.tile_m + 128
@@ -140,9 +142,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         # release each half one half late: two 16-bit stages deadlock (measured: a hang)
         if self.stages16 < 2 * HALVES - 1:
             raise ValueError(f"stages16 must be at least {2 * HALVES - 1}, got {cfg}")
-        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
-        self.n_tiles = (n + self.tile_n - 1) // self.tile_n
-        self.b_chunks = ((n + 127) // 128) * self.k_tiles
+        self.k_tiles = ceil_div(k, TILE_K8)
+        self.n_tiles = ceil_div(n, self.tile_n)
+        self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
         self.num_ctas_cap = cfg.num_ctas
         # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
@@ -347,8 +349,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
         while u < stop:
             _t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            b_chunk0 = ((tn * self.tile_n) // 128) * k_tiles
-            a_chunk0 = ((tm * self.tile_m) // 128) * k_tiles
+            b_chunk0 = ((tn * self.tile_n) // ROW_BLOCK) * k_tiles
+            a_chunk0 = ((tm * self.tile_m) // ROW_BLOCK) * k_tiles
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
@@ -372,7 +374,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""
-        return ((m + self.tile_m - 1) // self.tile_m) * self.n_tiles
+        return ceil_div(m, self.tile_m) * self.n_tiles
 
     @cute.jit
     def _my_units(self, m):
@@ -444,9 +446,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             ref_pipe.producer_acquire(ps)
             buf = refs + ps.index * (self.ref_words * 4)
             for i in cutlass.range_constexpr(self.tile_m // 32):
-                store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - 127)
+                store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - SCALE_BIAS)
             for i in cutlass.range_constexpr(b_parts):
-                store_smem_word(buf + (self.b_ref0 + lane + 32 * i) * 4, b_refs[i] - 127)
+                store_smem_word(buf + (self.b_ref0 + lane + 32 * i) * 4, b_refs[i] - SCALE_BIAS)
             if lane == 0:
                 store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)

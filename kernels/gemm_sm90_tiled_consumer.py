@@ -17,6 +17,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
+from mxfp8_fusion.format import ROW_BLOCK
+
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
     convert_fragment,
@@ -25,7 +27,7 @@ from .gemm_sm90_common import (
     store_flag,
     wait_flag,
 )
-from .gemm_sm90_f16 import times_pow2
+from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES
 
 
@@ -67,12 +69,12 @@ class ConsumerRole:
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
-            scale_row0 = (tm * self.tile_m) % 128  # tile row 0 within its first scale chunk
+            scale_row0 = (tm * self.tile_m) % ROW_BLOCK  # tile row 0 within its first chunk
             if tm * self.tile_m + wg_row < m:
                 acc.fill(0.0)
                 # the FP16 factors want ref - 15 (f16_factor)
                 row_lows = [
-                    Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
+                    Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + RING_TO_LOW
                     for rr in range(2)
                 ]
                 args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
