@@ -49,16 +49,21 @@ import cutlass.utils as utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 
-from mxfp8_fusion.format import ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
 
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
+    Sm90Gemm,
+    chunk_slots,
+    chunk_views,
+    fp8_load_pipe,
     gemm_tensors,
     load_gmem_word,
     rs_tiled_mma,
     smem_layout,
     store_smem_word,
     tma_load,
+    tma_load_chunks,
     tma_views,
 )
 from .gemm_sm90_tiled_consumer import ConsumerRole
@@ -93,17 +98,12 @@ CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, ru
 SCAN_THREADS = 32
 
 
-class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
+class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.cfg = cfg
-        self.out_dtype = out_dtype
-        self.n = n
-        self.k = k
-        self.ld_out = ld_out
-        self.has_bias = bias_dtype is not None
-        self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
         # the B converter gives each of its threads whole 32-element units (_convert_b)
         if self.tile_n not in (64, 128):
@@ -142,7 +142,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         # release each half one half late: two 16-bit stages deadlock (measured: a hang)
         if self.stages16 < 2 * HALVES - 1:
             raise ValueError(f"stages16 must be at least {2 * HALVES - 1}, got {cfg}")
-        self.k_tiles = ceil_div(k, TILE_K8)
         self.n_tiles = ceil_div(n, self.tile_n)
         self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
@@ -179,14 +178,14 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
-        s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
+        s_layout = chunk_slots(self.stages8)
         sa_slots = self.stages8 * self.a_chunks
-        sa_layout = cute.make_layout((CHUNK_WORDS, 1, sa_slots), stride=(1, 1, CHUNK_WORDS))
+        sa_layout = chunk_slots(sa_slots)
         tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
-        tma_sa, gSA = tma_load(mSA, sa_layout, (CHUNK_WORDS, 1))
-        tma_sb, gSB = tma_load(mSB, s_layout, (CHUNK_WORDS, 1))
-        scale_bytes = (self.a_chunks + 1) * CHUNK_WORDS * 4
+        tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
+        tma_sb, gSB = tma_load_chunks(mSB, s_layout)
+        scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
         self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
 
         # persistent: one CTA per tile up to the cap; stream-K: one per unit up to the cap
@@ -271,18 +270,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             for atom in (tma_a, tma_b, tma_sa, tma_sb):
                 cpasync.prefetch_descriptor(atom)
         st = utils.SmemAllocator().allocate(self.storage)
-        load_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.load_bar.data_ptr(),
-            num_stages=self.stages8,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # the B converters and the A-converting consumers both read each FP8 stage
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (self.convert_threads + self.consumers * WG_THREADS) // 32
-            ),
-            tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        # the B converters and the A-converting consumers both read each FP8 stage
+        readers = self.convert_threads + self.consumers * WG_THREADS
+        load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages8, readers, self.tx_bytes)
         conv_pipe = pipeline.PipelineAsync.create(
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
@@ -342,8 +332,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     ):  # fmt: skip
         tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
         tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
-        tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
-        tSBs, tSBg = tma_views(tma_sb, sSB, gSB_full, (CHUNK_WORDS, 1))
+        tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
+        tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
         k_tiles = self.k_tiles
         u, stop, skip = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)

@@ -17,9 +17,9 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from mxfp8_fusion.format import ROW_BLOCK
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from .constants import TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
     convert_fragment,
     load_fragment_bytes,
@@ -245,7 +245,7 @@ class ConsumerRole:
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
                     a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                    sa + ls.index * (self.a_chunks * CHUNK_WORDS * 4), scale_row0, self.a_chunks,
+                    sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
                 )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
                 warpgroup.wait_group(0)
@@ -293,7 +293,4 @@ class ConsumerRole:
             row = row0 + r
             col = tn * self.tile_n + c
             if row < m and col < self.n:
-                v = acc[i]
-                if cutlass.const_expr(self.has_bias):
-                    v = v + mBias[col].to(cutlass.Float32)
-                mD[row, col] = v.to(mD.element_type)
+                self.store_output(mD, mBias, row, col, acc[i])

@@ -13,9 +13,9 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
-from mxfp8_fusion.format import ROW_BLOCK
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16
+from .constants import TILE_K8, TILE_K16
 from .gemm_sm90_common import (
     dequant_pair,
     load_smem_words,
@@ -89,7 +89,7 @@ class WeightConverterRole:
                     h,
                     b_row0,
                     b8 + ls.index * (self.tile_n * TILE_K8),
-                    sb + ls.index * (CHUNK_WORDS * 4),
+                    sb + ls.index * CHUNK_BYTES,
                     b16 + cs.index * (self.tile_n * TILE_K16 * 2),
                     row_lows,
                 )
