@@ -89,6 +89,12 @@ def load_smem_words(addr, count: int, align: int):
     return words
 
 
+def chunk_word(row):
+    """The index of row ``row``'s scale word (its four groups' bytes) in a 512-byte blocked
+    chunk, ``row`` < 128: ``format.scale_offset`` over 4."""
+    return (row % 32) * 4 + row // 32
+
+
 @cute.jit
 def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int = 1):
     """The FP8 bytes and scale words behind one thread's RS-wgmma A fragment.
@@ -111,7 +117,7 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int 
         if cutlass.const_expr(chunks > 1):  # a 192-row tile's A spans two chunks
             offset = (r // ROW_BLOCK) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % ROW_BLOCK) // 32
         else:
-            offset = (r % 32) * 4 + r // 32
+            offset = chunk_word(r)
         scale_words.append(load_smem_words(scales + offset * 4, 1, 4))
     return words, scale_words
 

@@ -52,6 +52,7 @@ from .gemm_sm90_common import (
     Sm90Gemm,
     chunk_slots,
     chunk_views,
+    chunk_word,
     convert_fragment,
     dequant_pair,
     fp8_load_pipe,
@@ -401,9 +402,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                     ),
                     words,
                 )
-                scale[0] = load_smem_words(
-                    sa + stage * CHUNK_BYTES + ((row % 32) * 4 + row // 32) * 4, 1, 4
-                )[0]
+                scale[0] = load_smem_words(sa + stage * CHUNK_BYTES + chunk_word(row) * 4, 1, 4)[0]
             loaded.append((row, u, words, scale))
         return loaded
 

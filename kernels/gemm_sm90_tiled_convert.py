@@ -17,6 +17,7 @@ from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
 from .constants import TILE_K8, TILE_K16
 from .gemm_sm90_common import (
+    chunk_word,
     dequant_pair,
     load_smem_words,
     mul_bf16x2,
@@ -130,7 +131,7 @@ class WeightConverterRole:
                     cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
                 )
             r = b_row0 + row
-            sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+            sword = load_smem_words(scales + chunk_word(r) * 4, 1, 4)
             loaded.append((words, sword))
         outs = []
         big = Int32(0)
