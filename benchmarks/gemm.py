@@ -165,9 +165,15 @@ def _capture(fn, inner: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
+# Variant labels recorded in older receipts (benchmarks/results/gemm_variants.json) name the
+# GemmConfig fields as they were then: they still run as written.
+_OLD_FIELDS = {"bf16_stages": "stages16"}
+
+
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
-    """Median ms of each named config override: ``label,field=int,...`` on the heuristic's
-    GemmConfig (e.g. ``tiled,tokens_tile=0,tile_n=64,stages=4``)."""
+    """Median ms of each named config override: ``label,field=value,...`` on the heuristic's
+    GemmConfig, values ints except ``kernel``'s (e.g.
+    ``tiled,kernel=tiled,tokens_tile=0,tile_n=64,stages=4``)."""
     import dataclasses
 
     from mxfp8_fusion.kernels import gemm_sm90
@@ -184,7 +190,10 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     fns = {}
     for name in names:
         spec = dict(item.split("=") for item in name.split(",")[1:])
-        cfg = dataclasses.replace(base, **{key: int(v) for key, v in spec.items()})
+        fields = {
+            _OLD_FIELDS.get(key, key): v if key == "kernel" else int(v) for key, v in spec.items()
+        }
+        cfg = dataclasses.replace(base, **fields)
         fns[name] = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)
         out.zero_()
         fns[name]()
@@ -255,8 +264,8 @@ def main() -> None:
             flush=True,
         )
     receipt = {
-        "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row: tokens_tile > 0 = swap-AB kernel "
-        "for few tokens, else the tiled kernel) vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
+        "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row: kernel 'swap-ab' for few tokens, "
+        "else 'tiled') vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
         "+ cuBLAS; BF16 output, no bias",
         **environment(args.git_rev),
         "timing": "median of CUDA-event timings, interleaved rounds; before every sample 50 ms "

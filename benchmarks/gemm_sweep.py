@@ -59,8 +59,8 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
     where the round-robin model favours it."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    if tokens <= g.SKINNY_MAX_TOKENS:
-        return g.skinny_config(tokens, num_sms)
+    if tokens <= g.SWAP_AB_MAX_TOKENS:
+        return g.swap_ab_config(tokens, num_sms)
     if -(-tokens // 128) * -(-n // 128) < num_sms:
         return g.config_from_spec("tiled 128x64 c1", tokens, num_sms)
     if g._tiled_time(tokens, n, 192, num_sms) < g._tiled_time(tokens, n, 128, num_sms):
@@ -76,14 +76,14 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    specs = ["swap-ab"] if tokens <= g.SKINNY_MAX_TOKENS else []
+    specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
     if 256 <= tokens <= 512:
         specs.append("tiled 128x64 c1")
     specs.append("tiled 128x128 c2 stream-k")
-    if g.SKINNY_MAX_TOKENS < tokens <= 1024:
+    if g.SWAP_AB_MAX_TOKENS < tokens <= 1024:
         specs.append("tiled 192x128 c1 stream-k")
     if tokens <= 256:
         specs.append("tiled 128x64 c1 stream-k")

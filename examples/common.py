@@ -1,6 +1,7 @@
-"""What every example does with its model: compile it with the ``mxfp8_fusion`` backend
-(``fullgraph=True``, the token dim dynamic), report the pass's decision at every site, and
-compare the output with plain Inductor on the same converted model, bit for bit.
+"""What every example does with its model: build it with random BF16 weights, convert it,
+compile it with the ``mxfp8_fusion`` backend (``fullgraph=True``, the token dim dynamic),
+report the pass's decision at every site, and compare the output with plain Inductor on the
+same converted model, bit for bit.
 
 The examples import this module from their own folder (``python examples/NAME.py`` puts
 that folder first on ``sys.path``).
@@ -8,6 +9,7 @@ that folder first on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +17,49 @@ import torch
 from torch import Tensor, nn
 
 import mxfp8_fusion as mf
+
+
+def command_line(doc: str, config_type):
+    """The examples' command line (``--tokens``, described by ``doc``'s first paragraph):
+    ``(device, tokens, config)``: CUDA where there is a GPU, with the real geometry
+    (``config_type.real()``) and 4096 and 1000 tokens by default; else the CPU, the small
+    geometry (``config_type()``) and 48 and 37 tokens."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=None)
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = config_type.real() if device.type == "cuda" else config_type()
+    tokens = args.tokens or ([4096, 1000] if device.type == "cuda" else [48, 37])
+    return device, tokens, cfg
+
+
+def random_bf16(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """``model`` with every weight matrix drawn from N(0, 1 / in_features), in BF16 on
+    ``device``, in eval mode. (HF's own init is for training; this keeps activations O(1).)"""
+    for p in model.parameters():
+        if p.dim() == 2:
+            nn.init.normal_(p, std=p.shape[1] ** -0.5)
+    return model.to(device=device, dtype=torch.bfloat16).eval()
+
+
+def sequence_inputs(count: int, hidden: int, tokens: int, device, seed: int) -> tuple:
+    """``count`` random hidden states ``[1, tokens, hidden]`` (BF16, on ``device``), then the
+    position ids ``[1, tokens]``: the inputs of one sequence of ``tokens``."""
+    gen = torch.Generator().manual_seed(seed)
+    states = [
+        torch.randn(1, tokens, hidden, generator=gen).to(device, torch.bfloat16)
+        for _ in range(count)
+    ]
+    return (*states, torch.arange(tokens, device=device).unsqueeze(0))
+
+
+def convert_and_check(model: nn.Module, inputs_per_call, token_dims) -> None:
+    """:func:`mxfp8_fusion.convert` ``model`` and print how many linears it converted, then
+    what :func:`check` finds."""
+    report: dict[str, str] = {}
+    mf.convert(model, report=report)
+    print(f"converted {sum(v == 'converted' for v in report.values())} of {len(report)} linears")
+    print(check(model, inputs_per_call, token_dims))
 
 
 def mark_tokens_dynamic(inputs: Sequence[Tensor], token_dims: Sequence[int | None]) -> None:

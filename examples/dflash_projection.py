@@ -13,14 +13,11 @@ Weights are random. Run::
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
-from common import check
+from common import command_line, convert_and_check, random_bf16
 from torch import nn
-
-import mxfp8_fusion as mf
 
 
 @dataclass(frozen=True)
@@ -55,9 +52,7 @@ class DFlashProjection(nn.Module):
 def build(cfg: DFlashConfig, device: torch.device | str = "cpu", seed: int = 0) -> DFlashProjection:
     """The projection with random weights, BF16, on ``device`` (not yet converted)."""
     torch.manual_seed(seed)
-    model = DFlashProjection(cfg)
-    nn.init.normal_(model.fc.weight, std=model.fc.in_features**-0.5)
-    return model.to(device=device, dtype=torch.bfloat16).eval()
+    return random_bf16(DFlashProjection(cfg), device)
 
 
 def make_inputs(cfg: DFlashConfig, tokens: int, device: torch.device | str = "cpu", seed: int = 1):
@@ -75,15 +70,9 @@ def token_dims(cfg: DFlashConfig) -> tuple[int, ...]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=None)
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = DFlashConfig.real() if device.type == "cuda" else DFlashConfig()
-    tokens = args.tokens or ([4096, 1000] if device.type == "cuda" else [48, 37])
-    model = build(cfg, device)
-    mf.convert(model)
-    print(check(model, [make_inputs(cfg, t, device) for t in tokens], token_dims(cfg)))
+    device, tokens, cfg = command_line(__doc__, DFlashConfig)
+    inputs = [make_inputs(cfg, t, device) for t in tokens]
+    convert_and_check(build(cfg, device), inputs, token_dims(cfg))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ Weights are random (a config, no download). Run::
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
-from common import check
+from common import command_line, convert_and_check, random_bf16, sequence_inputs
 from torch import Tensor, nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
@@ -27,8 +26,6 @@ from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
 )
-
-import mxfp8_fusion as mf
 
 
 @dataclass(frozen=True)
@@ -104,22 +101,12 @@ class Eagle3Drafter(nn.Module):
 def build(cfg: Eagle3Config, device: torch.device | str = "cpu", seed: int = 0) -> Eagle3Drafter:
     """The drafter with random weights, BF16, on ``device`` (not yet converted)."""
     torch.manual_seed(seed)
-    model = Eagle3Drafter(cfg.llama())
-    for p in model.parameters():  # HF's own init is for training; keep activations O(1)
-        if p.dim() == 2:
-            nn.init.normal_(p, std=p.shape[1] ** -0.5)
-    return model.to(device=device, dtype=torch.bfloat16).eval()
+    return random_bf16(Eagle3Drafter(cfg.llama()), device)
 
 
 def make_inputs(cfg: Eagle3Config, tokens: int, device: torch.device | str = "cpu", seed: int = 1):
     """``(embeds, h_low, h_mid, h_high, position_ids)`` for one sequence of ``tokens``."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def state():
-        return torch.randn(1, tokens, cfg.hidden, generator=gen).to(device, torch.bfloat16)
-
-    positions = torch.arange(tokens, device=device).unsqueeze(0)
-    return (state(), state(), state(), state(), positions)
+    return sequence_inputs(4, cfg.hidden, tokens, device, seed)
 
 
 TOKEN_DIMS = (1, 1, 1, 1, 1)
@@ -127,17 +114,9 @@ TOKEN_DIMS = (1, 1, 1, 1, 1)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=None)
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = Eagle3Config.real() if device.type == "cuda" else Eagle3Config()
-    tokens = args.tokens or ([4096, 1000] if device.type == "cuda" else [48, 37])
-    model = build(cfg, device)
-    report: dict[str, str] = {}
-    mf.convert(model, report=report)
-    print(f"converted {sum(v == 'converted' for v in report.values())} of {len(report)} linears")
-    print(check(model, [make_inputs(cfg, t, device) for t in tokens], TOKEN_DIMS))
+    device, tokens, cfg = command_line(__doc__, Eagle3Config)
+    inputs = [make_inputs(cfg, t, device) for t in tokens]
+    convert_and_check(build(cfg, device), inputs, TOKEN_DIMS)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,10 @@ Weights are random (a config, no download). Run::
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
-from common import check
+from common import command_line, convert_and_check, random_bf16, sequence_inputs
 from torch import nn
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
@@ -28,8 +27,6 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
     DeepseekV3RMSNorm,
     DeepseekV3RotaryEmbedding,
 )
-
-import mxfp8_fusion as mf
 
 
 @dataclass(frozen=True)
@@ -105,22 +102,12 @@ class MTPBlock(nn.Module):
 def build(cfg: MTPConfig, device: torch.device | str = "cpu", seed: int = 0) -> MTPBlock:
     """The block with random weights, BF16, on ``device`` (not yet converted)."""
     torch.manual_seed(seed)
-    model = MTPBlock(cfg.deepseek())
-    for p in model.parameters():  # HF's own init is for training; keep activations O(1)
-        if p.dim() == 2:
-            nn.init.normal_(p, std=p.shape[1] ** -0.5)
-    return model.to(device=device, dtype=torch.bfloat16).eval()
+    return random_bf16(MTPBlock(cfg.deepseek()), device)
 
 
 def make_inputs(cfg: MTPConfig, tokens: int, device: torch.device | str = "cpu", seed: int = 1):
     """``(embeds, hidden, position_ids)`` for one sequence of ``tokens``."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def state():
-        return torch.randn(1, tokens, cfg.hidden, generator=gen).to(device, torch.bfloat16)
-
-    positions = torch.arange(tokens, device=device).unsqueeze(0)
-    return (state(), state(), positions)
+    return sequence_inputs(2, cfg.hidden, tokens, device, seed)
 
 
 TOKEN_DIMS = (1, 1, 1)
@@ -128,17 +115,9 @@ TOKEN_DIMS = (1, 1, 1)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=None)
-    args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = MTPConfig.real() if device.type == "cuda" else MTPConfig()
-    tokens = args.tokens or ([4096, 1000] if device.type == "cuda" else [48, 37])
-    model = build(cfg, device)
-    report: dict[str, str] = {}
-    mf.convert(model, report=report)
-    print(f"converted {sum(v == 'converted' for v in report.values())} of {len(report)} linears")
-    print(check(model, [make_inputs(cfg, t, device) for t in tokens], TOKEN_DIMS))
+    device, tokens, cfg = command_line(__doc__, MTPConfig)
+    inputs = [make_inputs(cfg, t, device) for t in tokens]
+    convert_and_check(build(cfg, device), inputs, TOKEN_DIMS)
 
 
 if __name__ == "__main__":

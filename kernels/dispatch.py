@@ -63,6 +63,8 @@ def unavailable_reason(device: torch.device, what: str = "") -> str:
         return "nvidia-cutlass-dsl is not installed"
     if what == "GEMM" and cap != (9, 0):
         return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"
+    if what == "GEMM":
+        return f"{gpu}: {_gemm_sm90().last_refusal}"
     if what != "GEMM" and _quantizer_arch(cap) is None:
         return f"{gpu}: the slice quantizer is built for {', '.join(_quantizer_archs())}"
     return f"{gpu} with unsupported shape or dtype"

@@ -14,7 +14,7 @@ docs/gemm_log.md.)
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
   the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
   (gemm_sm90_refs); the others BF16.
-* gemm_sm90_skinny (up to 64 tokens): the operands swap, the weight is the wgmma M operand
+* gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
@@ -23,9 +23,10 @@ Which kernel and tile serve a call comes from a table measured on the H200 per (
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
 
 This module holds the host side: the config, the table lookup and the heuristic, the
-support predicate, the compile cache (keyed on compile-time facts; the token count M is a
-runtime value) and the launch (integer arguments through a reusable buffer: see
-launcher.py).
+support predicate (a call it refuses is the caller's to serve: the ops run the reference,
+with a one-time warning naming the reason), the compile cache (keyed on compile-time facts;
+the token count M is a runtime value) and the launch (integer arguments through a reusable
+buffer: see launcher.py).
 """
 
 from __future__ import annotations
@@ -36,33 +37,46 @@ from dataclasses import dataclass
 
 import torch
 
-from mxfp8_fusion.format import GROUP, padded_rows
+from mxfp8_fusion.format import CHUNK_BYTES, GROUP, ceil_div, fail, padded_rows
 
-from .constants import CHUNK_WORDS as _CHUNK_WORDS
+from .constants import TILE_K8, TILE_K16, WG_THREADS
 from .launcher import compile_for_scalars, launch, raw_stream
 
 _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
 
 
+# The two kernels, by the name their table specs and ``GemmConfig.kernel`` give them.
+SWAP_AB = "swap-ab"
+TILED = "tiled"
+# The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
+# whole 16-byte units of the tile's tokens (8 per token and stage).
+_SWAP_AB_TILES = (8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
-    """Compile-time tiling.
+    """Compile-time tiling, and which kernel it is for.
 
-    ``tokens_tile`` 0 picks the tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128;
-    192 with three consumer warpgroups and one converter; 64 with two consumer warpgroups
-    splitting K) x ``tile_n`` (128 or 64),
-    ``stages`` FP8 stages of K 128, ``bf16_stages`` BF16 weight stages of K 64, and the
-    persistent CTA count. ``tokens_tile`` 8-64 picks the swap-AB kernel for at
-    most that many tokens (gemm_sm90_skinny): ``num_ctas`` CTAs sharing the (64-row weight
-    tile, K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting
-    alternate stages. ``converters``: the tiled kernel's B-converter warpgroups (2 needs
-    tile N 128). ``stream_k`` 1: the tiled kernel splits the (output tile, K stage) units
-    evenly over its CTAs instead of giving each CTA whole tiles.
+    ``kernel`` ``"tiled"`` (gemm_sm90_tiled): output tile ``tile_m`` (128; 192 with three
+    consumer warpgroups and one converter; 64 with two consumer warpgroups splitting K) x
+    ``tile_n`` (128 or 64), ``stages`` FP8 stages of K 128, ``stages16`` 16-bit (BF16 or
+    FP16) weight stages of K 64, and the persistent CTA count. ``converters``: its
+    B-converter warpgroups (2 needs tile N 128). ``stream_k`` 1: it splits the (output
+    tile, K stage) units evenly over its CTAs instead of giving each CTA whole tiles.
+
+    ``kernel`` ``"swap-ab"`` (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
+    32 or 64; 0 for the tiled kernel): ``num_ctas`` CTAs sharing the (64-row weight tile, K
+    stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting alternate
+    stages.
+
+    Raises:
+        ValueError: naming ``kernel`` or ``tokens_tile`` where they do not go together.
     """
 
+    kernel: str = TILED
     tile_n: int = 128
     stages: int = 4
-    bf16_stages: int = 4
+    stages16: int = 4
     num_ctas: int = 132
     tokens_tile: int = 0
     consumers: int = 3
@@ -70,9 +84,19 @@ class GemmConfig:
     tile_m: int = 128
     stream_k: int = 0
 
+    def __post_init__(self):
+        if self.kernel == SWAP_AB:
+            if self.tokens_tile not in _SWAP_AB_TILES:
+                fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB)", self.tokens_tile)
+        elif self.kernel == TILED:
+            if self.tokens_tile != 0:
+                fail(ValueError, "tokens_tile", "0 (the tiled kernel has none)", self.tokens_tile)
+        else:
+            fail(ValueError, "kernel", f"{SWAP_AB!r} or {TILED!r}", repr(self.kernel))
 
-# FP8 + BF16 stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
-# 128) and their scale chunks, a BF16 stage B only (tile N x K 64). At 4096 tokens 4 + 4
+
+# FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
+# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
 # was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
@@ -87,71 +111,83 @@ _TALL_TILE_COST = 1.4
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
 # it in registers, while every CTA converts all tokens (so its cost grows with them).
-SKINNY_MAX_TOKENS = 64
+SWAP_AB_MAX_TOKENS = _SWAP_AB_TILES[-1]
 _SMEM_BYTES = 227 * 1024
 # Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
 _STREAM_K_ROUNDS = 2
 # heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
 # beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
-_SWAP_AB_TOKENS = 32
+_HEURISTIC_SWAP_AB_TOKENS = 32
 
 
-def skinny_config(tokens: int, num_sms: int = 132) -> GemmConfig:
-    """The swap-AB config for ``tokens`` <= SKINNY_MAX_TOKENS: wgmma N = the next power
+def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
+    """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
     Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
     registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
     stream-K split (docs/gemm_log.md).
+
+    Raises:
+        ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS.
     """
+    if tokens > SWAP_AB_MAX_TOKENS:
+        fail(ValueError, "tokens", f"at most {SWAP_AB_MAX_TOKENS} for the swap-AB kernel", tokens)
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
     consumers = 3
-    per_stage = (64 + tokens_tile) * 128 + 2 * _CHUNK_WORDS * 4 + 16
+    per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
     # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
-    fixed = consumers * (2 * tokens_tile * 128 + 64 * tokens_tile * 4) + 4096
+    fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
-    return GemmConfig(stages=stages, num_ctas=num_sms, tokens_tile=tokens_tile, consumers=consumers)
+    return GemmConfig(
+        kernel=SWAP_AB,
+        stages=stages,
+        num_ctas=num_sms,
+        tokens_tile=tokens_tile,
+        consumers=consumers,
+    )
 
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
-    """The config a table entry names: ``"swap-ab"`` (:func:`skinny_config` for ``tokens``)
+    """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``)
     or ``"tiled MxN cC"`` with an optional ``" stream-k"`` and an optional ``" sF+H"`` (tile M
     x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default the standard split
     of that tile; M 64 is the k-split tile, two consumer warpgroups on alternate K halves of
     the same 64 rows).
 
     Raises:
-        ValueError: on a spec of neither form, or swap-AB above SKINNY_MAX_TOKENS.
+        ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
     """
     parts = spec.split()
-    if parts == ["swap-ab"]:
-        if tokens > SKINNY_MAX_TOKENS:
+    if parts == [SWAP_AB]:
+        if tokens > SWAP_AB_MAX_TOKENS:
             raise ValueError(
-                f"spec: swap-ab serves at most {SKINNY_MAX_TOKENS} tokens, got {tokens}"
+                f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}"
             )
-        return skinny_config(tokens, num_sms)
+        return swap_ab_config(tokens, num_sms)
     stage_split = None
     if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
         counts = parts.pop()[1:].split("+")
         if len(counts) != 2 or not all(c.isdigit() for c in counts):
             raise ValueError(f"spec: stages as sF+H, got {spec!r}")
         stage_split = (int(counts[0]), int(counts[1]))
-    ok = len(parts) in (3, 4) and parts[0] == "tiled" and parts[3:] in ([], ["stream-k"])
+    ok = len(parts) in (3, 4) and parts[0] == TILED and parts[3:] in ([], ["stream-k"])
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
         raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
     tile_m, tile_n = int(dims[0]), int(dims[1])
-    stages, bf16_stages = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
+    stages, stages16 = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
     if stage_split is not None:
-        stages, bf16_stages = stage_split
+        stages, stages16 = stage_split
     return GemmConfig(
+        kernel=TILED,
         tile_m=tile_m,
         tile_n=tile_n,
         converters=int(parts[2][1:]),
         stages=stages,
-        bf16_stages=bf16_stages,
+        stages16=stages16,
         num_ctas=num_sms,
         stream_k=int(len(parts) == 4),
     )
@@ -159,12 +195,12 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
-    if cfg.tokens_tile:
-        return "swap-ab"
+    if cfg.kernel == SWAP_AB:
+        return SWAP_AB
     sk = " stream-k" if cfg.stream_k else ""
-    spec = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
+    spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
-        spec += f" s{cfg.stages}+{cfg.bf16_stages}"
+        spec += f" s{cfg.stages}+{cfg.stages16}"
     return spec
 
 
@@ -189,7 +225,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
     the shape, else :func:`heuristic_config`."""
     spec = table_spec(tokens, n, k, num_sms)
-    if spec is not None and not (spec == "swap-ab" and tokens > SKINNY_MAX_TOKENS):
+    if spec is not None and not (spec == SWAP_AB and tokens > SWAP_AB_MAX_TOKENS):
         return config_from_spec(spec, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
 
@@ -205,12 +241,12 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     up to 256 tokens. More tiles take whole tiles per CTA, 192 rows where the round-robin
     model favours them.
     """
-    if tokens <= _SWAP_AB_TOKENS:
-        return skinny_config(tokens, num_sms)
-    if -(-tokens // _TILE_M) * -(-n // 128) < _STREAM_K_ROUNDS * num_sms:
-        if -(-n // 128) < 24 and tokens <= 256:
+    if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
+        return swap_ab_config(tokens, num_sms)
+    if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:
+        if ceil_div(n, 128) < 24 and tokens <= 256:
             return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
-        if -(-tokens // 192) * 192 < -(-tokens // 128) * 128:
+        if ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128:
             return config_from_spec("tiled 192x128 c1 stream-k", tokens, num_sms)
         return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
     if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
@@ -224,43 +260,14 @@ def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     take the tiles round-robin in the tiled kernel's order: full row tiles first, the partial
     one last. A partial tile is charged a third (its B conversion) plus two thirds times its
     share of live consumer warpgroups: an estimate, not a measurement."""
-    n_tiles = -(-n // 128)
+    n_tiles = ceil_div(n, 128)
     full_m, rest = divmod(tokens, tile_m)
     cost = _TALL_TILE_COST if tile_m == 192 else 1.0
     costs = [cost] * (full_m * n_tiles)
     if rest:
-        live = -(-rest // 64) * 64 / tile_m
+        live = ceil_div(rest, 64) * 64 / tile_m
         costs += [cost * (1 + 2 * live) / 3] * n_tiles
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
-
-
-def _shape_if_served(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor):
-    """``(M, N, K)`` where this kernel serves the call, else None (cheap: no compile, no
-    sync; one read of each tensor fact)."""
-    if a_values.dim() != 2 or b_values.dim() != 2 or out.dim() != 2:
-        return None
-    m, k = a_values.shape
-    n = b_values.shape[0]
-    if a_values.dtype != torch.float8_e4m3fn or b_values.dtype != torch.float8_e4m3fn:
-        return None
-    if out.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    if k % GROUP != 0 or k == 0 or n == 0 or b_values.shape[1] != k:
-        return None
-    if a_values.stride(1) != 1 or a_values.stride(0) != k:
-        return None
-    if not b_values.is_contiguous() or out.stride(1) != 1 or out.shape[1] != n:
-        return None
-    if (out.stride(0) * out.element_size()) % 16 != 0 or out.shape[0] < m:
-        return None
-    if a_values.data_ptr() % 16 or b_values.data_ptr() % 16 or out.data_ptr() % 16:
-        return None
-    return m, n, k
-
-
-def supported(a_values: torch.Tensor, b_values: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether this kernel serves the call (cheap: no compile, no sync)."""
-    return _shape_if_served(a_values, b_values, out) is not None
 
 
 _TORCH_TO_CUTLASS = {
@@ -268,6 +275,42 @@ _TORCH_TO_CUTLASS = {
     torch.float16: "Float16",
     torch.float32: "Float32",
 }
+
+
+def _served(a_values, a_scales, b_values, b_scales, bias, out):
+    """``(M, N, K)`` where this kernel serves the call, else a sentence saying why not
+    (cheap: no compile, no sync; one read of each tensor fact). The kernels read every
+    tensor through 16-byte aligned loads (TMA for the values and the scale chunks) and the
+    bias as a contiguous vector of a dtype they are compiled for; other calls are left to
+    the caller's fallback."""
+    if a_values.dim() != 2 or b_values.dim() != 2 or out.dim() != 2:
+        return "values and out must be 2-D"
+    m, k = a_values.shape
+    n = b_values.shape[0]
+    if a_values.dtype != torch.float8_e4m3fn or b_values.dtype != torch.float8_e4m3fn:
+        return "values must be float8_e4m3fn"
+    if out.dtype not in (torch.bfloat16, torch.float16):
+        return f"out dtype {out.dtype} is neither BF16 nor FP16"
+    if k % GROUP != 0 or k == 0 or n == 0 or b_values.shape[1] != k:
+        return f"K={k} must be a positive multiple of {GROUP} in both operands, N={n} positive"
+    if a_values.stride(1) != 1 or a_values.stride(0) != k:
+        return "A's rows must be K contiguous bytes"
+    if not b_values.is_contiguous() or out.stride(1) != 1 or out.shape[1] != n:
+        return "B must be contiguous, out N contiguous columns"
+    if (out.stride(0) * out.element_size()) % 16 != 0 or out.shape[0] < m:
+        return "out's rows must start 16-byte aligned and be at least M"
+    if a_values.data_ptr() % 16 or b_values.data_ptr() % 16 or out.data_ptr() % 16:
+        return "values and out must be 16-byte aligned"
+    if a_scales.data_ptr() % 16 or b_scales.data_ptr() % 16:
+        return "scale buffers must be 16-byte aligned"
+    if bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1):
+        return "bias must be a contiguous BF16, FP16 or FP32 vector"
+    return m, n, k
+
+
+def supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+    """Whether this kernel serves the call (cheap: no compile, no sync)."""
+    return not isinstance(_served(a_values, a_scales, b_values, b_scales, bias, out), str)
 
 
 # Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
@@ -280,7 +323,7 @@ _TILED_KINDS = "qqqqqqiiqqqq"
 
 def kinds(cfg: GemmConfig) -> str:
     """The launch-argument kinds of ``cfg``'s kernel (see launcher.Launcher)."""
-    return _KINDS if cfg.tokens_tile else _TILED_KINDS
+    return _KINDS if cfg.kernel == SWAP_AB else _TILED_KINDS
 
 
 _REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
@@ -293,8 +336,8 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
 
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    if cfg.tokens_tile:
-        from .gemm_sm90_skinny import MXFP8SkinnyGemmSm90 as kernel_class
+    if cfg.kernel == SWAP_AB:
+        from .gemm_sm90_swap_ab import MXFP8SwapABGemmSm90 as kernel_class
     else:
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
@@ -318,7 +361,7 @@ def _compiled_refs(k: int):
 # (rewritten by the scan launch before each GEMM).
 # Launches on one stream never overlap, so one set serves every later launch there. Under
 # CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
-_WORKSPACE_FLOATS_PER_CTA = 2 * 128 * 32
+_WORKSPACE_FLOATS_PER_CTA = 2 * WG_THREADS * 32
 _kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
 
 
@@ -386,18 +429,32 @@ def _num_sms(index: int) -> int:
 def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | None = None):
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` on the current stream; no sync.
 
-    Call only where :func:`supported` is True. ``config`` overrides the heuristic (tests,
-    benchmarks). Compiles once per (config, N, K, out row stride, out dtype, bias dtype).
+    ``config`` overrides the heuristic (tests, benchmarks). Compiles once per (config, N, K,
+    out row stride, out dtype, bias dtype).
+
+    Raises:
+        ValueError: where :func:`supported` is False (saying why), or ``config`` is a
+            swap-AB config whose token tile is below M; nothing is launched.
     """
-    m, k = a_values.shape
-    _run(m, b_values.shape[0], k, a_values, a_scales, b_values, b_scales, bias, out, config)
+    shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
+    if isinstance(shape, str):
+        raise ValueError(f"the SM90 GEMM does not serve this call: {shape}")
+    _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, config)
+
+
+last_refusal = "no call was refused"
+"""Why :func:`run_if_supported` refused its latest refused call (the fallback warning's
+reason)."""
 
 
 def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
-    """:func:`run` where :func:`supported` holds; False (nothing launched) where it does
-    not. The ops' one entry point: checks and launches in one pass over the call's facts."""
-    shape = _shape_if_served(a_values, b_values, out)
-    if shape is None:
+    """:func:`run` where :func:`supported` holds; False (nothing launched, the reason in
+    :data:`last_refusal`) where it does not. The ops' one entry point: checks and launches
+    in one pass over the call's facts."""
+    global last_refusal
+    shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
+    if isinstance(shape, str):
+        last_refusal = shape
         return False
     _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, None)
     return True
@@ -406,21 +463,13 @@ def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
 def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> None:
     if m == 0:
         return
-    odd_bias = bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1)
-    a_scales_ptr, b_scales_ptr = a_scales.data_ptr(), b_scales.data_ptr()
-    if odd_bias or a_scales_ptr % 16 or b_scales_ptr % 16:
-        # TMA needs 16-byte aligned scale chunks; the kernel reads bias as a contiguous
-        # BF16/FP16/FP32 vector. Such calls are rare: the reference serves them.
-        from mxfp8_fusion import reference
-
-        reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
-        return
     device = a_values.device
     dev = device.index if device.index is not None else 0
     cfg = config or choose_config(m, n, k, _num_sms(dev))
-    if cfg.tokens_tile and m > cfg.tokens_tile:
+    if cfg.kernel == SWAP_AB and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
     out_ptr = out.data_ptr()
+    a_scales_ptr, b_scales_ptr = a_scales.data_ptr(), b_scales.data_ptr()
     args = (
         a_values.data_ptr(),
         a_scales_ptr,
@@ -429,10 +478,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         bias.data_ptr() if bias is not None else out_ptr,
         out_ptr,
         m,
-        a_scales.numel() // (4 * _CHUNK_WORDS),
+        a_scales.numel() // CHUNK_BYTES,
     )
     stream = raw_stream(dev)
-    if cfg.tokens_tile:
+    if cfg.kernel == SWAP_AB:
         partials, flags = _stream_buffers(
             "stream-K", device, dev, stream, cfg.num_ctas,
             lambda ctas: _fresh_workspace(device, ctas),

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
-from mxfp8_fusion.format import CHUNK_BYTES
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
 
+from .constants import CHUNK_WORDS, TILE_K8
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 from .ptx import asm_u32, inline_ptx
 
@@ -70,7 +72,7 @@ def scale_factors(s):
     """
     e = cutlass.min(s, ONE_FACTOR_MAX) + 120
     e2 = cutlass.max(s, ONE_FACTOR_MAX) - 7
-    rest = cutlass.select_(s == 255, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
+    rest = cutlass.select_(s == SCALE_NAN_BYTE, Int32(0x7FC07FC0), (e2 << 7) | (e2 << 23))
     return (e << 7) | (e << 23), rest, Int32(s > ONE_FACTOR_MAX)
 
 
@@ -85,6 +87,12 @@ def load_smem_words(addr, count: int, align: int):
         words,
     )
     return words
+
+
+def chunk_word(row):
+    """The index of row ``row``'s scale word (its four groups' bytes) in a 512-byte blocked
+    chunk, ``row`` < 128: ``format.scale_offset`` over 4."""
+    return (row % 32) * 4 + row // 32
 
 
 @cute.jit
@@ -107,9 +115,9 @@ def load_fragment_bytes(stage, row0, t, groups, scales, scale_row0, chunks: int 
             words.append(load_smem_words(base + (((2 * b + t // 2) ^ (row % 8)) << 4), 2, 8))
         r = scale_row0 + row
         if cutlass.const_expr(chunks > 1):  # a 192-row tile's A spans two chunks
-            offset = (r // 128) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % 128) // 32
+            offset = (r // ROW_BLOCK) * (CHUNK_BYTES // 4) + (r % 32) * 4 + (r % ROW_BLOCK) // 32
         else:
-            offset = (r % 32) * 4 + r // 32
+            offset = chunk_word(r)
         scale_words.append(load_smem_words(scales + offset * 4, 1, 4))
     return words, scale_words
 
@@ -201,6 +209,28 @@ def store_smem_word(addr, value):
     )
 
 
+class Sm90Gemm:
+    """Base of both SM90 GEMM kernels: the compile-time facts of a call (N, K, out's row
+    stride, the out and bias dtypes, K's FP8 stages) and the store of one output."""
+
+    def __init__(self, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        self.n = n
+        self.k = k
+        self.ld_out = ld_out
+        self.has_bias = bias_dtype is not None
+        # without a bias the launch still passes an address (out's): typed as out
+        self.bias_dtype = bias_dtype or out_dtype
+        self.out_dtype = out_dtype
+        self.k_tiles = ceil_div(k, TILE_K8)
+
+    @cute.jit
+    def store_output(self, mD, mBias, row, col, v):
+        """``out[row, col] = v (+ bias[col])``: the bias added in FP32, rounded once."""
+        if cutlass.const_expr(self.has_bias):
+            v = v + mBias[col].to(cutlass.Float32)
+        mD[row, col] = v.to(mD.element_type)
+
+
 def gemm_tensors(kernel, addrs, m, sa_chunks, b_chunks: int):
     """Global tensors from the launch's integer addresses (the host passes plain scalars):
     A [m, K], A scale chunks, B [N, K], B scale chunks, out [m, N] (row stride ld_out), bias.
@@ -215,7 +245,9 @@ def gemm_tensors(kernel, addrs, m, sa_chunks, b_chunks: int):
 
     def chunks(addr, count):
         ptr = cute.make_ptr(cutlass.Int32, addr, gmem, assumed_align=16)
-        return cute.make_tensor(ptr, cute.make_layout((128, count), stride=(1, 128)))
+        return cute.make_tensor(
+            ptr, cute.make_layout((CHUNK_WORDS, count), stride=(1, CHUNK_WORDS))
+        )
 
     mA = cute.make_tensor(
         cute.make_ptr(fp8, a_addr, gmem, assumed_align=16),
@@ -271,6 +303,32 @@ def tma_load(tensor, stage_layout, tile):
     )
 
 
+def chunk_slots(slots: int):
+    """Shared-memory layout of ``slots`` 512-byte scale chunks, one after the other."""
+    return cute.make_layout((CHUNK_WORDS, 1, slots), stride=(1, 1, CHUNK_WORDS))
+
+
+def tma_load_chunks(chunks, slots_layout):
+    """A TMA load atom (and its global view) of single 512-byte chunks of ``chunks`` (see
+    :func:`gemm_tensors`) into the slots of ``slots_layout`` (:func:`chunk_slots`)."""
+    return tma_load(chunks, slots_layout, (CHUNK_WORDS, 1))
+
+
+def fp8_load_pipe(barriers, stages: int, consumer_threads: int, tx_bytes: int):
+    """The TMA pipeline of the FP8 stages: one producer thread, ``tx_bytes`` per stage,
+    each stage released by ``consumer_threads`` (one arrive per warp). Its barriers wait for
+    the kernel's ``mbarrier_init_fence`` (deferred, so it fences all its pipelines once)."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads // 32),
+        tx_count=tx_bytes,
+        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        defer_sync=True,
+    )
+
+
 def tma_views(atom, smem, gmem, tile):
     """(shared, global) views of ``atom``'s copies: index the shared one by stage, the
     global one by (tile row, tile column)."""
@@ -278,3 +336,9 @@ def tma_views(atom, smem, gmem, tile):
     return cpasync.tma_partition(
         atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2)
     )
+
+
+def chunk_views(atom, smem, gmem):
+    """:func:`tma_views` of a :func:`tma_load_chunks` atom: the shared one by slot, the
+    global one by (0, chunk)."""
+    return tma_views(atom, smem, gmem, (CHUNK_WORDS, 1))

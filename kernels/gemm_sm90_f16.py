@@ -28,6 +28,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir import ir
 from cutlass.cutlass_dsl import dsl_user_op
 
+from mxfp8_fusion.format import SCALE_BIAS, SCALE_NAN_BYTE
+
 from .ptx import asm_u32, inline_ptx
 
 # e4m3 * 2**d is exact in FP16 for d in [-15, 7]; the path uses [-14, 7] so that every
@@ -36,6 +38,11 @@ F16_BELOW = 14
 F16_ABOVE = 7
 # The smallest reference: keeps 2**(ref - 127) a normal FP32 factor in every epilogue split.
 MIN_REF = 2
+# FP16's exponent bias: the factor 2**d has exponent field d + 15 (f16_factor).
+F16_BIAS = 15
+# What turns a ring word (``ref - 127``, gemm_sm90_tiled) into f16_factor's ``low``
+# (``ref - 15``).
+RING_TO_LOW = SCALE_BIAS - F16_BIAS
 
 
 @dsl_user_op
@@ -114,7 +121,7 @@ def row_reference(mx_acc, mn_acc):
     mx = cutlass.max(mx_acc & 0xFFFF, (mx_acc >> 16) & 0xFFFF)
     mn = cutlass.min(mn_acc & 0xFFFF, (mn_acc >> 16) & 0xFFFF) + 1  # 256: no nonzero byte
     ref = cutlass.max(mx - F16_ABOVE, MIN_REF)
-    fits = (mx < 255) & (mn >= ref - F16_BELOW)
+    fits = (mx < SCALE_NAN_BYTE) & (mn >= ref - F16_BELOW)
     return ref, cutlass.select_(fits, Int32(0), Int32(1))
 
 

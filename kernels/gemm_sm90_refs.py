@@ -16,7 +16,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from mxfp8_fusion.format import CHUNK_BYTES
+from mxfp8_fusion.format import (
+    CHUNK_BYTES,
+    GROUP_BLOCK,
+    ROW_BLOCK,
+    group_blocks,
+    row_blocks,
+    scale_groups,
+)
 
 from .gemm_sm90_common import load_smem_words, store_smem_word
 from .gemm_sm90_f16 import (
@@ -37,8 +44,9 @@ class RowReferencesSm90:
 
     def __init__(self, k: int):
         self.k = k
-        self.k_tiles = (k + 127) // 128
-        self.last_groups = (k // 32) % 4  # groups of the last chunk past K are padding
+        self.k_tiles = group_blocks(scale_groups(k))  # chunks per row block
+        # groups of the last chunk past K are padding
+        self.last_groups = scale_groups(k) % GROUP_BLOCK
 
     @cute.jit
     def __call__(
@@ -50,13 +58,13 @@ class RowReferencesSm90:
         n: cutlass.Int32,
         stream: cuda.CUstream,
     ):
-        a_blocks = (m + 127) // 128
-        b_blocks = (n + 127) // 128
+        a_blocks = row_blocks(m)
+        b_blocks = row_blocks(n)
 
         @cute.struct
         class Storage:
-            mx: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, WARPS * 128], 16]
-            mn: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, WARPS * 128], 16]
+            mx: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, WARPS * ROW_BLOCK], 16]
+            mn: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, WARPS * ROW_BLOCK], 16]
 
         self.storage = Storage
         self.kernel(sa_addr, sb_addr, refs_addr, m, n, a_blocks).launch(
@@ -99,20 +107,21 @@ class RowReferencesSm90:
                 stats[i] = bytes_max(stats[i], w)
                 stats[4 + i] = bytes_min_nonzero(stats[4 + i], w)
         for i in cutlass.range_constexpr(4):
-            slot = (warp * 128 + lane + 32 * i) * 4
+            slot = (warp * ROW_BLOCK + lane + 32 * i) * 4
             store_smem_word(mx_s + slot, stats[i])
             store_smem_word(mn_s + slot, stats[4 + i])
         cute.arch.sync_threads()
-        if tidx < 128:
+        if tidx < ROW_BLOCK:
             mx = Int32(BYTES_MAX_INIT)
             mn = Int32(BYTES_MIN_INIT)
             for w in cutlass.range_constexpr(WARPS):
-                slot = (w * 128 + tidx) * 4
+                slot = (w * ROW_BLOCK + tidx) * 4
                 mx = u16x2_max(mx, Int32(load_smem_words(mx_s + slot, 1, 4)[0]))
                 mn = u16x2_min(mn, Int32(load_smem_words(mn_s + slot, 1, 4)[0]))
             ref, misfit = row_reference(mx, mn)
-            valid = block * 128 + tidx < cutlass.select_(is_b, n, m)
+            valid = block * ROW_BLOCK + tidx < cutlass.select_(is_b, n, m)
             value = cutlass.select_(valid & (misfit != 0), Int32(-1), ref)
-            out = refs_addr + (cutlass.select_(is_b, a_blocks * 128, 0) + block * 128 + tidx) * 4
+            a_rows = a_blocks * ROW_BLOCK
+            out = refs_addr + (cutlass.select_(is_b, a_rows, 0) + block * ROW_BLOCK + tidx) * 4
             dst = cute.make_ptr(Int32, out, cute.AddressSpace.gmem, assumed_align=4)
             cute.make_tensor(dst, cute.make_layout(1))[0] = value

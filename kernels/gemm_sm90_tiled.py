@@ -17,7 +17,7 @@ dedicated converter warps.
 One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgroups, tile_m
 192: three), persistent over output tiles, the full row tiles first and a partial one last.
 With ``stream_k`` the (output tile, K stage) units are instead split evenly over the CTAs
-(as in gemm_sm90_skinny): a CTA's range is cut into segments, one per tile it touches; a tile
+(as in gemm_sm90_swap_ab): a CTA's range is cut into segments, one per tile it touches; a tile
 split across CTAs is finished by the CTA holding its tail, which adds the parts published by
 the lower CTAs in K order (no atomics: every call sums alike). With few output tiles (fewer
 than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
@@ -29,13 +29,14 @@ keeps all of them streaming. Roles:
 * warpgroup 1 (and 2 with ``converters`` 2): B converter, FP8 stage -> two 16-bit stages of
   K 64 (``conv_pipe``; the role's methods are in gemm_sm90_tiled_convert);
 * the last two or three warpgroups: consumers, 64 A rows each: per K 64, convert A into the
-  fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage. A consumer's
+  fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage (the role's
+  methods, stream-K's fixup and the epilogue are in gemm_sm90_tiled_consumer). A consumer's
   conversion does not overlap its own wgmmas (they read the fragment), only the other
   consumers', so a third consumer keeps the tensor pipe busier (docs/gemm_log.md).
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
-B tile, as in gemm_sm90_skinny.
+B tile, as in gemm_sm90_swap_ab.
 """
 
 from __future__ import annotations
@@ -46,24 +47,26 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 from cutlass import Int32
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
+
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
 
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
-    convert_fragment,
+    Sm90Gemm,
+    chunk_slots,
+    chunk_views,
+    fp8_load_pipe,
     gemm_tensors,
-    load_fragment_bytes,
     load_gmem_word,
-    load_smem_words,
     rs_tiled_mma,
     smem_layout,
-    store_flag,
     store_smem_word,
     tma_load,
+    tma_load_chunks,
     tma_views,
-    wait_flag,
 )
-from .gemm_sm90_f16 import times_pow2
+from .gemm_sm90_tiled_consumer import ConsumerRole
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
 
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
@@ -95,17 +98,12 @@ CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, ru
 SCAN_THREADS = 32
 
 
-class MXFP8TiledGemmSm90(WeightConverterRole):
+class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.cfg = cfg
-        self.out_dtype = out_dtype
-        self.n = n
-        self.k = k
-        self.ld_out = ld_out
-        self.has_bias = bias_dtype is not None
-        self.bias_dtype = bias_dtype or out_dtype
         self.tile_n = cfg.tile_n
         # the B converter gives each of its threads whole 32-element units (_convert_b)
         if self.tile_n not in (64, 128):
@@ -131,7 +129,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         ):
             raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
         # a tile's A rows span one 512-byte scale chunk per stage up to 128 rows, two at 192
-        self.a_chunks = 1 if self.tile_m <= 128 else 2
+        self.a_chunks = 1 if self.tile_m <= ROW_BLOCK else 2
         # ring words: A rows' references, then B rows', then the mode
         self.b_ref0 = self.tile_m
         self.mode_word = self.tile_m + 128
@@ -139,14 +137,13 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         self.convert_threads = self.convert_wgs * WG_THREADS
         self.consumer_wg0 = CONVERT_WG0 + self.convert_wgs
         self.stages8 = cfg.stages
-        self.stages16 = cfg.bf16_stages
+        self.stages16 = cfg.stages16
         # the converter commits both halves of an FP8 stage together and the consumers
         # release each half one half late: two 16-bit stages deadlock (measured: a hang)
         if self.stages16 < 2 * HALVES - 1:
-            raise ValueError(f"bf16_stages must be at least {2 * HALVES - 1}, got {cfg}")
-        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
-        self.n_tiles = (n + self.tile_n - 1) // self.tile_n
-        self.b_chunks = ((n + 127) // 128) * self.k_tiles
+            raise ValueError(f"stages16 must be at least {2 * HALVES - 1}, got {cfg}")
+        self.n_tiles = ceil_div(n, self.tile_n)
+        self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
         self.num_ctas_cap = cfg.num_ctas
         # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
@@ -181,14 +178,14 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
-        s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages8), stride=(1, 1, CHUNK_WORDS))
+        s_layout = chunk_slots(self.stages8)
         sa_slots = self.stages8 * self.a_chunks
-        sa_layout = cute.make_layout((CHUNK_WORDS, 1, sa_slots), stride=(1, 1, CHUNK_WORDS))
+        sa_layout = chunk_slots(sa_slots)
         tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
-        tma_sa, gSA = tma_load(mSA, sa_layout, (CHUNK_WORDS, 1))
-        tma_sb, gSB = tma_load(mSB, s_layout, (CHUNK_WORDS, 1))
-        scale_bytes = (self.a_chunks + 1) * CHUNK_WORDS * 4
+        tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
+        tma_sb, gSB = tma_load_chunks(mSB, s_layout)
+        scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
         self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
 
         # persistent: one CTA per tile up to the cap; stream-K: one per unit up to the cap
@@ -273,18 +270,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             for atom in (tma_a, tma_b, tma_sa, tma_sb):
                 cpasync.prefetch_descriptor(atom)
         st = utils.SmemAllocator().allocate(self.storage)
-        load_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.load_bar.data_ptr(),
-            num_stages=self.stages8,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # the B converters and the A-converting consumers both read each FP8 stage
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, (self.convert_threads + self.consumers * WG_THREADS) // 32
-            ),
-            tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        # the B converters and the A-converting consumers both read each FP8 stage
+        readers = self.convert_threads + self.consumers * WG_THREADS
+        load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages8, readers, self.tx_bytes)
         conv_pipe = pipeline.PipelineAsync.create(
             barrier_storage=st.conv_bar.data_ptr(),
             num_stages=self.stages16,
@@ -344,15 +332,15 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
     ):  # fmt: skip
         tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
         tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
-        tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
-        tSBs, tSBg = tma_views(tma_sb, sSB, gSB_full, (CHUNK_WORDS, 1))
+        tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
+        tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
         k_tiles = self.k_tiles
         u, stop, skip = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
         while u < stop:
             _t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            b_chunk0 = ((tn * self.tile_n) // 128) * k_tiles
-            a_chunk0 = ((tm * self.tile_m) // 128) * k_tiles
+            b_chunk0 = ((tn * self.tile_n) // ROW_BLOCK) * k_tiles
+            a_chunk0 = ((tm * self.tile_m) // ROW_BLOCK) * k_tiles
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
@@ -376,7 +364,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""
-        return ((m + self.tile_m - 1) // self.tile_m) * self.n_tiles
+        return ceil_div(m, self.tile_m) * self.n_tiles
 
     @cute.jit
     def _my_units(self, m):
@@ -448,272 +436,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole):
             ref_pipe.producer_acquire(ps)
             buf = refs + ps.index * (self.ref_words * 4)
             for i in cutlass.range_constexpr(self.tile_m // 32):
-                store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - 127)
+                store_smem_word(buf + (lane + 32 * i) * 4, a_refs[i] - SCALE_BIAS)
             for i in cutlass.range_constexpr(b_parts):
-                store_smem_word(buf + (self.b_ref0 + lane + 32 * i) * 4, b_refs[i] - 127)
+                store_smem_word(buf + (self.b_ref0 + lane + 32 * i) * 4, b_refs[i] - SCALE_BIAS)
             if lane == 0:
                 store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)
             ps.advance()
             u = seg_end + skip
         ref_pipe.producer_tail(ps)
-
-    @cute.jit
-    def _consumer(
-        self, cwg, ct, mmas, st, sBs, mD, mBias, m, load_pipe, conv_pipe, ref_pipe, mPartials,
-        mFlags,
-    ):  # fmt: skip
-        refs = st.refs.data_ptr().toint()
-        for mma in mmas:  # accumulate from the first wgmma on: acc is zeroed per tile
-            mma.set(warpgroup.Field.ACCUMULATE, True)
-        thr = mmas[0].get_slice(ct)
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, self.tile_n)), cutlass.Float32)
-        lane = ct % 32
-        wg_row = 0 if cutlass.const_expr(self.k_split) else cwg * 64  # its first tile row
-        row0 = wg_row + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
-        cta, _, _ = cute.arch.block_idx()
-
-        u, stop, skip = self._my_units(m)
-        ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
-        rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
-        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
-        if cutlass.const_expr(self.k_split):
-            # consumer c reads the 16-bit stages of K half c: c, c + 2, ...
-            n16 = self.stages16
-            rs = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
-            rel = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
-        rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
-        owned = Int32(-1)  # stream-K: the tile whose tail this CTA holds for the final fixup
-        while u < stop:
-            t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            ref_pipe.consumer_wait(rfs)
-            buf = refs + rfs.index * (self.ref_words * 4)
-            mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
-            scale_row0 = (tm * self.tile_m) % 128  # tile row 0 within its first scale chunk
-            if tm * self.tile_m + wg_row < m:
-                acc.fill(0.0)
-                # the FP16 factors want ref - 15 (f16_factor)
-                row_lows = [
-                    Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + 112
-                    for rr in range(2)
-                ]
-                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
-                if cutlass.const_expr(self.k_split):
-                    if cwg == 0:
-                        ls, rs, rel = self._mainloops(
-                            mode, mmas, sBs, ls, rs, rel, row_lows, 0, args
-                        )
-                    else:
-                        ls, rs, rel = self._mainloops(
-                            mode, mmas, sBs, ls, rs, rel, row_lows, 1, args
-                        )
-                else:
-                    ls, rs, rel = self._mainloops(
-                        mode, mmas, sBs, ls, rs, rel, row_lows, None, args
-                    )
-                warpgroup.wait_group(0)
-                conv_pipe.consumer_release(rel)
-                for _s in cutlass.range_constexpr(self._stride16()):
-                    rel.advance()
-                part = (acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m)
-                if cutlass.const_expr(self.k_split):
-                    self._add_halves(cwg, ct, cta, acc, mPartials)
-                    if cwg == 0:
-                        owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
-                else:
-                    owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
-            else:
-                # every row of this warpgroup lies past M: keep the pipelines in step
-                for _kt in range(k1 - k0):
-                    load_pipe.consumer_wait(ls)
-                    for _h in cutlass.range_constexpr(HALVES // self._stride16()):
-                        conv_pipe.consumer_wait(rs)
-                        conv_pipe.consumer_release(rs)
-                        for _s in cutlass.range_constexpr(self._stride16()):
-                            rs.advance()
-                            rel.advance()
-                    load_pipe.consumer_release(ls)
-                    ls.advance()
-            ref_pipe.consumer_release(rfs)
-            rfs.advance()
-            u = seg_end + skip
-        if cutlass.const_expr(self.stream_k):
-            if owned >= 0:
-                self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
-
-    def _stride16(self) -> int:
-        """16-bit stages a consumer's pipeline states advance per stage it reads."""
-        return HALVES if self.k_split else 1
-
-    @cute.jit
-    def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
-        """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
-        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
-        if mode != 0:
-            ls, rs, rel = self._mainloop(
-                ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                ls, rs, rel, None, k_stages, k_half,
-            )  # fmt: skip
-        else:
-            ls, rs, rel = self._mainloop(
-                ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                ls, rs, rel, row_lows, k_stages, k_half,
-            )  # fmt: skip
-        return ls, rs, rel
-
-    @cute.jit
-    def _add_halves(self, cwg, ct, cta, acc, mPartials):
-        """k-split: the second consumer's sums join the first's, in a fixed order (first +
-        second) so that every call sums alike. They pass through this CTA's own workspace
-        block (L2), which leaves the shared memory to deeper pipelines; a named barrier
-        orders the two warpgroups' global accesses (CTA scope)."""
-        both = 2 * WG_THREADS
-        if cwg == 1:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 0, 1, cta] = acc[i]
-        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
-        if cwg == 0:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, 1, cta]
-        # the next segment may overwrite the block only after the first consumer has read it
-        cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
-
-    @cute.jit
-    def _finish_part(self, part, mD, mBias, mPartials, mFlags, owned):
-        """A segment's sums of one 64-row block: unscaled (FP16 path), then stored (a whole
-        tile, or persistent), kept as this CTA's tail, or published (stream-K). Returns the
-        tile whose tail this CTA now holds (``owned`` if none)."""
-        acc, thr, buf, row0, mode, t, tm, tn, k0, k1, cwg, ct, cta, m = part
-        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
-        # every part is unscaled before it is stored or added: the factors are powers of
-        # two, so the sum of unscaled parts is the unscaled sum
-        if mode == 0:
-            self._unscale(acc, thr, buf, row0)
-        if cutlass.const_expr(self.stream_k):
-            if k0 == 0 and k1 == self.k_tiles:
-                self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
-            elif k1 == self.k_tiles:
-                # the tile's tail: the fixup adds the lower CTAs' parts at the end
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    mPartials[i, ct, 1, cwg, cta] = acc[i]
-                owned = t
-            else:
-                # head or middle of the tile: publish it for the CTA holding the tail
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    mPartials[i, ct, 0, cwg, cta] = acc[i]
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-                if ct == 0:
-                    store_flag(mFlags.iterator + (cwg + self.row_blocks * cta), 1)
-        else:
-            self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
-        return owned
-
-    @cute.jit
-    def _fixup(self, cwg, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
-        """Stream-K: sum the tile's parts of this warpgroup's rows in K order (the published
-        heads and middles of the lower CTAs, then this CTA's tail) and store them. Waits only
-        on lower CTAs, which publish before their own fixup and start no later, so every
-        wait ends."""
-        grid, _, _ = cute.arch.grid_dim()
-        units = self._tiles(m) * self.k_tiles
-        # the CTA holding the tile's first unit (as _my_units splits them)
-        first = Int32(((cutlass.Int64(tile * self.k_tiles) + 1) * grid - 1) // units)
-        acc.fill(0.0)
-        for c in range(first, cta):
-            if ct == 0:
-                wait_flag(mFlags.iterator + (cwg + self.row_blocks * c))
-            cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, cwg, c]
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
-        tm, tn = self._tile_mn(tile, m)
-        row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
-        self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
-        # every thread has read the parts: re-arm the flags for the next launch
-        cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-        if ct == 0:
-            for c in range(first, cta):
-                store_flag(mFlags.iterator + (cwg + self.row_blocks * c), 0)
-
-    @cute.jit
-    def _mainloop(
-        self, ct, tiled_mma, sB16, acc, st, row0, scale_row0, load_pipe, conv_pipe, ls, rs, rel,
-        row_lows, k_stages, k_half=None,
-    ):  # fmt: skip
-        """One segment's K loop over ``k_stages`` FP8 stages: per K 64 (only half ``k_half`` of
-        each stage where given: k-split), convert A into the fragment (FP16 with
-        ``row_lows``, else BF16), then four wgmmas against the converted B stage. Leaves the
-        last wgmmas in flight and the last B stage unreleased."""
-        thr = tiled_mma.get_slice(ct)
-        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((64, TILE_K16)))
-        # Int32 view: word rr + 2 * hi + 4 * kb = the pair (row g + 8 rr, k 2t + 8 hi) of
-        # k16 block kb, the register order of the RS wgmma's A fragment
-        frag_words = cute.recast_tensor(frag, Int32)
-        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
-        a8 = st.sA8.data_ptr().toint()
-        sa = st.sSA.data_ptr().toint()
-        t = ct % 4
-        halves = [h for h in range(HALVES) if k_half is None or h == k_half]
-        stride = self._stride16()
-        for _kt in range(k_stages):
-            load_pipe.consumer_wait(ls)
-            for h in halves:
-                conv_pipe.consumer_wait(rs)
-                groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                words, scales = load_fragment_bytes(
-                    a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                    sa + ls.index * (self.a_chunks * CHUNK_WORDS * 4), scale_row0, self.a_chunks,
-                )  # fmt: skip
-                # the previous half's wgmmas have read the fragment and their B stage
-                warpgroup.wait_group(0)
-                if rel.count < rs.count:
-                    conv_pipe.consumer_release(rel)
-                    for _s in cutlass.range_constexpr(stride):
-                        rel.advance()
-                convert_fragment(words, scales, groups, frag_words, row_lows)
-                if cutlass.const_expr(h == halves[-1]):
-                    load_pipe.consumer_release(ls)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(TILE_K16 // 16):
-                    cute.gemm(
-                        tiled_mma,
-                        acc,
-                        frag[(None, None, kb)],
-                        tCrB[(None, None, kb, rs.index)],
-                        acc,
-                    )
-                warpgroup.commit_group()
-                for _s in cutlass.range_constexpr(stride):
-                    rs.advance()
-            ls.advance()
-        return ls, rs, rel
-
-    @cute.jit
-    def _unscale(self, acc, thr, buf, row0):
-        """FP16 path: times 2**(ref_a - 127) * 2**(ref_b - 127), the factors the conversion
-        took out of each row of A and of B (exact: powers of two, see times_pow2)."""
-        coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
-        a_exp = [Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) for rr in range(2)]
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            b_exp = Int32(load_smem_words(buf + (self.b_ref0 + c) * 4, 1, 4)[0])
-            # the thread's rows are row0 and row0 + 8: r % 16 tells which
-            e = cutlass.select_(r % 16 < 8, a_exp[0], a_exp[1]) + b_exp
-            acc[i] = times_pow2(acc[i], e)
-
-    @cute.jit
-    def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):
-        """Bias in FP32, round once, stores of rows < M and columns < N (64-row sub-tile)."""
-        coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            row = row0 + r
-            col = tn * self.tile_n + c
-            if row < m and col < self.n:
-                v = acc[i]
-                if cutlass.const_expr(self.has_bias):
-                    v = v + mBias[col].to(cutlass.Float32)
-                mD[row, col] = v.to(mD.element_type)

@@ -13,14 +13,17 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+
+from .constants import TILE_K8, TILE_K16
 from .gemm_sm90_common import (
+    chunk_word,
     dequant_pair,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
 )
-from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
+from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
 
 HALVES = TILE_K8 // TILE_K16
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
@@ -43,13 +46,14 @@ class WeightConverterRole:
         rows = self._converter_rows(ct)
         while u < stop:
             _t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            b_row0 = (tn * self.tile_n) % 128  # tile_n 64: the tile's rows within its chunk
+            b_row0 = (tn * self.tile_n) % ROW_BLOCK  # tile_n 64: the tile's rows in its chunk
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             # the FP16 factors want ref - 15 (f16_factor)
             row_lows = [
-                Int32(load_smem_words(buf + (self.b_ref0 + r) * 4, 1, 4)[0]) + 112 for r in rows
+                Int32(load_smem_words(buf + (self.b_ref0 + r) * 4, 1, 4)[0]) + RING_TO_LOW
+                for r in rows
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
@@ -86,7 +90,7 @@ class WeightConverterRole:
                     h,
                     b_row0,
                     b8 + ls.index * (self.tile_n * TILE_K8),
-                    sb + ls.index * (CHUNK_WORDS * 4),
+                    sb + ls.index * CHUNK_BYTES,
                     b16 + cs.index * (self.tile_n * TILE_K16 * 2),
                     row_lows,
                 )
@@ -127,7 +131,7 @@ class WeightConverterRole:
                     cute.make_tensor(words.iterator + 4 * q, cute.make_layout(4)),
                 )
             r = b_row0 + row
-            sword = load_smem_words(scales + ((r % 32) * 4 + r // 32) * 4, 1, 4)
+            sword = load_smem_words(scales + chunk_word(r) * 4, 1, 4)
             loaded.append((words, sword))
         outs = []
         big = Int32(0)

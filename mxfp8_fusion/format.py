@@ -163,7 +163,31 @@ def _scale_buffer(values, scales) -> torch.Tensor:
 
 
 @dataclass(frozen=True, init=False)
-class MXFP8Input:
+class _Operand:
+    """What both GEMM operands hold, and what they read from it."""
+
+    values: torch.Tensor
+    raw_scales: torch.Tensor
+    """The blocked scale buffer as raw ``uint8`` bytes (what the ``mxfp8::`` ops take)."""
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """The blocked scale buffer as ``float8_e8m0fnu`` (a view of :attr:`raw_scales`)."""
+        return self.raw_scales.view(SCALE_DTYPE)
+
+    @property
+    def in_features(self) -> int:
+        """K: the columns of ``values``."""
+        return self.values.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        """The device of ``values`` (and of the scales)."""
+        return self.values.device
+
+
+@dataclass(frozen=True, init=False)
+class MXFP8Input(_Operand):
     """MXFP8 storage for the left GEMM operand (activations), ``capacity`` rows.
 
     ``MXFP8Input(values, scales, dtype=torch.bfloat16)``: ``values`` is ``[capacity, K]``
@@ -178,9 +202,6 @@ class MXFP8Input:
         TypeError, ValueError: naming ``values``, ``scales`` or ``dtype``.
     """
 
-    values: torch.Tensor
-    raw_scales: torch.Tensor
-    """The blocked scale buffer as raw ``uint8`` bytes (what the ``mxfp8::`` ops take)."""
     dtype: torch.dtype
 
     def __init__(
@@ -204,25 +225,13 @@ class MXFP8Input:
         return self
 
     @property
-    def scales(self) -> torch.Tensor:
-        """The blocked scale buffer as ``float8_e8m0fnu`` (a view of :attr:`raw_scales`)."""
-        return self.raw_scales.view(SCALE_DTYPE)
-
-    @property
     def capacity(self) -> int:
+        """The rows of ``values``: the most tokens one staging holds."""
         return self.values.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.values.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device
 
 
 @dataclass(frozen=True, init=False)
-class MXFP8Weight:
+class MXFP8Weight(_Operand):
     """A packed MXFP8 weight ``[out_features, in_features]`` (the right GEMM operand).
 
     ``MXFP8Weight(values, scales)``: ``values`` is ``[N, K]`` ``float8_e4m3fn`` (K contiguous,
@@ -234,28 +243,12 @@ class MXFP8Weight:
         TypeError, ValueError: naming ``values`` or ``scales``.
     """
 
-    values: torch.Tensor
-    raw_scales: torch.Tensor
-    """The blocked scale buffer as raw ``uint8`` bytes (what the ``mxfp8::`` ops take)."""
-
     def __init__(self, values: torch.Tensor, scales: torch.Tensor):
         raw = _scale_buffer(values, scales)
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "raw_scales", raw)
 
     @property
-    def scales(self) -> torch.Tensor:
-        """The blocked scale buffer as ``float8_e8m0fnu`` (a view of :attr:`raw_scales`)."""
-        return self.raw_scales.view(SCALE_DTYPE)
-
-    @property
     def out_features(self) -> int:
+        """N: the rows of ``values``."""
         return self.values.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.values.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.values.device

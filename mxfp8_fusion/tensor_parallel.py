@@ -29,7 +29,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 
 from . import api
-from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE, MXFP8Weight
+from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE
 from .nn import MXFP8Linear
 from .sharding import (
     _detached,
@@ -107,14 +107,33 @@ def _flat_slices(slices, in_features: int, argument: str = "slices") -> list[Ten
     return [s.reshape(-1, s.shape[-1]) for s in slices]
 
 
-def _stage(parts: list[Tensor], width: int) -> api.MXFP8Input:
+def _staged_gemm(local: MXFP8Linear, parts: list[Tensor], width: int, lead_shape) -> Tensor:
+    """``local`` on the concatenation of ``parts`` (``width`` columns in all), each part
+    quantized straight into MXFP8 storage (one ``quantize_input_slices``); the output takes
+    ``lead_shape``'s leading dims."""
     dest = api.empty_input(parts[0].shape[0], width, parts[0].device, parts[0].dtype)
     api.quantize_input_slices(parts, dest)
-    return dest
+    y = api.mm_quantized(dest, local.weight, bias=local.bias)
+    return y.view(*lead_shape[:-1], y.shape[-1])
 
 
-def _make_local(weight: MXFP8Weight, bias: Tensor | None) -> MXFP8Linear:
-    return MXFP8Linear(weight.values, weight.scales, bias)
+def _load_shard(weight, group, scales, bias, device, by_rows: bool) -> tuple[MXFP8Linear, int]:
+    """This rank's shard of a full weight as an MXFP8Linear, and the weight's K: its rows
+    (``by_rows``: column parallel, the bias's rows with them) or its columns (row parallel,
+    the whole bias on rank 0 only). Only that part of ``weight`` is read."""
+    rank, world, _ = _group_facts(group)
+    n, k = _matrix_shape(weight, "weight")
+    if by_rows:
+        part = split_out_features(n, world)[rank]
+        bias = None if bias is None else bias[part[0] : part[1]]
+    else:
+        part = split_in_features(k, world)[rank]
+        bias = bias[:] if bias is not None and rank == 0 else None
+    device = _device(group, device)
+    load = load_column_shard if by_rows else load_row_shard
+    packed = load(weight, part, scales, device)
+    local_bias = None if bias is None else _on(_detached(bias), device)
+    return MXFP8Linear(packed.values, packed.scales, local_bias), k
 
 
 class ColumnParallelMXFP8Linear(nn.Module):
@@ -170,13 +189,8 @@ class ColumnParallelMXFP8Linear(nn.Module):
         Raises:
             TypeError, ValueError: on a bad group, weight or split.
         """
-        rank, world, _ = _group_facts(group)
-        n, _ = _matrix_shape(weight, "weight")
-        rows = split_out_features(n, world)[rank]
-        device = _device(group, device)
-        packed = load_column_shard(weight, rows, scales, device)
-        local_bias = None if bias is None else _on(_detached(bias[rows[0] : rows[1]]), device)
-        return cls(_make_local(packed, local_bias), group, gather_output)
+        local, _ = _load_shard(weight, group, scales, bias, device, by_rows=True)
+        return cls(local, group, gather_output)
 
     def _finish(self, y: Tensor) -> Tensor:
         if not self.gather_output or self.world_size == 1:
@@ -195,9 +209,7 @@ class ColumnParallelMXFP8Linear(nn.Module):
             TypeError, ValueError: on slices that do not make a ``[..., in_features]`` input.
         """
         flat = _flat_slices(slices, self.in_features)
-        dest = _stage(flat, self.in_features)
-        y = api.mm_quantized(dest, self.local.weight, bias=self.local.bias)
-        return self._finish(y.view(*slices[0].shape[:-1], y.shape[-1]))
+        return self._finish(_staged_gemm(self.local, flat, self.in_features, slices[0].shape))
 
     def extra_repr(self) -> str:
         return (
@@ -274,13 +286,8 @@ class RowParallelMXFP8Linear(nn.Module):
         Raises:
             TypeError, ValueError: on a bad group, weight or split.
         """
-        rank, world, _ = _group_facts(group)
-        _, k = _matrix_shape(weight, "weight")
-        columns = split_in_features(k, world)[rank]
-        device = _device(group, device)
-        packed = load_row_shard(weight, columns, scales, device)
-        local_bias = _on(_detached(bias[:]), device) if bias is not None and rank == 0 else None
-        return cls(_make_local(packed, local_bias), group, k, input_is_parallel)
+        local, k = _load_shard(weight, group, scales, bias, device, by_rows=False)
+        return cls(local, group, k, input_is_parallel)
 
     @property
     def bias(self) -> Tensor | None:
@@ -322,9 +329,7 @@ class RowParallelMXFP8Linear(nn.Module):
                 if lo < hi:
                     parts.append(s[:, lo - column : hi - column])
                 column += s.shape[1]
-        dest = _stage(parts, end - start)
-        y = api.mm_quantized(dest, self.local.weight, bias=self.local.bias)
-        return self._finish(y.view(*slices[0].shape[:-1], y.shape[-1]))
+        return self._finish(_staged_gemm(self.local, parts, end - start, slices[0].shape))
 
     def extra_repr(self) -> str:
         return (

@@ -214,17 +214,30 @@ def _static(size) -> int | None:
     return size if isinstance(size, int) else None
 
 
+def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
+    """``(slices, dim, widths)`` of a ``torch.cat`` node: its inputs, its dim argument, and
+    each input's static last-dim width (None where unknown)."""
+    tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors", [])
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    slices = list(tensors)
+    vals = [_val(s) for s in slices]
+    widths = [_static(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    return slices, dim, widths
+
+
+def _too_many(slices: list, max_slices: int | None) -> str | None:
+    if max_slices is not None and len(slices) > max_slices:
+        return f"{len(slices)} slices exceed the pass option max_slices={max_slices}"
+    return None
+
+
 def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     """The :class:`Site` of ``cat``, or ``None`` when ``cat`` never reaches MXFP8 ops."""
     ranged = analyze_column_ranges(cat, max_slices)
     if ranged is not None:
         return ranged
     quantize, linear, _ = _mxfp8_ops()
-    tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors", [])
-    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
-    slices = list(tensors)
-    vals = [_val(s) for s in slices]
-    widths = [_static(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    slices, dim, widths = _cat_parts(cat)
     val = _val(cat)
     site = Site(cat, slices, widths, val.dtype if val is not None else None)
     reason = _consumers(cat, val.shape[-1] if val is not None and val.dim() else -1, site)
@@ -237,8 +250,8 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
         else:
             norm = dim % val.dim() if val.dim() else dim
             reason = _slice_reason(site, val, norm)
-    if reason is None and max_slices is not None and len(slices) > max_slices:
-        reason = f"{len(slices)} slices exceed the pass option max_slices={max_slices}"
+    if reason is None:
+        reason = _too_many(slices, max_slices)
     if reason is None:
         reason = _quantized_readers(site)
     site.reason = reason
@@ -434,11 +447,7 @@ def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site |
     val = _val(cat)
     if val is None or val.dim() == 0 or not _column_takes(cat, val.shape[-1]):
         return None
-    tensors = cat.args[0] if cat.args else cat.kwargs.get("tensors", [])
-    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
-    slices = list(tensors)
-    vals = [_val(s) for s in slices]
-    widths = [_static(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    slices, dim, widths = _cat_parts(cat)
     site = Site(cat, slices, widths, val.dtype, ranges=[])
     k = val.shape[-1]
     reason = _slice_reason(site, val, dim % val.dim())
@@ -446,8 +455,8 @@ def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site |
         reason = _range_consumers(cat, k, site)
     if reason is None:
         reason = _range_parts(site)
-    if reason is None and max_slices is not None and len(slices) > max_slices:
-        reason = f"{len(slices)} slices exceed the pass option max_slices={max_slices}"
+    if reason is None:
+        reason = _too_many(slices, max_slices)
     if reason is None:
         reason = _quantized_readers(site)
     site.gemms = _count_gemms(cat, (*VIEW_OPS, aten.slice.Tensor))

@@ -54,7 +54,7 @@ def random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, device
 def run_kernel(a, sa, b, sb, bias, out):
     from mxfp8_fusion.kernels import gemm_sm90
 
-    assert gemm_sm90.supported(a, b, out)
+    assert gemm_sm90.supported(a, sa, b, sb, bias, out)
     gemm_sm90.run(a, sa, b, sb, bias, out)
 
 
@@ -93,23 +93,13 @@ def check_close(ours, ref, a, sa, b, sb, slack=2.0**-14, min_same=None):
 
 def check_run(tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows):
     """Kernel vs reference on random operands into an ``out`` with ``extra_rows`` more rows
-    than tokens, which must stay untouched."""
-    capacity = tokens + extra_rows
-    a_full, sa = random_operand(tokens, k, capacity, spread, center, seed=seeds[0])
-    b, sb = random_operand(n, k, None, spread, center, seed=seeds[1])
-    a = a_full[:tokens]
-    out = torch.full((capacity, n), 1234.0, device="cuda", dtype=out_dtype)
-    poison = out.clone()
-    ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
-    reference.mm_into(a, sa, b, sb, bias, ref)
-    run_kernel(a, sa, b, sb, bias, out)
-    torch.cuda.synchronize()
-    assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
-    check_close(out[:tokens], ref, a, sa, b, sb)
+    than tokens, which must stay untouched (the config the kernel picks itself)."""
+    check_config_run(None, tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows)
 
 
 def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows=5):
-    """As :func:`check_run`, with an explicit config."""
+    """As :func:`check_run`, with the config ``cfg`` (None: the one the kernel picks);
+    returns the operands and ``out``. ``run`` refuses a call the kernel does not serve."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     capacity = tokens + extra_rows

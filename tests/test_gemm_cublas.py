@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mxfp8_fusion.kernels import dispatch, gemm_cublas
+from mxfp8_fusion.kernels import dispatch, gemm_cublas, gemm_sm90
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import format as fmt
@@ -186,6 +186,13 @@ def test_fallback_reasons_name_what_is_missing(routed, monkeypatch):
     assert (
         dispatch.unavailable_reason(device, "GEMM")
         == "GPU sm_120: N=200 and K=1024 must be multiples"
+    )
+    routed((9, 0))
+    monkeypatch.setattr(dispatch, "_gemm_sm90", lambda: gemm_sm90)
+    monkeypatch.setattr(gemm_sm90, "last_refusal", "scale buffers must be 16-byte aligned")
+    assert (
+        dispatch.unavailable_reason(device, "GEMM")
+        == "GPU sm_90: scale buffers must be 16-byte aligned"
     )
     routed((11, 0))
     assert "sm_110 has no MXFP8 GEMM kernel" in dispatch.unavailable_reason(device, "GEMM")

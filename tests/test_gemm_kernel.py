@@ -118,7 +118,7 @@ def test_fp16_and_bf16_tiles_in_one_launch(tile_m, tile_n, converters):
     out = torch.full((tokens + 20, n), 1234.0, device="cuda", dtype=torch.bfloat16)
     poison = out.clone()
     stages16 = 3 if tile_m == 192 else 4  # 4 + 4 stages of 192-row tiles overflow smem
-    cfg = g.GemmConfig(tile_n=tile_n, converters=converters, tile_m=tile_m, bf16_stages=stages16)
+    cfg = g.GemmConfig(tile_n=tile_n, converters=converters, tile_m=tile_m, stages16=stages16)
     g.run(a, sa, b, sb, None, out, config=cfg)
     ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     reference.mm_into(a, sa, b, sb, None, ref)
@@ -142,12 +142,12 @@ def test_tile_configs_agree(tokens):
     b, sb = random_operand(640, 1024, seed=2)
     outs = []
     for cfg in (
-        g.GemmConfig(tile_n=64, stages=4, bf16_stages=4),
-        g.GemmConfig(tile_n=128, stages=4, bf16_stages=4),
-        g.GemmConfig(tile_n=128, stages=3, bf16_stages=6),
+        g.GemmConfig(tile_n=64, stages=4, stages16=4),
+        g.GemmConfig(tile_n=128, stages=4, stages16=4),
+        g.GemmConfig(tile_n=128, stages=3, stages16=6),
         g.GemmConfig(tile_n=128, converters=2),
-        g.GemmConfig(tile_m=192, stages=4, bf16_stages=3),
-        g.GemmConfig(tile_m=192, stages=3, bf16_stages=4),
+        g.GemmConfig(tile_m=192, stages=4, stages16=3),
+        g.GemmConfig(tile_m=192, stages=3, stages16=4),
     ):
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
         g.run(a, sa, b, sb, None, out, config=cfg)
@@ -156,7 +156,7 @@ def test_tile_configs_agree(tokens):
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
 
 
-SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
+SWAP_AB_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
     (1, 7168, 4096),
     (3, 200, 4160),
     (8, 128, 128),
@@ -170,7 +170,7 @@ SKINNY_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, o
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("tokens,n,k", SKINNY_SHAPES)
+@pytest.mark.parametrize("tokens,n,k", SWAP_AB_SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
     """The few-token kernel: scale bytes 97-157 (both conversion factors), bias, rows past
@@ -178,7 +178,7 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     # the swap-AB kernel itself, whichever kernel the measured table picks for this shape
-    cfg = g.skinny_config(tokens)
+    cfg = g.swap_ab_config(tokens)
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
     seeds = (tokens + 7 * k, n + 1)
@@ -199,7 +199,7 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     outs = []
     for tile in (8, 16, 32, 64):
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.skinny_config(tile))
+        g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tile))
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
@@ -349,3 +349,42 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
         g.run(st_values[:tokens], st_scales, w_values, w_scales, None, out_st, config=cfg)
         torch.cuda.synchronize()
         assert torch.equal(out_one.view(torch.int16), out_st.view(torch.int16))
+
+
+def _shifted(scales: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``scales`` in a buffer starting 4 bytes past a 16-byte boundary."""
+    raw = torch.empty(scales.numel() + 16, device="cuda", dtype=torch.uint8)[4 : 4 + scales.numel()]
+    return raw.copy_(scales.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("case", ["a_scales", "b_scales", "strided_bias", "float64_bias"])
+def test_calls_the_kernels_cannot_read_take_the_ops_fallback(case, monkeypatch):
+    """Scale buffers not 16-byte aligned and a bias that is no contiguous BF16/FP16/FP32
+    vector: the kernels refuse them, the op gives the reference's bytes and warns once,
+    naming the reason."""
+    from mxfp8_fusion import ops
+
+    tokens, n, k = 40, 256, 512
+    a, sa = random_operand(tokens, k, seed=21)
+    b, sb = random_operand(n, k, seed=22)
+    sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
+    bias, reason = None, "scale buffers"
+    if case == "a_scales":
+        sa = _shifted(sa)
+    elif case == "b_scales":
+        sb = _shifted(sb)
+    elif case == "strided_bias":
+        bias, reason = torch.randn(2 * n, device="cuda", dtype=torch.bfloat16)[::2], "bias"
+    else:
+        bias, reason = torch.randn(n, device="cuda", dtype=torch.float64), "bias"
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(ops, "_warned", set())
+    with pytest.warns(UserWarning, match=f"GPU sm_90: {reason}"):
+        ops.mm_into(a, sa, b, sb, bias, out)
+    ref = torch.empty_like(out)
+    reference.mm_into(a, sa, b, sb, bias, ref)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))

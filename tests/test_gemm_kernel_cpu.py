@@ -16,6 +16,8 @@ from gemm_helpers import (
     requires_cutlass,
 )
 
+from mxfp8_fusion.format import scale_bytes
+
 
 @requires_cutlass
 def test_compiles_for_sm90a_without_gpu():
@@ -30,8 +32,8 @@ def test_compiles_for_sm90a_without_gpu():
             (g.choose_config(4096, 7168, 43008), 7168, 43008, torch.bfloat16, torch.bfloat16),
             (g.choose_config(512, 7168, 43008), 7168, 43008, torch.float16, None),
             (g.choose_config(300, 200, 512), 200, 512, torch.float16, torch.float32),
-            (g.skinny_config(1), 200, 4160, torch.float16, torch.float32),
-            (g.skinny_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
+            (g.swap_ab_config(1), 200, 4160, torch.float16, torch.float32),
+            (g.swap_ab_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
             # stream-K: every tile shape
             (g.config_from_spec("tiled 128x128 c2 stream-k", 300), 640, 4160, torch.bfloat16,
              None),
@@ -157,22 +159,43 @@ def test_two_step_power_of_two_scaling():
         assert torch.equal(two_steps[normal], want[normal]), e
 
 
-def test_skinny_configs_fit_shared_memory():
+def test_swap_ab_configs_fit_shared_memory():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
-        cfg = g.skinny_config(tokens)
-        assert cfg.tokens_tile == tile
+        cfg = g.swap_ab_config(tokens)
+        assert cfg.kernel == g.SWAP_AB and cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
+
+
+def test_config_names_its_kernel():
+    """GemmConfig.kernel picks the kernel; tokens_tile is the swap-AB kernel's token tile
+    only, and a combination that does not go together is refused naming the field."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    assert g.GemmConfig().kernel == g.TILED and g.kinds(g.GemmConfig()) == g._TILED_KINDS
+    swap = g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=16)
+    assert g.kinds(swap) == g._KINDS and g.spec_of(swap) == "swap-ab"
+    for bad, field in [
+        (dict(kernel=g.SWAP_AB), "tokens_tile"),
+        (dict(kernel=g.SWAP_AB, tokens_tile=24), "tokens_tile"),
+        (dict(kernel=g.TILED, tokens_tile=8), "tokens_tile"),
+        (dict(tokens_tile=8), "tokens_tile"),
+        (dict(kernel="wide", tokens_tile=8), "kernel"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            g.GemmConfig(**bad)
+    with pytest.raises(ValueError, match="^tokens:"):
+        g.swap_ab_config(65)
 
 
 def test_heuristic_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens in (1, 8, 9, 16, 17, 32):
-        assert g.heuristic_config(tokens, 7168, 43008) == g.skinny_config(tokens)
-    assert g.heuristic_config(33, 7168, 43008).tokens_tile == 0
+        assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
+    assert g.heuristic_config(33, 7168, 43008).kernel == g.TILED
     assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
@@ -237,9 +260,9 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 192x128 c1 stream-k",
     ):
         cfg = g.config_from_spec(spec, 300)
-        assert g.spec_of(cfg) == spec and cfg.tokens_tile == 0 and cfg.num_ctas == 132
+        assert g.spec_of(cfg) == spec and cfg.kernel == g.TILED and cfg.num_ctas == 132
     assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
-    assert g.config_from_spec("swap-ab", 20, 100) == g.skinny_config(20, 100)
+    assert g.config_from_spec("swap-ab", 20, 100) == g.swap_ab_config(20, 100)
     assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
     assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
     for bad in (
@@ -247,7 +270,7 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128 c2",
         "tiled 128x128 2",
         "tiled 128x128 c2 split",
-        "skinny",
+        "swap-ab stream-k",
         "tiled 64x128 c2 stream-k s7",
     ):
         with pytest.raises(ValueError, match="spec"):
@@ -275,7 +298,7 @@ def test_choose_config_looks_up_the_table(monkeypatch):
         spec = lambda t: g.spec_of(g.choose_config(t, 1024, 2048))  # noqa: E731
         assert spec(1) == "swap-ab" and g.choose_config(1, 1024, 2048).tokens_tile == 8
         assert [spec(t) for t in (2, 16)] == ["tiled 128x64 c1 stream-k"] * 2
-        assert g.choose_config(40, 1024, 2048) == g.skinny_config(40)  # tile 64
+        assert g.choose_config(40, 1024, 2048) == g.swap_ab_config(40)  # tile 64
         assert spec(49) == spec(96) == spec(5000) == "tiled 192x128 c1"
         assert g.choose_config(300, 1024, 4096) == g.heuristic_config(300, 1024, 4096)
         assert g.choose_config(300, 1024, 2048, 114) == g.heuristic_config(300, 1024, 2048, 114)
@@ -299,13 +322,45 @@ def test_measured_table_is_well_formed():
             assert g.spec_of(g.choose_config(t, n, k)) == spec
 
 
+def _predicate_operands(tokens=4, n=16, k=64):
+    a = torch.zeros(tokens, k, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    sa = torch.zeros(scale_bytes(tokens, k), dtype=torch.uint8)
+    sb = torch.zeros(scale_bytes(n, k), dtype=torch.uint8)
+    return a, sa, b, sb, torch.zeros(tokens, n, dtype=torch.bfloat16)
+
+
 def test_supported_rejects_unaligned_shapes():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    a = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
-    b = torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
-    assert g.supported(a, b, torch.zeros(4, 16, dtype=torch.bfloat16))
-    assert not g.supported(a, b, torch.zeros(4, 16, dtype=torch.float32))
+    a, sa, b, sb, out = _predicate_operands()
+    assert g.supported(a, sa, b, sb, None, out)
+    assert not g.supported(a, sa, b, sb, None, out.float())
     odd = torch.zeros(4, 12, dtype=torch.bfloat16)[:, :12]
-    assert not g.supported(a, torch.zeros(12, 64, dtype=torch.float8_e4m3fn), odd)
-    assert not g.supported(a[:, :48], b[:, :48], torch.zeros(4, 16, dtype=torch.bfloat16))
+    b12 = torch.zeros(12, 64, dtype=torch.float8_e4m3fn)
+    assert not g.supported(a, sa, b12, sb, None, odd)
+    assert not g.supported(a[:, :48], sa, b[:, :48], sb, None, out)
+
+
+def test_supported_rejects_what_the_kernels_cannot_read():
+    """Scale buffers not 16-byte aligned (TMA) and a bias the kernels do not read (not a
+    contiguous BF16/FP16/FP32 vector) are refused by the predicate, with the reason the
+    fallback warning gives; run() refuses them too, before any launch."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    a, sa, b, sb, out = _predicate_operands()
+    shifted = lambda t: torch.zeros(t.numel() + 16, dtype=torch.uint8)[4 : 4 + t.numel()]  # noqa: E731
+    for bias in (None, torch.zeros(16), torch.zeros(16, dtype=torch.float16)):
+        assert g.supported(a, sa, b, sb, bias, out)
+    refused = [
+        ((a, shifted(sa), b, sb, None, out), "scale buffers"),
+        ((a, sa, b, shifted(sb), None, out), "scale buffers"),
+        ((a, sa, b, sb, torch.zeros(32, dtype=torch.bfloat16)[::2], out), "bias"),
+        ((a, sa, b, sb, torch.zeros(16, dtype=torch.float64), out), "bias"),
+    ]
+    for args, reason in refused:
+        assert not g.supported(*args)
+        assert not g.run_if_supported(*args)
+        assert g.last_refusal.startswith(reason), g.last_refusal
+        with pytest.raises(ValueError, match=reason):
+            g.run(*args)

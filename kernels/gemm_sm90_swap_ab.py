@@ -45,10 +45,17 @@ import cutlass.utils as utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, ceil_div, row_blocks
+
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
+    Sm90Gemm,
+    chunk_slots,
+    chunk_views,
+    chunk_word,
     convert_fragment,
     dequant_pair,
+    fp8_load_pipe,
     gemm_tensors,
     load_fragment_bytes,
     load_smem_words,
@@ -59,6 +66,7 @@ from .gemm_sm90_common import (
     store_flag,
     store_smem_word,
     tma_load,
+    tma_load_chunks,
     tma_views,
     wait_flag,
 )
@@ -75,23 +83,17 @@ W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 L2_EVICT_FIRST = 0x12F0000000000000
 
 
-class MXFP8SkinnyGemmSm90:
+class MXFP8SwapABGemmSm90(Sm90Gemm):
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
+        super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile
         self.stages = cfg.stages
         self.consumers = cfg.consumers
         self.num_ctas_cap = cfg.num_ctas
-        self.n = n
-        self.k = k
-        self.ld_out = ld_out
-        self.has_bias = bias_dtype is not None
-        self.bias_dtype = bias_dtype or out_dtype
-        self.out_dtype = out_dtype
-        self.k_tiles = (k + TILE_K8 - 1) // TILE_K8
-        self.w_tiles = (n + TILE_W - 1) // TILE_W
-        self.w_chunks = ((n + 127) // 128) * self.k_tiles
+        self.w_tiles = ceil_div(n, TILE_W)
+        self.w_chunks = row_blocks(n) * self.k_tiles
         self.units = self.w_tiles * self.k_tiles
         self.num_ctas = min(self.num_ctas_cap, self.units)
 
@@ -130,12 +132,12 @@ class MXFP8SkinnyGemmSm90:
         a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
         # per consumer warpgroup: the stage's two K halves of BF16 tokens
         a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
-        s_layout = cute.make_layout((CHUNK_WORDS, 1, self.stages), stride=(1, 1, CHUNK_WORDS))
+        s_layout = chunk_slots(self.stages)
         tma_w, gW = tma_load(mW, w8_layout, (TILE_W, TILE_K8))
         tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
-        tma_sw, gSW = tma_load(mSW, s_layout, (CHUNK_WORDS, 1))
-        tma_sa, gSA = tma_load(mSA, s_layout, (CHUNK_WORDS, 1))
-        self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_WORDS * 4
+        tma_sw, gSW = tma_load_chunks(mSW, s_layout)
+        tma_sa, gSA = tma_load_chunks(mSA, s_layout)
+        self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
         stages = self.stages
         red_words = (self.consumers - 1) * WG_THREADS * (TILE_W * tn // WG_THREADS)
 
@@ -195,16 +197,8 @@ class MXFP8SkinnyGemmSm90:
             for atom in (tma_w, tma_a, tma_sw, tma_sa):
                 cpasync.prefetch_descriptor(atom)
         st = utils.SmemAllocator().allocate(self.storage)
-        load_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.load_bar.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # each stage is consumed by one warpgroup: one arrive per warp
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, WG_THREADS // 32),
-            tx_count=self.tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        # each stage is consumed by one consumer warpgroup
+        load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages, WG_THREADS, self.tx_bytes)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if warp == 0:
@@ -228,14 +222,14 @@ class MXFP8SkinnyGemmSm90:
     ):  # fmt: skip
         tWs, tWg = tma_views(tma_w, sW8, gW_full, (TILE_W, TILE_K8))
         tAs, tAg = tma_views(tma_a, sA8, gA_full, (self.tn, TILE_K8))
-        tSWs, tSWg = tma_views(tma_sw, sSW, gSW_full, (CHUNK_WORDS, 1))
-        tSAs, tSAg = tma_views(tma_sa, sSA, gSA_full, (CHUNK_WORDS, 1))
+        tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
+        tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         evict_first = cutlass.Int64(L2_EVICT_FIRST)
         for u in range(begin, end):
             tile = u // self.k_tiles
             kt = u - tile * self.k_tiles
-            w_chunk0 = ((tile * TILE_W) // 128) * self.k_tiles
+            w_chunk0 = ((tile * TILE_W) // ROW_BLOCK) * self.k_tiles
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
             # the weight and its scales are read once: evict them first, so they do not push
@@ -295,8 +289,8 @@ class MXFP8SkinnyGemmSm90:
             for _i in range((seg_end - u - cw + consumers - 1) // consumers):
                 load_pipe.consumer_wait(ls)
                 w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * (CHUNK_WORDS * 4),
-                    (tile * TILE_W) % 128,
+                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * CHUNK_BYTES,
+                    (tile * TILE_W) % ROW_BLOCK,
                 )  # fmt: skip
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
                 # the previous stage's wgmma has read the fragment registers and token tile
@@ -408,9 +402,7 @@ class MXFP8SkinnyGemmSm90:
                     ),
                     words,
                 )
-                scale[0] = load_smem_words(
-                    sa + stage * (CHUNK_WORDS * 4) + ((row % 32) * 4 + row // 32) * 4, 1, 4
-                )[0]
+                scale[0] = load_smem_words(sa + stage * CHUNK_BYTES + chunk_word(row) * 4, 1, 4)[0]
             loaded.append((row, u, words, scale))
         return loaded
 
@@ -445,7 +437,4 @@ class MXFP8SkinnyGemmSm90:
             row, token = coords[i]
             col = tile * TILE_W + row
             if token < m and col < self.n:
-                v = acc[i]
-                if cutlass.const_expr(self.has_bias):
-                    v = v + mBias[col].to(cutlass.Float32)
-                mD[token, col] = v.to(mD.element_type)
+                self.store_output(mD, mBias, token, col, acc[i])
