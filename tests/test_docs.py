@@ -29,7 +29,7 @@ def test_readme_snippet_runs(index):
 
 def test_readme_is_short_and_shows_both_commands():
     text = README.read_text()
-    assert len(text.splitlines()) <= 160
+    assert len(text.splitlines()) <= 150
     assert "python -m mxfp8_fusion demo" in text
     assert "python -m pytest" in text
 
