@@ -156,9 +156,24 @@ class _Signature:
         sources = [
             t.detach() if j in dirty and t.dtype in _FLOAT8 else t for j, t in enumerate(flat)
         ]
+        # What the op read, as one BF16 scalar that the ops reading the written float8 buffer
+        # take their history from: the buffer itself then gets no gradient from them, only
+        # the one AOTAutograd gives a mutated graph input (its tangent), which nothing adds.
+        reads = [
+            (labels[j], t)
+            for j, t in enumerate(flat)
+            if j not in dirty and isinstance(t, Tensor) and has_history(t)
+        ]
+        for i in dirty:  # the buffer's earlier writes, through their own scalars
+            entry = _BRIDGES.get(flat[i]) if flat[i].dtype in _FLOAT8 else None
+            if entry is not None and entry[0] == flat[i]._version:
+                reads.append((labels[i], entry[1]))
+        history = _History.apply(self, [label for label, _ in reads], *[t for _, t in reads])
         written = _NoGradientWrite.apply(self, layout, labels, dirty, *sources)
         for i, new in zip(dirty, written, strict=True):
             flat[i].copy_(new)
+            if flat[i].dtype in _FLOAT8:
+                _BRIDGES[flat[i]] = (flat[i]._version, history)
         return None
 
 
@@ -233,6 +248,20 @@ class _NoGradientWrite(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         return (None, None, None, None, *_input_gradients(ctx, grads))
+
+
+class _History(torch.autograd.Function):
+    """A BF16 scalar standing for what a mutating op read while tracing: its backward gives
+    those inputs the op's raising gradients (see :class:`_Signature.record`)."""
+
+    @staticmethod
+    def forward(ctx, signature, labels, *inputs):
+        _remember_inputs(ctx, signature, labels, inputs)
+        return inputs[0].new_zeros((), dtype=torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, None, *_input_gradients(ctx, (grad,)))
 
 
 def _remember_inputs(ctx, signature, labels, flat) -> None:

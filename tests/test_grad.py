@@ -167,24 +167,26 @@ def _float8_arithmetic(graph) -> list[str]:
 
 
 @pytest.mark.parametrize("tokens", [8, 5])
-@pytest.mark.parametrize("staged", [False, True])
-def test_compiled_backward_adds_no_float8_gradients(tokens, staged):
+@pytest.mark.parametrize("storage", ["quantize", "staged", "staged into an argument"])
+def test_compiled_backward_adds_no_float8_gradients(tokens, storage):
     """Two GEMMs reading one MXFP8 input: their gradients meet on a BF16 scalar, not on the
-    float8 storage. Before: the backward added two float8 gradients, which Triton cannot
-    build (on CUDA the backward failed with a compiler error instead of raising ours)."""
+    float8 storage. Before: the backward added two float8 gradients (or a passed-in
+    storage's tangent and theirs), which Triton cannot build: on CUDA the backward failed
+    with a compiler error instead of raising ours."""
     w1, w2 = weight(seed=1), weight(seed=2)
 
-    def two_gemms(x):
-        if staged:
-            q = mf.empty_input(8, 256)
+    def two_gemms(x, dest=None):
+        if storage == "quantize":
+            q = mf.quantize(x * 2)
+        else:
+            q = mf.empty_input(8, 256) if dest is None else dest
             mf.quantize_input_slice(x[:, :128] * 2, q, 0)
             mf.quantize_input_slice(x[:, 128:], q, 128)
-        else:
-            q = mf.quantize(x * 2)
         return mf.mm_quantized(q, w1, tokens=tokens) + mf.mm_quantized(q, w2, tokens=tokens)
 
     x = randn(8, 256).requires_grad_()
-    got, graphs = _backward_graph(two_gemms, x)
+    args = (x, mf.empty_input(8, 256)) if storage == "staged into an argument" else (x,)
+    got, graphs = _backward_graph(two_gemms, *args)
     with torch.no_grad():
         assert_bitwise(got, two_gemms(x))
     backward_raises(got, r"mxfp8::mm \(mm_quantized\) has no gradient")
@@ -394,22 +396,7 @@ def test_cuda_compiled_grad_mode(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "dest_argument",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known limit: AOTAutograd gives storage passed in and staged in grad "
-                "mode a float8 tangent, which the backward adds to the storage's gradient; "
-                "Triton cannot build that sum, so backward raises its compiler error, not "
-                "ours (it still raises; no gradient is returned)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("dest_argument", [False, True])
 def test_cuda_compiled_backward_through_staged_storage(dest_argument):
     """Two slices staged into one storage (made in the graph, or passed in), two GEMMs of
     it: the compiled backward Triton builds raises ours."""
