@@ -146,10 +146,15 @@ class _Signature:
         if _python_dispatch._get_current_dispatch_mode() is None:
             _NoGradientInPlace.apply(self, layout, labels, dirty, *flat)
             return None
-        # Tracing (a dispatch mode is active under Dynamo and AOTAutograd): AOTAutograd drops
-        # the history that mark_dirty gives a graph input (torch 2.13), so the op writes
-        # copies, and a plain copy_, which AOTAutograd does carry back to the caller's tensor,
-        # puts them in place with their history.
+        self._write_traced(flat, layout, labels, dirty)
+        return None
+
+    def _write_traced(self, flat, layout, labels, dirty) -> None:
+        """:meth:`record`'s write while tracing (a dispatch mode is active under Dynamo and
+        AOTAutograd)."""
+        # AOTAutograd drops the history that mark_dirty gives a graph input (torch 2.13), so
+        # the op writes copies, and a plain copy_, which AOTAutograd does carry back to the
+        # caller's tensor, puts them in place with their history.
         # A float8 buffer's earlier history reaches the backward through copy_'s edge to the
         # overwritten tensor alone: the op takes it detached, so that no two float8
         # gradients meet on it.
@@ -165,16 +170,15 @@ class _Signature:
             if j not in dirty and isinstance(t, Tensor) and has_history(t)
         ]
         for i in dirty:  # the buffer's earlier writes, through their own scalars
-            entry = _BRIDGES.get(flat[i]) if flat[i].dtype in _FLOAT8 else None
-            if entry is not None and entry[0] == flat[i]._version:
-                reads.append((labels[i], entry[1]))
+            earlier = _current_bridge(flat[i]) if flat[i].dtype in _FLOAT8 else None
+            if earlier is not None:
+                reads.append((labels[i], earlier))
         history = _History.apply(self, [label for label, _ in reads], *[t for _, t in reads])
         written = _NoGradientWrite.apply(self, layout, labels, dirty, *sources)
         for i, new in zip(dirty, written, strict=True):
             flat[i].copy_(new)
             if flat[i].dtype in _FLOAT8:
                 _BRIDGES[flat[i]] = (flat[i]._version, history)
-        return None
 
 
 def _unflatten(flat, layout) -> list:
@@ -348,12 +352,18 @@ def _bridge(t: Tensor) -> Tensor:
     """A BF16 scalar whose backward hands ``t`` its (raising) gradient, one per version of
     ``t``: every op reading ``t`` takes its history from it, so their gradients are added
     on the scalar and ``t`` gets a single float8 gradient (Triton cannot add float8)."""
-    entry = _BRIDGES.get(t)
-    if entry is not None and entry[0] == t._version:
-        return entry[1]
+    bridge = _current_bridge(t)
+    if bridge is not None:
+        return bridge
     bridge = _Bridge.apply(t)
     _BRIDGES[t] = (t._version, bridge)
     return bridge
+
+
+def _current_bridge(t: Tensor) -> Tensor | None:
+    """The scalar registered for ``t``'s current version, if any."""
+    entry = _BRIDGES.get(t)
+    return entry[1] if entry is not None and entry[0] == t._version else None
 
 
 class _Bridge(torch.autograd.Function):
