@@ -72,8 +72,8 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     """Specs (gemm_sm90.config_from_spec) the tune times at one point: the pre-table
     heuristic's, and the others where they won anywhere in an earlier full tune (whole tiles
     of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count with
-    128; 64-row k-split tiles up to 128 tokens). Specs containing a string of ``leave_out``
-    are dropped."""
+    128; 64-row k-split tiles up to 128 tokens), and up to 256 tokens deeper FP8 pipelines
+    of those tiles. Specs containing a string of ``leave_out`` are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
@@ -89,6 +89,14 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         specs.append("tiled 128x64 c1 stream-k")
     if tokens <= 128:
         specs.append("tiled 64x128 c2 stream-k")
+    if tokens <= 256:
+        # deeper FP8 pipelines where the weight stream bounds the kernel (more weight bytes
+        # in flight per SM; each fits 227 KB of shared memory)
+        specs += ["tiled 128x128 c2 stream-k s5+3", "tiled 128x64 c1 stream-k s7+4"]
+        if tokens > 128:
+            specs.append("tiled 192x128 c1 stream-k s4+3")
+        else:
+            specs += ["tiled 64x128 c2 stream-k s7+3", "tiled 64x64 c1 stream-k s11+4"]
     specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 
