@@ -96,7 +96,7 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         if tokens > 128:
             specs.append("tiled 192x128 c1 stream-k s4+3")
         else:
-            specs += ["tiled 64x128 c2 stream-k s7+3", "tiled 64x64 c1 stream-k s11+4"]
+            specs += ["tiled 64x128 c2 stream-k s6+4", "tiled 64x64 c1 stream-k s11+4"]
     specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 

@@ -139,9 +139,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         self.stages8 = cfg.stages
         self.stages16 = cfg.stages16
         # the converter commits both halves of an FP8 stage together and the consumers
-        # release each half one half late: two 16-bit stages deadlock (measured: a hang)
-        if self.stages16 < 2 * HALVES - 1:
-            raise ValueError(f"stages16 must be at least {2 * HALVES - 1}, got {cfg}")
+        # release each half one half late: two 16-bit stages deadlock (measured: a hang). A
+        # k-split consumer reads every other half and releases it once it holds its next
+        # one, so the converter's next pair needs a fourth stage (three measured a hang)
+        min16 = 2 * HALVES if self.k_split else 2 * HALVES - 1
+        if self.stages16 < min16:
+            raise ValueError(f"stages16 must be at least {min16} here, got {cfg}")
         self.n_tiles = ceil_div(n, self.tile_n)
         self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)

@@ -279,6 +279,32 @@ def test_config_specs_round_trip_and_reject_others():
         g.config_from_spec("swap-ab", 65)
 
 
+@requires_cutlass
+@pytest.mark.parametrize(
+    "spec,ok",
+    [
+        ("tiled 128x128 c2 s4+2", False),  # two 16-bit stages: a measured hang
+        ("tiled 128x128 c2 stream-k s5+3", True),
+        ("tiled 64x128 c2 stream-k s7+3", False),  # k-split: three measured a hang
+        ("tiled 64x128 c2 stream-k s6+4", True),
+    ],
+)
+def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
+    """The converter commits an FP8 stage's two halves together, and consumers free a half
+    only once they hold the next one they read: the tiled kernel needs three 16-bit stages,
+    four with k-split consumers (every other half each), and refuses fewer before any
+    compile."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90
+
+    cfg = g.config_from_spec(spec, 64)
+    if ok:
+        MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
+    else:
+        with pytest.raises(ValueError, match="stages16 must be at least"):
+            MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
+
+
 def test_choose_config_looks_up_the_table(monkeypatch):
     """The smallest measured token count at or above the call's; the last row past the end;
     a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
