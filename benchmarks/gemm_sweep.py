@@ -73,10 +73,13 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     heuristic's, and the others where they won anywhere in an earlier full tune (whole tiles
     of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count with
     128; 64-row k-split tiles up to 128 tokens), and up to 256 tokens deeper FP8 pipelines
-    of those tiles. Specs containing a string of ``leave_out`` are dropped."""
+    and the stream-K specs without the reference scan (``bf16``). Specs containing a string
+    of ``leave_out`` are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
+    if 16 < tokens <= 32:
+        specs.append("swap-ab c4")  # more consumers for the token conversion
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
@@ -90,13 +93,13 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     if tokens <= 128:
         specs.append("tiled 64x128 c2 stream-k")
     if tokens <= 256:
-        # deeper FP8 pipelines where the weight stream bounds the kernel (more weight bytes
-        # in flight per SM; each fits 227 KB of shared memory)
-        specs += ["tiled 128x128 c2 stream-k s5+3", "tiled 128x64 c1 stream-k s7+4"]
-        if tokens > 128:
-            specs.append("tiled 192x128 c1 stream-k s4+3")
-        else:
-            specs += ["tiled 64x128 c2 stream-k s6+4", "tiled 64x64 c1 stream-k s11+4"]
+        # deeper FP8 pipelines (variant 36; these two won somewhere, 128 x 128 at 5 + 3 and
+        # 192 x 128 at 4 + 3 nowhere)
+        specs.append("tiled 128x64 c1 stream-k s7+4")
+        if tokens <= 128:
+            specs.append("tiled 64x64 c1 stream-k s11+4")
+        # every tile on the BF16 path, no reference scan before the GEMM (variant 37)
+        specs += [s + " bf16" for s in specs if s.startswith("tiled") and "stream-k" in s]
     specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 
@@ -218,7 +221,7 @@ def _compile(cfg, n, k, compile_s):
 
     t0 = time.perf_counter()
     try:
-        g._compiled(cfg, n, k, n, torch.bfloat16, None)
+        g._compiled(g.compiled_config(cfg), n, k, n, torch.bfloat16, None)
     except Exception as e:  # recorded in the receipt; the other configs go on
         _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
     compile_s.setdefault(g.spec_of(cfg) + f" t{cfg.tokens_tile}", time.perf_counter() - t0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -63,6 +63,9 @@ class GemmConfig:
     FP16) weight stages of K 64, and the persistent CTA count. ``converters``: its
     B-converter warpgroups (2 needs tile N 128). ``stream_k`` 1: it splits the (output
     tile, K stage) units evenly over its CTAs instead of giving each CTA whole tiles.
+    ``f16`` 1: tiles whose rows' scales allow it take the FP16 path, found by a scan launch
+    before the GEMM (gemm_sm90_refs); 0: every tile takes the BF16 path and nothing runs
+    before the GEMM.
 
     ``kernel`` ``"swap-ab"`` (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
     32 or 64; 0 for the tiled kernel): ``num_ctas`` CTAs sharing the (64-row weight tile, K
@@ -83,6 +86,12 @@ class GemmConfig:
     converters: int = 1
     tile_m: int = 128
     stream_k: int = 0
+    f16: int = 1
+
+    @property
+    def stages_pair(self) -> tuple[int, int]:
+        """(FP8 stages, 16-bit stages)."""
+        return self.stages, self.stages16
 
     def __post_init__(self):
         if self.kernel == SWAP_AB:
@@ -91,6 +100,8 @@ class GemmConfig:
         elif self.kernel == TILED:
             if self.tokens_tile != 0:
                 fail(ValueError, "tokens_tile", "0 (the tiled kernel has none)", self.tokens_tile)
+            if self.f16 not in (0, 1):
+                fail(ValueError, "f16", "0 or 1", self.f16)
         else:
             fail(ValueError, "kernel", f"{SWAP_AB!r} or {TILED!r}", repr(self.kernel))
 
@@ -120,23 +131,25 @@ _STREAM_K_ROUNDS = 2
 _HEURISTIC_SWAP_AB_TOKENS = 32
 
 
-def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
+def swap_ab_config(tokens: int, num_sms: int = 132, consumers: int = 3) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
-    Three consumer warpgroups (512 threads, 128 registers each). Four (640 threads, 96
-    registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens with the
-    stream-K split (docs/gemm_log.md).
+    By default three consumer warpgroups (512 threads, 128 registers each). Four (640
+    threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
+    with the stream-K split (docs/gemm_log.md).
 
     Raises:
-        ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS.
+        ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS, or ``consumers`` other than
+            2 or 3 (or 4 up to 32 tokens).
     """
     if tokens > SWAP_AB_MAX_TOKENS:
         fail(ValueError, "tokens", f"at most {SWAP_AB_MAX_TOKENS} for the swap-AB kernel", tokens)
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
-    consumers = 3
+    if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
+        fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
     per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
     # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
     fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
@@ -151,22 +164,30 @@ def swap_ab_config(tokens: int, num_sms: int = 132) -> GemmConfig:
 
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
-    """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``)
-    or ``"tiled MxN cC"`` with an optional ``" stream-k"`` and an optional ``" sF+H"`` (tile M
-    x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default the standard split
-    of that tile; M 64 is the k-split tile, two consumer warpgroups on alternate K halves of
-    the same 64 rows).
+    """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``;
+    ``"swap-ab cC"`` with C consumer warpgroups)
+    or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an optional ``" sF+H"`` and an
+    optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
+    default the standard split of that tile; M 64 is the k-split tile, two consumer
+    warpgroups on alternate K halves of the same 64 rows; bf16: every tile on the BF16 path,
+    no reference scan).
 
     Raises:
         ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
     """
     parts = spec.split()
-    if parts == [SWAP_AB]:
+    if parts[:1] == [SWAP_AB] and (
+        len(parts) == 1 or (len(parts) == 2 and parts[1] in ("c2", "c3", "c4"))
+    ):
         if tokens > SWAP_AB_MAX_TOKENS:
             raise ValueError(
                 f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}"
             )
-        return swap_ab_config(tokens, num_sms)
+        return swap_ab_config(tokens, num_sms, int(parts[1][1:]) if len(parts) == 2 else 3)
+    f16 = 1
+    if len(parts) > 3 and parts[-1] == "bf16":
+        parts.pop()
+        f16 = 0
     stage_split = None
     if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
         counts = parts.pop()[1:].split("+")
@@ -176,7 +197,9 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     ok = len(parts) in (3, 4) and parts[0] == TILED and parts[3:] in ([], ["stream-k"])
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
-        raise ValueError(f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H]', got {spec!r}")
+        raise ValueError(
+            f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H] [bf16]', got {spec!r}"
+        )
     tile_m, tile_n = int(dims[0]), int(dims[1])
     stages, stages16 = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
     if stage_split is not None:
@@ -190,18 +213,19 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         stages16=stages16,
         num_ctas=num_sms,
         stream_k=int(len(parts) == 4),
+        f16=f16,
     )
 
 
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.kernel == SWAP_AB:
-        return SWAP_AB
+        return SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
     sk = " stream-k" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
-    if config_from_spec(spec, 1, cfg.num_ctas) != cfg:
+    if config_from_spec(spec, 1, cfg.num_ctas).stages_pair != cfg.stages_pair:
         spec += f" s{cfg.stages}+{cfg.stages16}"
-    return spec
+    return spec + ("" if cfg.f16 else " bf16")
 
 
 def table_spec(tokens: int, n: int, k: int, num_sms: int = 132) -> str | None:
@@ -225,7 +249,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
     the shape, else :func:`heuristic_config`."""
     spec = table_spec(tokens, n, k, num_sms)
-    if spec is not None and not (spec == SWAP_AB and tokens > SWAP_AB_MAX_TOKENS):
+    if spec is not None and not (spec.split()[0] == SWAP_AB and tokens > SWAP_AB_MAX_TOKENS):
         return config_from_spec(spec, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
 
@@ -327,6 +351,12 @@ def kinds(cfg: GemmConfig) -> str:
 
 
 _REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
+
+
+def compiled_config(cfg: GemmConfig) -> GemmConfig:
+    """The config ``cfg``'s kernel is compiled for: ``f16`` only decides what the host runs
+    before the launch, so both values share one compile."""
+    return replace(cfg, f16=1) if cfg.kernel == TILED else cfg
 
 
 @functools.cache
@@ -488,7 +518,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
-        refs = _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream)
+        if cfg.f16:
+            refs = _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream)
+        else:
+            refs = _bf16_references(m, n, device, dev, stream)
         refs_ptr = refs.data_ptr()
         args += (refs_ptr, refs_ptr + 4 * padded_rows(m))
         if cfg.stream_k:
@@ -499,7 +532,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
             args += (partials.data_ptr(), flags.data_ptr())
         else:
             args += (out_ptr, out_ptr)  # unused
-    key = (cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None, dev)
+    key = (
+        compiled_config(cfg), n, k, out.stride(0), out.dtype,
+        bias.dtype if bias is not None else None, dev,
+    )  # fmt: skip
     launch(key, lambda: _compiled(*key[:-1]), kinds(cfg), (*args, stream), dev)
 
 
@@ -511,6 +547,16 @@ def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
     dev = device.index if device.index is not None else 0
     a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
     return _row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+
+
+def _bf16_references(m, n, device, dev, stream) -> torch.Tensor:
+    """References that send every row to the BF16 path (-1), kept per stream like the
+    scan's: ``f16=0`` configs read these instead of launching the scan."""
+    (refs,) = _stream_buffers(
+        "BF16 references", device, dev, stream, padded_rows(m) + padded_rows(n),
+        lambda size: (torch.full((size,), -1, dtype=torch.int32, device=device),),
+    )  # fmt: skip
+    return refs
 
 
 def _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
