@@ -78,6 +78,8 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
+    if tokens <= g.SWAP_AB_MAX_TOKENS:
+        specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
     if 16 < tokens <= 32:
         specs.append("swap-ab c4")  # more consumers for the token conversion
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))

@@ -70,7 +70,9 @@ class GemmConfig:
     ``kernel`` ``"swap-ab"`` (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
     32 or 64; 0 for the tiled kernel): ``num_ctas`` CTAs sharing the (64-row weight tile, K
     stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting alternate
-    stages.
+    stages. ``bf16_tokens`` 1: a launch before the GEMM converts the tokens to BF16 once
+    (gemm_sm90_tokens) and the kernel reads them through TMA instead of converting them in
+    every CTA.
 
     Raises:
         ValueError: naming ``kernel`` or ``tokens_tile`` where they do not go together.
@@ -87,6 +89,7 @@ class GemmConfig:
     tile_m: int = 128
     stream_k: int = 0
     f16: int = 1
+    bf16_tokens: int = 0
 
     @property
     def stages_pair(self) -> tuple[int, int]:
@@ -94,6 +97,8 @@ class GemmConfig:
         return self.stages, self.stages16
 
     def __post_init__(self):
+        if self.bf16_tokens not in (0, 1) or (self.bf16_tokens and self.kernel != SWAP_AB):
+            fail(ValueError, "bf16_tokens", "0, or 1 with the swap-AB kernel", self.bf16_tokens)
         if self.kernel == SWAP_AB:
             if self.tokens_tile not in _SWAP_AB_TILES:
                 fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB)", self.tokens_tile)
@@ -131,13 +136,15 @@ _STREAM_K_ROUNDS = 2
 _HEURISTIC_SWAP_AB_TOKENS = 32
 
 
-def swap_ab_config(tokens: int, num_sms: int = 132, consumers: int = 3) -> GemmConfig:
+def swap_ab_config(
+    tokens: int, num_sms: int = 132, consumers: int = 3, bf16_tokens: int = 0
+) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
-    with the stream-K split (docs/gemm_log.md).
+    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``: see :class:`GemmConfig`.
 
     Raises:
         ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS, or ``consumers`` other than
@@ -150,9 +157,15 @@ def swap_ab_config(tokens: int, num_sms: int = 132, consumers: int = 3) -> GemmC
         tokens_tile *= 2
     if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
-    per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
-    # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
-    fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
+    if bf16_tokens:
+        # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
+        # partial-sum tile
+        per_stage = 64 * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
+        fixed = (consumers - 1) * 64 * tokens_tile * 4 + 6144
+    else:
+        per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
+        # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
+        fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
     return GemmConfig(
         kernel=SWAP_AB,
@@ -160,12 +173,13 @@ def swap_ab_config(tokens: int, num_sms: int = 132, consumers: int = 3) -> GemmC
         num_ctas=num_sms,
         tokens_tile=tokens_tile,
         consumers=consumers,
+        bf16_tokens=bf16_tokens,
     )
 
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``;
-    ``"swap-ab cC"`` with C consumer warpgroups)
+    ``"swap-ab cC"`` with C consumer warpgroups, ``" bf16-tokens"`` with ``bf16_tokens``)
     or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an optional ``" sF+H"`` and an
     optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
     default the standard split of that tile; M 64 is the k-split tile, two consumer
@@ -176,14 +190,8 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
     """
     parts = spec.split()
-    if parts[:1] == [SWAP_AB] and (
-        len(parts) == 1 or (len(parts) == 2 and parts[1] in ("c2", "c3", "c4"))
-    ):
-        if tokens > SWAP_AB_MAX_TOKENS:
-            raise ValueError(
-                f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}"
-            )
-        return swap_ab_config(tokens, num_sms, int(parts[1][1:]) if len(parts) == 2 else 3)
+    if parts[:1] == [SWAP_AB]:
+        return _swap_ab_spec(spec, parts[1:], tokens, num_sms)
     f16 = 1
     if len(parts) > 3 and parts[-1] == "bf16":
         parts.pop()
@@ -217,10 +225,26 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     )
 
 
+def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> GemmConfig:
+    """``"swap-ab [cC] [bf16-tokens]"``."""
+    bf16_tokens = int(words[-1:] == [_BF16_TOKENS])
+    words = words[: len(words) - bf16_tokens]
+    if words not in ([], ["c2"], ["c3"], ["c4"]):
+        raise ValueError(f"spec: 'swap-ab [cC] [{_BF16_TOKENS}]', got {spec!r}")
+    if tokens > SWAP_AB_MAX_TOKENS:
+        raise ValueError(f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}")
+    consumers = int(words[0][1:]) if words else 3
+    return swap_ab_config(tokens, num_sms, consumers, bf16_tokens)
+
+
+_BF16_TOKENS = "bf16-tokens"
+
+
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.kernel == SWAP_AB:
-        return SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
+        spec = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
+        return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "")
     sk = " stream-k" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     if config_from_spec(spec, 1, cfg.num_ctas).stages_pair != cfg.stages_pair:
@@ -351,6 +375,7 @@ def kinds(cfg: GemmConfig) -> str:
 
 
 _REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
+_TOKENS_KINDS = "qqqi"  # A values, A scales, BF16 tokens, M
 
 
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
@@ -373,6 +398,14 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
     return compile_for_scalars(kernel, kinds(cfg))
+
+
+@functools.cache
+def _compiled_tokens(k: int):
+    """The swap-AB kernel's token conversion (gemm_sm90_tokens): one compile per K."""
+    from .gemm_sm90_tokens import TokensToBF16Sm90
+
+    return compile_for_scalars(TokensToBF16Sm90(k), _TOKENS_KINDS)
 
 
 @functools.cache
@@ -512,6 +545,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     )
     stream = raw_stream(dev)
     if cfg.kernel == SWAP_AB:
+        if cfg.bf16_tokens:
+            tokens = _bf16_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
+            args = (tokens.data_ptr(), *args[1:])
         partials, flags = _stream_buffers(
             "stream-K", device, dev, stream, cfg.num_ctas,
             lambda ctas: _fresh_workspace(device, ctas),
@@ -547,6 +583,18 @@ def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
     dev = device.index if device.index is not None else 0
     a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
     return _row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+
+
+def _bf16_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
+    """Launch the token conversion of ``bf16_tokens`` configs (gemm_sm90_tokens) into a
+    buffer kept per stream (at least ``m * k`` BF16, row-major), and return it."""
+    (tokens,) = _stream_buffers(
+        "BF16 tokens", device, dev, stream, m * k,
+        lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
+    )  # fmt: skip
+    convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
+    launch(("tokens", k, dev), lambda: _compiled_tokens(k), _TOKENS_KINDS, convert, dev)
+    return tokens
 
 
 def _bf16_references(m, n, device, dev, stream) -> torch.Tensor:

@@ -89,6 +89,9 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile
+        # tokens already BF16 in the weight fragment's K order (gemm_sm90_tokens): TMA'd with
+        # the stage, no conversion here
+        self.bf16_tokens = bool(cfg.bf16_tokens)
         self.stages = cfg.stages
         self.consumers = cfg.consumers
         self.num_ctas_cap = cfg.num_ctas
@@ -129,16 +132,29 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
 
         tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
         w8_layout = smem_layout(fp8, TILE_W, TILE_K8, self.stages)
-        a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
-        # per consumer warpgroup: the stage's two K halves of BF16 tokens
-        a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
         s_layout = chunk_slots(self.stages)
         tma_w, gW = tma_load(mW, w8_layout, (TILE_W, TILE_K8))
-        tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
         tma_sw, gSW = tma_load_chunks(mSW, s_layout)
-        tma_sa, gSA = tma_load_chunks(mSA, s_layout)
-        self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
+        if cutlass.const_expr(self.bf16_tokens):
+            # the A address holds the BF16 tokens [m, K]: two K halves per stage
+            mA = cute.make_tensor(
+                cute.make_ptr(bf16, a_addr, gmem, assumed_align=16),
+                cute.make_layout((m, self.k), stride=(self.k, 1)),
+            )
+            a8_layout = smem_layout(fp8, 8, TILE_K8, 1)  # unused
+            a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
+            tma_a, gA = tma_load(mA, a16_layout, (tn, TILE_K16))
+            tma_sa, gSA = tma_sw, gSW  # unused
+            self.tx_bytes = TILE_W * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
+        else:
+            a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
+            # per consumer warpgroup: the stage's two K halves of BF16 tokens
+            a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
+            tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
+            tma_sa, gSA = tma_load_chunks(mSA, s_layout)
+            self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
         stages = self.stages
+        sa_words = CHUNK_WORDS * (1 if self.bf16_tokens else stages)
         red_words = (self.consumers - 1) * WG_THREADS * (TILE_W * tn // WG_THREADS)
 
         @cute.struct
@@ -148,7 +164,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
             sA16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(a16_layout)], 1024]
             sSW: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
-            sSA: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
+            sSA: cute.struct.Align[cute.struct.MemRange[Int32, sa_words], 128]
             sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
 
         self.storage = Storage
@@ -203,7 +219,10 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         cute.arch.sync_threads()
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
-            sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+            if cutlass.const_expr(self.bf16_tokens):
+                sA8 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+            else:
+                sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
             sSW = st.sSW.get_tensor(s_layout)
             sSA = st.sSA.get_tensor(s_layout)
             self._producer(
@@ -212,8 +231,9 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             )  # fmt: skip
         elif wg >= 1:
             sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-            self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
-                           mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
+            consumer = self._consumer_bf16_tokens if self.bf16_tokens else self._consumer
+            consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD, mBias,
+                     m, mPartials, mFlags, load_pipe)  # fmt: skip
 
     @cute.jit
     def _producer(
@@ -221,7 +241,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
         tWs, tWg = tma_views(tma_w, sW8, gW_full, (TILE_W, TILE_K8))
-        tAs, tAg = tma_views(tma_a, sA8, gA_full, (self.tn, TILE_K8))
+        a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
+        tAs, tAg = tma_views(tma_a, sA8, gA_full, a_tile)
         tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
         tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -238,13 +259,21 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.bf16_tokens):
+                for h in cutlass.range_constexpr(2):
+                    cute.copy(
+                        tma_a, tAg[(None, 0, 2 * kt + h)], tAs[(None, 2 * ps.index + h)],
+                        tma_bar_ptr=bar,
+                    )  # fmt: skip
+            else:
+                cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
             cute.copy(
                 tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            # tokens <= 128: every stage's token scales are chunk kt of row block 0
-            cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
+            if cutlass.const_expr(not self.bf16_tokens):
+                # tokens <= 128: every stage's token scales are chunk kt of row block 0
+                cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
             load_pipe.producer_commit(ps)
             ps.advance()
         load_pipe.producer_tail(ps)
@@ -316,21 +345,76 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             warpgroup.wait_group(0)
             self._reduce_consumers(cw, ct, st, acc)
             if cw == 0:
-                if u == tile * kts and seg_end == tile_end:
-                    self._store_tile(thr, acc, mD, mBias, m, tile)
-                elif seg_end == tile_end:
-                    # the tile's tail: the fixup waits for the lower CTAs' parts at the end
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        mPartials[i, ct, 1, cta] = acc[i]
-                    owned = tile
-                else:
-                    # head or middle of the tile: publish it for the CTA holding the tail
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        mPartials[i, ct, 0, cta] = acc[i]
-                    cute.arch.fence_acq_rel_gpu()
-                    cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
-                    if ct == 0:
-                        store_flag(mFlags.iterator + cta, 1)
+                owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
+                                             m, ct, cta, mPartials, mFlags, owned)  # fmt: skip
+            u = seg_end
+        if cw == 0 and owned >= 0:
+            self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    @cute.jit
+    def _consumer_bf16_tokens(
+        self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags,
+        load_pipe,
+    ):  # fmt: skip
+        """:meth:`_consumer` with the stage's token tile already BF16 (TMA'd): no token
+        conversion, and a stage is released only once its wgmmas, which read its token
+        tile, have completed (at this consumer's next stage, or the segment's end)."""
+        thr = tiled_mma.get_slice(ct)
+        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, TILE_K8)))
+        frag_words = cute.recast_tensor(frag, Int32)
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sA16))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_W, self.tn)), cutlass.Float32)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        w8 = st.sW8.data_ptr().toint()
+        sw = st.sSW.data_ptr().toint()
+        lane = ct % 32
+        row0 = (ct // 32) * 16 + lane // 4
+        t = lane % 4
+        kts = self.k_tiles
+        consumers = self.consumers
+        stages = self.stages
+        u = begin
+        owned = Int32(-1)
+        while u < end:
+            tile = u // kts
+            tile_end = (tile + 1) * kts
+            seg_end = cutlass.min(end, tile_end)
+            g = u - begin + cw
+            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            acc.fill(0.0)
+            for _i in range((seg_end - u - cw + consumers - 1) // consumers):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_fragment_bytes(
+                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * CHUNK_BYTES,
+                    (tile * TILE_W) % ROW_BLOCK,
+                )  # fmt: skip
+                # the previous stage's wgmmas have read the fragment and its token tile
+                warpgroup.wait_group(0)
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    for _a in cutlass.range_constexpr(consumers):
+                        rel.advance()
+                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(K_STEPS):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        frag[(None, None, kb)],
+                        tCrB[(None, None, kb % 4, 2 * ls.index + kb // 4)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                for _a in cutlass.range_constexpr(consumers):
+                    ls.advance()
+            warpgroup.wait_group(0)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+            self._reduce_consumers(cw, ct, st, acc)
+            if cw == 0:
+                owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
+                                             m, ct, cta, mPartials, mFlags, owned)  # fmt: skip
             u = seg_end
         if cw == 0 and owned >= 0:
             self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
@@ -353,6 +437,31 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                         acc[i] = acc[i] + red[i, ct, c - 1]
             # the next segment may overwrite ``red`` only after consumer 0 has read it
             cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=everyone)
+
+    @cute.jit
+    def _finish_segment(
+        self, u, seg_end, tile, tile_end, thr, acc, mD, mBias, m, ct, cta, mPartials, mFlags,
+        owned,
+    ):  # fmt: skip
+        """Consumer 0 with the segment's sum: a whole tile is stored; a tile's tail is kept
+        for the fixup (returns the tile as the new ``owned``); a head or middle part is
+        published for the CTA holding the tail."""
+        if u == tile * self.k_tiles and seg_end == tile_end:
+            self._store_tile(thr, acc, mD, mBias, m, tile)
+        elif seg_end == tile_end:
+            # the tile's tail: the fixup waits for the lower CTAs' parts at the end
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                mPartials[i, ct, 1, cta] = acc[i]
+            owned = tile
+        else:
+            # head or middle of the tile: publish it for the CTA holding the tail
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                mPartials[i, ct, 0, cta] = acc[i]
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+            if ct == 0:
+                store_flag(mFlags.iterator + cta, 1)
+        return owned
 
     @cute.jit
     def _fixup(self, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):

@@ -172,13 +172,15 @@ SWAP_AB_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, 
 @requires_sm90
 @pytest.mark.parametrize("tokens,n,k", SWAP_AB_SHAPES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype):
-    """The few-token kernel: scale bytes 97-157 (both conversion factors), bias, rows past
+@pytest.mark.parametrize("bf16_tokens", [0, 1])
+def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype, bf16_tokens):
+    """The few-token kernel, converting its tokens in every CTA or reading them converted
+    once (``bf16_tokens``): scale bytes 97-157 (both conversion factors), bias, rows past
     the tokens untouched."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     # the swap-AB kernel itself, whichever kernel the measured table picks for this shape
-    cfg = g.swap_ab_config(tokens)
+    cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
     seeds = (tokens + 7 * k, n + 1)
@@ -198,16 +200,17 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     b, sb = random_operand(n, k, seed=12)
     outs = []
     for tile in (8, 16, 32, 64):
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tile))
-        outs.append(out)
+        for bf16_tokens in (0, 1):  # tokens converted once sum in the same order
+            out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+            g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tile, bf16_tokens=bf16_tokens))
+            outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
     out = outs[0]
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        g.run(a, sa, b, sb, None, out)
+        g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tokens, bf16_tokens=1))
     a2, sa2 = random_operand(tokens, k, seed=13)
     a.copy_(a2)
     sa.copy_(sa2)
@@ -216,6 +219,33 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
     check_close(out, ref, a, sa, b, sb)
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens,k", [(1, 128), (5, 4160), (64, 43008)])
+def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k):
+    """The ``bf16_tokens`` pre-pass writes dequant(A) exactly, each 128-K stage's columns
+    in the weight fragment's order (gemm_sm90_tokens.bf16_slot); scale bytes 97-157 and
+    a NaN scale included."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90_tokens import bf16_slot
+
+    a, sa = random_operand(tokens, k, spread=30, seed=31)
+    sa.view(torch.uint8)[scale_offset(0, 1, k)] = 255  # row 0, group 1: a NaN scale
+    stream = torch.cuda.current_stream().cuda_stream
+    got = g._bf16_tokens(a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream)
+    got = got[: tokens * k].view(tokens, k)
+    want = reference.dequantize(a, sa).to(torch.bfloat16)
+    col = torch.arange(k)
+    slots = torch.tensor([bf16_slot(j) for j in range(128)])
+    placed = torch.empty_like(want)
+    placed[:, col // 128 * 128 + slots[col % 128]] = want
+    torch.cuda.synchronize()
+    nan = placed.isnan()
+    assert torch.equal(got.isnan(), nan) and nan[0, 32:64].all()
+    assert torch.equal(got[~nan].view(torch.int16), placed[~nan].view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -34,6 +34,7 @@ def test_compiles_for_sm90a_without_gpu():
             (g.choose_config(300, 200, 512), 200, 512, torch.float16, torch.float32),
             (g.swap_ab_config(1), 200, 4160, torch.float16, torch.float32),
             (g.swap_ab_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
+            (g.swap_ab_config(40, bf16_tokens=1), 200, 4160, torch.float16, torch.float32),
             # stream-K: every tile shape
             (g.config_from_spec("tiled 128x128 c2 stream-k", 300), 640, 4160, torch.bfloat16,
              None),
@@ -46,6 +47,7 @@ def test_compiles_for_sm90a_without_gpu():
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
+        g._compiled_tokens(4160)  # the swap-AB kernel's token conversion
         print("compiled")
         """
     )
@@ -264,6 +266,13 @@ def test_config_specs_round_trip_and_reject_others():
     assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
     assert g.config_from_spec("swap-ab", 20, 100) == g.swap_ab_config(20, 100)
     assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
+    for spec in ("swap-ab c4", "swap-ab bf16-tokens", "swap-ab c2 bf16-tokens"):
+        assert g.spec_of(g.config_from_spec(spec, 20)) == spec
+    assert g.config_from_spec("swap-ab bf16-tokens", 20).bf16_tokens == 1
+    bf16 = g.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
+    assert (bf16.f16, bf16.stages, g.spec_of(bf16)) == (0, 11, "tiled 64x64 c1 stream-k s11+4 bf16")
+    # f16 decides only what runs before the launch: one compile serves both
+    assert g.compiled_config(bf16) == g.config_from_spec("tiled 64x64 c1 stream-k s11+4", 64)
     assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
     for bad in (
         "tiled",
@@ -272,6 +281,10 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x128 c2 split",
         "swap-ab stream-k",
         "tiled 64x128 c2 stream-k s7",
+        "swap-ab c5",
+        "swap-ab bf16",
+        "swap-ab bf16-tokens c2",
+        "tiled 128x128 bf16",
     ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
@@ -303,6 +316,29 @@ def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
     else:
         with pytest.raises(ValueError, match="stages16 must be at least"):
             MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
+
+
+def test_config_fields_are_validated():
+    """Fields that do not go together raise ValueError naming the field."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    with pytest.raises(ValueError, match="bf16_tokens"):
+        g.GemmConfig(bf16_tokens=1)  # the tiled kernel converts its own tokens
+    with pytest.raises(ValueError, match="f16"):
+        g.GemmConfig(f16=2)
+    with pytest.raises(ValueError, match="consumers"):
+        g.swap_ab_config(40, consumers=4)  # four consumers fit only up to 32 tokens
+
+
+@requires_cutlass
+def test_bf16_token_order_is_a_permutation_within_each_scale_group():
+    """gemm_sm90_tokens.bf16_slot moves K only inside its 32-element group, so the BF16
+    token buffer keeps a partial last stage inside K."""
+    from mxfp8_fusion.kernels.gemm_sm90_tokens import bf16_slot
+
+    slots = [bf16_slot(j) for j in range(128)]
+    assert sorted(slots) == list(range(128))
+    assert all(s // 32 == j // 32 for j, s in enumerate(slots))
 
 
 def test_choose_config_looks_up_the_table(monkeypatch):
