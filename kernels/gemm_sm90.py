@@ -134,6 +134,10 @@ _STREAM_K_ROUNDS = 2
 # heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
 # beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
 _HEURISTIC_SWAP_AB_TOKENS = 32
+# From here on the swap-AB kernel converts the tokens once before the GEMM (bf16_tokens): at
+# 32 tokens 0.61-0.69 of cuBLAS BF16's time on five measured shapes against 0.73-0.80 when
+# every CTA converts them (docs/gemm_log.md, variant 38)
+_HEURISTIC_BF16_TOKENS = 17
 
 
 def swap_ab_config(
@@ -282,7 +286,8 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     """Kernel and tile heuristic by (tokens, N, K), for shapes the table does not hold; its
     rules follow what won in the measured table's shapes (gemm_sm90_table, docs/gemm_log.md).
 
-    Up to 32 tokens the swap-AB kernel (it streams the weight once). Otherwise the tiled
+    Up to 32 tokens the swap-AB kernel (it streams the weight once), from 17 tokens on with
+    the tokens converted once before the GEMM. Otherwise the tiled
     kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
     are split over all CTAs (stream-K), in 192-row tiles where they pad fewer rows than
     128-row ones, in 128 x 64 tiles for narrow weights (fewer than 24 column tiles of 128)
@@ -290,7 +295,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     model favours them.
     """
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
-        return swap_ab_config(tokens, num_sms)
+        return swap_ab_config(tokens, num_sms, bf16_tokens=int(tokens >= _HEURISTIC_BF16_TOKENS))
     if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:
         if ceil_div(n, 128) < 24 and tokens <= 256:
             return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
