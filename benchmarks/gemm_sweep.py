@@ -233,6 +233,7 @@ def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
     from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
 
     n, k = job["n"], job["k"]
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -246,7 +247,7 @@ def worker(job: dict) -> None:
 
     # every config of the job first, outside the lock (CPU only, in parallel with the
     # other workers and with whatever holds the GPU)
-    g._compiled_refs(k)
+    buffers.compiled_refs(k)
     for t in job["tokens"]:
         for _spec, cfg in _configs(job, t, num_sms).values():
             _compile(cfg, n, k, state["compile_s"])

@@ -32,14 +32,14 @@ buffer: see launcher.py).
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass, replace
 
 import torch
 
 from mxfp8_fusion.format import CHUNK_BYTES, GROUP, ceil_div, fail, padded_rows
 
-from .constants import TILE_K8, TILE_K16, WG_THREADS
+from . import gemm_sm90_buffers as buffers
+from .constants import TILE_K8, TILE_K16
 from .launcher import compile_for_scalars, launch, raw_stream
 
 _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
@@ -379,10 +379,6 @@ def kinds(cfg: GemmConfig) -> str:
     return _KINDS if cfg.kernel == SWAP_AB else _TILED_KINDS
 
 
-_REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
-_TOKENS_KINDS = "qqqi"  # A values, A scales, BF16 tokens, M
-
-
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
     """The config ``cfg``'s kernel is compiled for: ``f16`` only decides what the host runs
     before the launch, so both values share one compile."""
@@ -403,90 +399,6 @@ def _compiled(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtyp
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
     return compile_for_scalars(kernel, kinds(cfg))
-
-
-@functools.cache
-def _compiled_tokens(k: int):
-    """The swap-AB kernel's token conversion (gemm_sm90_tokens): one compile per K."""
-    from .gemm_sm90_tokens import TokensToBF16Sm90
-
-    return compile_for_scalars(TokensToBF16Sm90(k), _TOKENS_KINDS)
-
-
-@functools.cache
-def _compiled_refs(k: int):
-    """The per-row FP16 reference scan (gemm_sm90_refs): one compile per K."""
-    from .gemm_sm90_refs import RowReferencesSm90
-
-    return compile_for_scalars(RowReferencesSm90(k), _REFS_KINDS)
-
-
-# Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
-# (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
-# kernel's: two slots per CTA of up to 32 values per consumer thread, one flag per CTA. The
-# tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
-# per CTA and consumer warpgroup. And the tiled kernel's per-row FP16 references
-# (rewritten by the scan launch before each GEMM).
-# Launches on one stream never overlap, so one set serves every later launch there. Under
-# CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
-_WORKSPACE_FLOATS_PER_CTA = 2 * WG_THREADS * 32
-_kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
-
-
-def _stream_buffers(name: str, device: torch.device, index: int, stream: int, size: int, make):
-    """``make(size)``'s tensors for ``stream`` (the current one), grown (at least 2x) when a
-    call needs more than the kept ones hold."""
-    if torch.cuda.is_current_stream_capturing():
-        return make(size)
-    key = (name, index, stream)
-    kept = _kept_buffers.get(key)
-    if kept is None or kept[0] < size:
-        if kept is not None:
-            size = max(size, 2 * kept[0])
-            for t in kept[1]:  # made on another thread's stream, used on this one
-                t.record_stream(torch.cuda.current_stream(index))
-        kept = _kept_buffers[key] = (size, _made_outside_graph_pools(lambda: make(size), device))
-    return kept[1]
-
-
-def _fresh_workspace(device: torch.device, num_ctas: int):
-    partials = torch.empty(num_ctas * _WORKSPACE_FLOATS_PER_CTA, device=device)
-    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
-
-
-# A consumer warpgroup's two slots hold 2 x 64 x tile N >= 8192 floats, so a workspace of F
-# floats has room for F / 8192 flags, whichever tile shape it was made for.
-_FLOATS_PER_TILED_FLAG = 2 * 64 * 64
-
-
-def _tiled_workspace_floats(cfg: GemmConfig) -> int:
-    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``: per CTA two
-    slots per 64 rows; 64-row k-split tiles a second block for the hand-off between their
-    consumer warpgroups."""
-    blocks = 2 if cfg.tile_m == 64 else cfg.tile_m // 64
-    return cfg.num_ctas * blocks * 2 * 64 * cfg.tile_n
-
-
-def _fresh_tiled_workspace(device: torch.device, floats: int):
-    partials = torch.empty(floats, device=device)
-    flags = torch.zeros(floats // _FLOATS_PER_TILED_FLAG, dtype=torch.int32, device=device)
-    return partials, flags
-
-
-def _made_outside_graph_pools(make, device: torch.device):
-    """Run ``make``, an allocation kept across calls, on a fresh thread. While cudagraph
-    trees warm a function up, every allocation of the calling thread goes to the graph's
-    private pool, and a buffer that stays alive there fails the pool's liveness check
-    ("tensors in the cudagraph pool not tracked as outputs"). The memory belongs to that
-    thread's stream, so the device is synchronized once: no earlier work there still uses
-    it, and any zeroing is done, before another stream's kernel touches it. Runs once per
-    buffer size, never while capturing."""
-    made = []
-    worker = threading.Thread(target=lambda: made.append(make()))
-    worker.start()
-    worker.join()
-    torch.cuda.synchronize(device)
-    return made[0]
 
 
 @functools.cache
@@ -551,24 +463,26 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     stream = raw_stream(dev)
     if cfg.kernel == SWAP_AB:
         if cfg.bf16_tokens:
-            tokens = _bf16_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
+            tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
             args = (tokens.data_ptr(), *args[1:])
-        partials, flags = _stream_buffers(
+        partials, flags = buffers.stream_buffers(
             "stream-K", device, dev, stream, cfg.num_ctas,
-            lambda ctas: _fresh_workspace(device, ctas),
+            lambda ctas: buffers.fresh_workspace(device, ctas),
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
         if cfg.f16:
-            refs = _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream)
+            refs = buffers.launch_row_references(
+                a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream
+            )
         else:
-            refs = _bf16_references(m, n, device, dev, stream)
+            refs = buffers.bf16_references(m, n, device, dev, stream)
         refs_ptr = refs.data_ptr()
         args += (refs_ptr, refs_ptr + 4 * padded_rows(m))
         if cfg.stream_k:
-            partials, flags = _stream_buffers(
-                "tiled stream-K", device, dev, stream, _tiled_workspace_floats(cfg),
-                lambda size: _fresh_tiled_workspace(device, size),
+            partials, flags = buffers.stream_buffers(
+                "tiled stream-K", device, dev, stream, buffers.tiled_workspace_floats(cfg),
+                lambda size: buffers.fresh_tiled_workspace(device, size),
             )  # fmt: skip
             args += (partials.data_ptr(), flags.data_ptr())
         else:
@@ -578,45 +492,3 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         bias.dtype if bias is not None else None, dev,
     )  # fmt: skip
     launch(key, lambda: _compiled(*key[:-1]), kinds(cfg), (*args, stream), dev)
-
-
-def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
-    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
-    stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
-    row's reference byte or -1 if the row must take the BF16 path. No sync."""
-    device = a_scales.device
-    dev = device.index if device.index is not None else 0
-    a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
-    return _row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
-
-
-def _bf16_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
-    """Launch the token conversion of ``bf16_tokens`` configs (gemm_sm90_tokens) into a
-    buffer kept per stream (at least ``m * k`` BF16, row-major), and return it."""
-    (tokens,) = _stream_buffers(
-        "BF16 tokens", device, dev, stream, m * k,
-        lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
-    )  # fmt: skip
-    convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
-    launch(("tokens", k, dev), lambda: _compiled_tokens(k), _TOKENS_KINDS, convert, dev)
-    return tokens
-
-
-def _bf16_references(m, n, device, dev, stream) -> torch.Tensor:
-    """References that send every row to the BF16 path (-1), kept per stream like the
-    scan's: ``f16=0`` configs read these instead of launching the scan."""
-    (refs,) = _stream_buffers(
-        "BF16 references", device, dev, stream, padded_rows(m) + padded_rows(n),
-        lambda size: (torch.full((size,), -1, dtype=torch.int32, device=device),),
-    )  # fmt: skip
-    return refs
-
-
-def _row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
-    (refs,) = _stream_buffers(
-        "references", device, dev, stream, padded_rows(m) + padded_rows(n),
-        lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
-    )  # fmt: skip
-    scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
-    launch(("refs", k, dev), lambda: _compiled_refs(k), _REFS_KINDS, scan, dev)
-    return refs

@@ -60,7 +60,7 @@ def test_row_references_follow_the_fp16_rule(k):
     """The scan behind the FP16 path (gemm_sm90_f16), against the rule in plain torch: ref =
     max(largest byte - 7, 2); the row qualifies when no byte is 255 and its smallest nonzero
     byte is at least ref - 14; padding groups and rows past M / N do not count."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
 
     m, n = 200, 300
     _, sa = random_operand(m, k, 256, spread=10, center=120, seed=41)
@@ -74,7 +74,7 @@ def test_row_references_follow_the_fp16_rule(k):
     sa_bytes[scale_offset(230, 1, k)] = 255  # past M: ignored
     sb_bytes[scale_offset(7, 0, k)] = 140  # row 7: span 140 - 110 = 30, misfits
     sb_bytes[scale_offset(8, 9, k)] = 109  # row 8: on either side of the edge, by its max
-    refs = g.row_references(sa, sb, m, n, k)
+    refs = buffers.row_references(sa, sb, m, n, k)
     torch.cuda.synchronize()
 
     def expected(scales, rows, valid):
@@ -229,13 +229,13 @@ def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k)
     """The ``bf16_tokens`` pre-pass writes dequant(A) exactly, each 128-K stage's columns
     in the weight fragment's order (gemm_sm90_tokens.bf16_slot); scale bytes 97-157 and
     a NaN scale included."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
     from mxfp8_fusion.kernels.gemm_sm90_tokens import bf16_slot
 
     a, sa = random_operand(tokens, k, spread=30, seed=31)
     sa.view(torch.uint8)[scale_offset(0, 1, k)] = 255  # row 0, group 1: a NaN scale
     stream = torch.cuda.current_stream().cuda_stream
-    got = g._bf16_tokens(a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream)
+    got = buffers.convert_tokens(a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream)
     got = got[: tokens * k].view(tokens, k)
     want = reference.dequantize(a, sa).to(torch.bfloat16)
     col = torch.arange(k)

@@ -46,8 +46,10 @@ def test_compiles_for_sm90a_without_gpu():
              None),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
-        g._compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
-        g._compiled_tokens(4160)  # the swap-AB kernel's token conversion
+        from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+
+        buffers.compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
+        buffers.compiled_tokens(4160)  # the swap-AB kernel's token conversion
         print("compiled")
         """
     )

@@ -1,0 +1,149 @@
+"""Buffers and launches around the SM90 GEMM kernels (host side, no cutlass import until a
+compile): the per-stream workspaces kept across calls, and the small launches that run
+before a GEMM (the tiled kernel's per-row FP16 reference scan, the swap-AB kernel's token
+conversion)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from mxfp8_fusion.format import padded_rows
+
+from .constants import WG_THREADS
+from .launcher import compile_for_scalars, launch, raw_stream
+
+if TYPE_CHECKING:
+    from .gemm_sm90 import GemmConfig
+
+REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
+TOKENS_KINDS = "qqqi"  # A values, A scales, BF16 tokens, M
+
+
+@functools.cache
+def compiled_tokens(k: int):
+    """The swap-AB kernel's token conversion (gemm_sm90_tokens): one compile per K."""
+    from .gemm_sm90_tokens import TokensToBF16Sm90
+
+    return compile_for_scalars(TokensToBF16Sm90(k), TOKENS_KINDS)
+
+
+@functools.cache
+def compiled_refs(k: int):
+    """The per-row FP16 reference scan (gemm_sm90_refs): one compile per K."""
+    from .gemm_sm90_refs import RowReferencesSm90
+
+    return compile_for_scalars(RowReferencesSm90(k), REFS_KINDS)
+
+
+# Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
+# (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
+# kernel's: two slots per CTA of up to 32 values per consumer thread, one flag per CTA. The
+# tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
+# per CTA and consumer warpgroup. And the tiled kernel's per-row FP16 references
+# (rewritten by the scan launch before each GEMM).
+# Launches on one stream never overlap, so one set serves every later launch there. Under
+# CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
+WORKSPACE_FLOATS_PER_CTA = 2 * WG_THREADS * 32
+kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
+
+
+def stream_buffers(name: str, device: torch.device, index: int, stream: int, size: int, make):
+    """``make(size)``'s tensors for ``stream`` (the current one), grown (at least 2x) when a
+    call needs more than the kept ones hold."""
+    if torch.cuda.is_current_stream_capturing():
+        return make(size)
+    key = (name, index, stream)
+    kept = kept_buffers.get(key)
+    if kept is None or kept[0] < size:
+        if kept is not None:
+            size = max(size, 2 * kept[0])
+            for t in kept[1]:  # made on another thread's stream, used on this one
+                t.record_stream(torch.cuda.current_stream(index))
+        kept = kept_buffers[key] = (size, made_outside_graph_pools(lambda: make(size), device))
+    return kept[1]
+
+
+def fresh_workspace(device: torch.device, num_ctas: int):
+    partials = torch.empty(num_ctas * WORKSPACE_FLOATS_PER_CTA, device=device)
+    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+
+
+# A consumer warpgroup's two slots hold 2 x 64 x tile N >= 8192 floats, so a workspace of F
+# floats has room for F / 8192 flags, whichever tile shape it was made for.
+_FLOATS_PER_TILED_FLAG = 2 * 64 * 64
+
+
+def tiled_workspace_floats(cfg: GemmConfig) -> int:
+    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``: per CTA two
+    slots per 64 rows; 64-row k-split tiles a second block for the hand-off between their
+    consumer warpgroups."""
+    blocks = 2 if cfg.tile_m == 64 else cfg.tile_m // 64
+    return cfg.num_ctas * blocks * 2 * 64 * cfg.tile_n
+
+
+def fresh_tiled_workspace(device: torch.device, floats: int):
+    partials = torch.empty(floats, device=device)
+    flags = torch.zeros(floats // _FLOATS_PER_TILED_FLAG, dtype=torch.int32, device=device)
+    return partials, flags
+
+
+def made_outside_graph_pools(make, device: torch.device):
+    """Run ``make``, an allocation kept across calls, on a fresh thread. While cudagraph
+    trees warm a function up, every allocation of the calling thread goes to the graph's
+    private pool, and a buffer that stays alive there fails the pool's liveness check
+    ("tensors in the cudagraph pool not tracked as outputs"). The memory belongs to that
+    thread's stream, so the device is synchronized once: no earlier work there still uses
+    it, and any zeroing is done, before another stream's kernel touches it. Runs once per
+    buffer size, never while capturing."""
+    made = []
+    worker = threading.Thread(target=lambda: made.append(make()))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize(device)
+    return made[0]
+
+
+def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
+    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
+    stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
+    row's reference byte or -1 if the row must take the BF16 path. No sync."""
+    device = a_scales.device
+    dev = device.index if device.index is not None else 0
+    a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
+    return launch_row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+
+
+def convert_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
+    """Launch the token conversion of ``bf16_tokens`` configs (gemm_sm90_tokens) into a
+    buffer kept per stream (at least ``m * k`` BF16, row-major), and return it."""
+    (tokens,) = stream_buffers(
+        "BF16 tokens", device, dev, stream, m * k,
+        lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
+    )  # fmt: skip
+    convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
+    launch(("tokens", k, dev), lambda: compiled_tokens(k), TOKENS_KINDS, convert, dev)
+    return tokens
+
+
+def bf16_references(m, n, device, dev, stream) -> torch.Tensor:
+    """References that send every row to the BF16 path (-1), kept per stream like the
+    scan's: ``f16=0`` configs read these instead of launching the scan."""
+    (refs,) = stream_buffers(
+        "BF16 references", device, dev, stream, padded_rows(m) + padded_rows(n),
+        lambda size: (torch.full((size,), -1, dtype=torch.int32, device=device),),
+    )  # fmt: skip
+    return refs
+
+
+def launch_row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
+    (refs,) = stream_buffers(
+        "references", device, dev, stream, padded_rows(m) + padded_rows(n),
+        lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
+    )  # fmt: skip
+    scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
+    launch(("refs", k, dev), lambda: compiled_refs(k), REFS_KINDS, scan, dev)
+    return refs
