@@ -80,8 +80,6 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
     if tokens <= g.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-    if 16 < tokens <= 32:
-        specs.append("swap-ab c4")  # more consumers for the token conversion
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
@@ -478,7 +476,8 @@ def _merge_base(by_shape: dict, base: dict) -> dict:
         have = {p["tokens"] for p in entry["points"]}
         for p in shape["points"]:
             if p["tokens"] not in have:
-                entry["points"].append({**p, "measured_at": base["git_revision"]})
+                # a point the base itself kept from an earlier receipt keeps its revision
+                entry["points"].append({"measured_at": base["git_revision"], **p})
                 taken += 1
     return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
 

@@ -231,9 +231,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             )  # fmt: skip
         elif wg >= 1:
             sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-            consumer = self._consumer_bf16_tokens if self.bf16_tokens else self._consumer
-            consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD, mBias,
-                     m, mPartials, mFlags, load_pipe)  # fmt: skip
+            self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
+                           mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
 
     @cute.jit
     def _producer(
@@ -284,7 +283,11 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         load_pipe,
     ):  # fmt: skip
         """Segment by segment (the units of one weight tile): C interleaved K streams, their
-        partial sums added in a fixed order, then stored, published or kept for the fixup."""
+        partial sums added in a fixed order, then stored, published or kept for the fixup.
+
+        With ``bf16_tokens`` the stage's token tile is already BF16 (TMA'd): no token
+        conversion, and a stage is released only once its wgmmas, which read that tile,
+        have completed (at this consumer's next stage, or the segment's end)."""
         thr = tiled_mma.get_slice(ct)
         frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, TILE_K8)))
         # Int32 view: word rr + 2 * hi + 4 * kb = BF16 pair (row g + 8 rr, k 2t + 8 hi) of
@@ -314,6 +317,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages)
             g = u - begin + cw
             ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            if cutlass.const_expr(self.bf16_tokens):
+                rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             acc.fill(0.0)
             for _i in range((seg_end - u - cw + consumers - 1) // consumers):
                 load_pipe.consumer_wait(ls)
@@ -321,96 +326,41 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                     w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * CHUNK_BYTES,
                     (tile * TILE_W) % ROW_BLOCK,
                 )  # fmt: skip
-                a_units = self._load_tokens(ct, a8, sa, ls.index)
+                if cutlass.const_expr(not self.bf16_tokens):
+                    a_units = self._load_tokens(ct, a8, sa, ls.index)
                 # the previous stage's wgmma has read the fragment registers and token tile
                 warpgroup.wait_group(0)
-                self._store_tokens(a_units, a16)
-                # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
+                if cutlass.const_expr(self.bf16_tokens):
+                    if rel.count < ls.count:  # this consumer's previous stage
+                        load_pipe.consumer_release(rel)
+                        for _a in cutlass.range_constexpr(consumers):
+                            rel.advance()
+                else:
+                    self._store_tokens(a_units, a16)
+                    # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
                 convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
-                load_pipe.consumer_release(ls)
+                if cutlass.const_expr(not self.bf16_tokens):
+                    load_pipe.consumer_release(ls)
+                # the token tile: this stage's own (bf16_tokens), else this consumer's
+                tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(K_STEPS):
                     cute.gemm(
                         tiled_mma,
                         acc,
                         frag[(None, None, kb)],
-                        tCrB[(None, None, kb % 4, 2 * cw + kb // 4)],
+                        tCrB[(None, None, kb % 4, tokens + kb // 4)],
                         acc,
                     )
                 warpgroup.commit_group()
                 for _a in cutlass.range_constexpr(consumers):
                     ls.advance()
             warpgroup.wait_group(0)
-            self._reduce_consumers(cw, ct, st, acc)
-            if cw == 0:
-                owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
-                                             m, ct, cta, mPartials, mFlags, owned)  # fmt: skip
-            u = seg_end
-        if cw == 0 and owned >= 0:
-            self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
-
-    @cute.jit
-    def _consumer_bf16_tokens(
-        self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags,
-        load_pipe,
-    ):  # fmt: skip
-        """:meth:`_consumer` with the stage's token tile already BF16 (TMA'd): no token
-        conversion, and a stage is released only once its wgmmas, which read its token
-        tile, have completed (at this consumer's next stage, or the segment's end)."""
-        thr = tiled_mma.get_slice(ct)
-        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, TILE_K8)))
-        frag_words = cute.recast_tensor(frag, Int32)
-        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sA16))
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_W, self.tn)), cutlass.Float32)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        w8 = st.sW8.data_ptr().toint()
-        sw = st.sSW.data_ptr().toint()
-        lane = ct % 32
-        row0 = (ct // 32) * 16 + lane // 4
-        t = lane % 4
-        kts = self.k_tiles
-        consumers = self.consumers
-        stages = self.stages
-        u = begin
-        owned = Int32(-1)
-        while u < end:
-            tile = u // kts
-            tile_end = (tile + 1) * kts
-            seg_end = cutlass.min(end, tile_end)
-            g = u - begin + cw
-            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-            rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-            acc.fill(0.0)
-            for _i in range((seg_end - u - cw + consumers - 1) // consumers):
-                load_pipe.consumer_wait(ls)
-                w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * CHUNK_BYTES,
-                    (tile * TILE_W) % ROW_BLOCK,
-                )  # fmt: skip
-                # the previous stage's wgmmas have read the fragment and its token tile
-                warpgroup.wait_group(0)
+            if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
                     load_pipe.consumer_release(rel)
-                    for _a in cutlass.range_constexpr(consumers):
-                        rel.advance()
-                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(K_STEPS):
-                    cute.gemm(
-                        tiled_mma,
-                        acc,
-                        frag[(None, None, kb)],
-                        tCrB[(None, None, kb % 4, 2 * ls.index + kb // 4)],
-                        acc,
-                    )
-                warpgroup.commit_group()
-                for _a in cutlass.range_constexpr(consumers):
-                    ls.advance()
-            warpgroup.wait_group(0)
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
             self._reduce_consumers(cw, ct, st, acc)
             if cw == 0:
                 owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
