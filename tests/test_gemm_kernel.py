@@ -251,18 +251,20 @@ def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k)
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-def test_swap_ab_on_two_streams_at_once():
-    """The stream-K workspace is per stream: overlapping launches on two streams do not
-    share partial sums or flags."""
+@pytest.mark.parametrize("bf16_tokens", [0, 1])
+def test_swap_ab_on_two_streams_at_once(bf16_tokens):
+    """The stream-K workspace and the BF16 token buffer are per stream: overlapping launches
+    on two streams do not share partial sums, flags or converted tokens."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     tokens, n, k = 16, 2048, 8192
+    cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
     inputs = [random_operand(tokens, k, seed=20 + i) for i in range(2)]
     b, sb = random_operand(n, k, seed=22)
     expected = []
     for a, sa in inputs:
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out)
+        g.run(a, sa, b, sb, None, out, config=cfg)
         expected.append(out)
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream() for _ in inputs]
@@ -270,7 +272,7 @@ def test_swap_ab_on_two_streams_at_once():
     for _ in range(5):
         for stream, (a, sa), out in zip(streams, inputs, outs, strict=True):
             with torch.cuda.stream(stream):
-                g.run(a, sa, b, sb, None, out)
+                g.run(a, sa, b, sb, None, out, config=cfg)
     torch.cuda.synchronize()
     for out, want in zip(outs, expected, strict=True):
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
