@@ -17,7 +17,9 @@ docs/gemm_log.md.)
 * gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
-  the partial sums). The GEMM then streams the weight once, at half of BF16's bytes.
+  the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. From
+  17 tokens on, a launch before it converts the tokens to BF16 once (gemm_sm90_tokens), so
+  that no CTA converts all of them.
 
 Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
@@ -26,7 +28,8 @@ This module holds the host side: the config, the table lookup and the heuristic,
 support predicate (a call it refuses is the caller's to serve: the ops run the reference,
 with a one-time warning naming the reason), the compile cache (keyed on compile-time facts;
 the token count M is a runtime value) and the launch (integer arguments through a reusable
-buffer: see launcher.py).
+buffer: see launcher.py). gemm_sm90_buffers holds the per-stream workspaces and the small
+launches that run before a GEMM.
 """
 
 from __future__ import annotations
