@@ -17,9 +17,10 @@ docs/gemm_log.md.)
 * gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
-  the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. From
-  17 tokens on, a launch before it converts the tokens to BF16 once (gemm_sm90_tokens), so
-  that no CTA converts all of them.
+  the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
+  ``bf16_tokens`` (measured faster at 32 tokens on five of six shapes; the heuristic takes it
+  from 17 tokens on) a launch before it converts the tokens to BF16 once
+  (gemm_sm90_tokens), so that no CTA converts all of them.
 
 Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
