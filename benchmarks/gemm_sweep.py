@@ -173,7 +173,8 @@ def _configs(job, t, num_sms) -> dict:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
         specs = candidates(t, n, k, num_sms, job["leave_out"])
-        found = {spec: g.config_from_spec(spec, t, num_sms) for spec in specs}
+        hung = set(job.get("hung_specs", ()))
+        found = {spec: g.config_from_spec(spec, t, num_sms) for spec in specs if spec not in hung}
     return {name: (g.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED}
 
 
@@ -265,13 +266,16 @@ def worker(job: dict) -> None:
         if gate is not None and gate.exists():
             # spec families whose GPU tests failed: time only the others
             job["leave_out"] = [*job["leave_out"], *gate.read_text().split()]
+        hung = Path(job["hung"])
+        if hung.exists():  # specs another worker hung on (see _run_workers)
+            job["hung_specs"] = hung.read_text().splitlines()
         try:
             state["status"], state["since"], state["point"] = "timing", time.time(), t
             save()
             try:
                 if data is None:
                     data = _Data(n, k, max(job["tokens"]))
-                state["points"].append(_point(job, data, t, num_sms))
+                state["points"].append(_point(job, data, t, num_sms, state, save))
             except Exception as e:  # recorded; a broken context fails the later points too
                 state.setdefault("errors", {})[str(t)] = f"{type(e).__name__}: {e}"[:500]
             state["status"] = "idle"
@@ -294,7 +298,9 @@ def worker(job: dict) -> None:
     save()
 
 
-def _point(job, data, t, num_sms) -> dict:
+def _point(job, data, t, num_sms, state, save) -> dict:
+    """One token count: each contender checked, then timed. ``state["checking"]`` names
+    the contender whose first launch is running, so a hang can be pinned on its spec."""
     import torch
 
     n, k = job["n"], job["k"]
@@ -306,6 +312,8 @@ def _point(job, data, t, num_sms) -> dict:
     graphs = {}
     for name, (fn, spec) in contenders.items():
         data.out.fill_(float("nan"))
+        state["checking"] = spec
+        save()
         fn(0)
         got = data.out[:t].float()
         rel = ((got - ref.float()).norm() / ref.float().norm()).item()
@@ -327,6 +335,7 @@ def _point(job, data, t, num_sms) -> dict:
         entry = result["contenders"][name]
         entry.update(ms=ms, samples_ms=times, over_cublas_bf16=ms / cub)
     del graphs
+    state.pop("checking", None)
     return result
 
 
@@ -355,6 +364,7 @@ def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
                     "out": str(tmp / f"{n}x{k}_{i}.json"),
                     "lock": args.lock or str(tmp / "gpu.lock"),
                     "gate": args.gate,
+                    "hung": str(tmp / "hung.txt"),
                     "deadline": deadline,
                 }
             )
@@ -376,6 +386,11 @@ def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
                 state.get("status") == "timing"
                 and time.time() - state.get("since", time.time()) > POINT_TIMEOUT_S
             )
+            if hung and state.get("checking"):
+                # the first launch of this spec never returned: the other workers skip it
+                with open(job["hung"], "a") as f:
+                    f.write(state["checking"] + "\n")
+                print(f"leaving out (hung): {state['checking']}", flush=True)
             if hung or time.time() > deadline + LATE_KILL_S:
                 print(f"killing worker {job['n']}x{job['k']} ({state.get('point')})", flush=True)
                 os.killpg(p.pid, signal.SIGKILL)
@@ -406,6 +421,8 @@ def main(args) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
+        hung_file = Path(tmp) / "hung.txt"
+        hung = hung_file.read_text().splitlines() if hung_file.exists() else []
     by_shape: dict = {}
     for st in states:
         if "n" in st:
@@ -439,6 +456,7 @@ def main(args) -> None:
         "check": f"every contender's output against torch.mm of the dequantized operands "
         f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
         "wall_s": time.time() - t0,
+        "hung_specs": hung,
         **base_note,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
         "shapes": [
