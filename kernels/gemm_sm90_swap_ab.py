@@ -30,8 +30,8 @@ Each CTA has 1 + C warpgroups:
 With ``bf16_tokens`` the tokens arrive already BF16, converted once by a launch before the
 GEMM (gemm_sm90_tokens): the producer loads the stage's BF16 token tile (two K halves)
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
-read that tile, are done. Every CTA converting all the tokens had cost as much as a third of
-a consumer's work at 32 tokens (0.110 vs 0.093 ms at N 7168, K 43008).
+read that tile, are done. Every CTA converting all the tokens had been a third of a
+consumer's conversion work at 32 tokens (0.110 ms against 0.093 at N 7168, K 43008).
 
 K order inside each 32-element scale group is permuted, identically for both operands, so
 that every thread loads its weight bytes with two 8-byte loads per group and row: thread
