@@ -79,7 +79,8 @@ class GemmConfig:
     every CTA.
 
     Raises:
-        ValueError: naming ``kernel`` or ``tokens_tile`` where they do not go together.
+        ValueError: naming ``kernel``, ``tokens_tile``, ``f16`` or ``bf16_tokens`` where they
+            do not go together.
     """
 
     kernel: str = TILED
@@ -95,22 +96,17 @@ class GemmConfig:
     f16: int = 1
     bf16_tokens: int = 0
 
-    @property
-    def stages_pair(self) -> tuple[int, int]:
-        """(FP8 stages, 16-bit stages)."""
-        return self.stages, self.stages16
-
     def __post_init__(self):
         if self.bf16_tokens not in (0, 1) or (self.bf16_tokens and self.kernel != SWAP_AB):
             fail(ValueError, "bf16_tokens", "0, or 1 with the swap-AB kernel", self.bf16_tokens)
+        if self.f16 not in (0, 1) or (self.f16 == 0 and self.kernel != TILED):
+            fail(ValueError, "f16", "1, or 0 with the tiled kernel", self.f16)
         if self.kernel == SWAP_AB:
             if self.tokens_tile not in _SWAP_AB_TILES:
                 fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB)", self.tokens_tile)
         elif self.kernel == TILED:
             if self.tokens_tile != 0:
                 fail(ValueError, "tokens_tile", "0 (the tiled kernel has none)", self.tokens_tile)
-            if self.f16 not in (0, 1):
-                fail(ValueError, "f16", "0 or 1", self.f16)
         else:
             fail(ValueError, "kernel", f"{SWAP_AB!r} or {TILED!r}", repr(self.kernel))
 
@@ -233,6 +229,9 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     )
 
 
+_BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
+
+
 def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> GemmConfig:
     """``"swap-ab [cC] [bf16-tokens]"``."""
     bf16_tokens = int(words[-1:] == [_BF16_TOKENS])
@@ -245,9 +244,6 @@ def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> Gem
     return swap_ab_config(tokens, num_sms, consumers, bf16_tokens)
 
 
-_BF16_TOKENS = "bf16-tokens"
-
-
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.kernel == SWAP_AB:
@@ -255,7 +251,8 @@ def spec_of(cfg: GemmConfig) -> str:
         return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "")
     sk = " stream-k" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
-    if config_from_spec(spec, 1, cfg.num_ctas).stages_pair != cfg.stages_pair:
+    standard = config_from_spec(spec, 1, cfg.num_ctas)
+    if (standard.stages, standard.stages16) != (cfg.stages, cfg.stages16):
         spec += f" s{cfg.stages}+{cfg.stages16}"
     return spec + ("" if cfg.f16 else " bf16")
 
@@ -385,8 +382,8 @@ def kinds(cfg: GemmConfig) -> str:
 
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
     """The config ``cfg``'s kernel is compiled for: ``f16`` only decides what the host runs
-    before the launch, so both values share one compile."""
-    return replace(cfg, f16=1) if cfg.kernel == TILED else cfg
+    before the launch, so both values share one compile (no new config on the common path)."""
+    return cfg if cfg.f16 else replace(cfg, f16=1)
 
 
 @functools.cache

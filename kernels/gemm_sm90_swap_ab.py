@@ -100,6 +100,10 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         self.bf16_tokens = bool(cfg.bf16_tokens)
         self.stages = cfg.stages
         self.consumers = cfg.consumers
+        # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it
+        # has its next one, so the producer needs a stage beyond the C held
+        if self.stages < self.consumers + int(self.bf16_tokens):
+            raise ValueError(f"stages must be at least consumers (+1 with bf16_tokens), got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
         self.w_tiles = ceil_div(n, TILE_W)
         self.w_chunks = row_blocks(n) * self.k_tiles

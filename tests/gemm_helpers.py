@@ -115,3 +115,27 @@ def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, 
     assert torch.equal(out[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
     check_close(out[:tokens], ref, a, sa, b, sb)
     return a, sa, b, sb, out
+
+
+def check_two_streams(cfg, tokens, n, k, seed):
+    """Launches of ``cfg`` overlapping on two streams give each stream's own result bitwise:
+    the buffers kept per stream (workspaces, converted tokens) are not shared."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    inputs = [random_operand(tokens, k, seed=seed + i) for i in range(2)]
+    b, sb = random_operand(n, k, seed=seed + 2)
+    expected = []
+    for a, sa in inputs:
+        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        g.run(a, sa, b, sb, None, out, config=cfg)
+        expected.append(out)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in inputs]
+    outs = [torch.empty_like(expected[0]) for _ in inputs]
+    for _ in range(5):
+        for stream, (a, sa), out in zip(streams, inputs, outs, strict=True):
+            with torch.cuda.stream(stream):
+                g.run(a, sa, b, sb, None, out, config=cfg)
+    torch.cuda.synchronize()
+    for out, want in zip(outs, expected, strict=True):
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))

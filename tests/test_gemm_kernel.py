@@ -11,6 +11,7 @@ from gemm_helpers import (
     check_close,
     check_config_run,
     check_run,
+    check_two_streams,
     random_operand,
     requires_cutlass,
     requires_sm90,
@@ -259,23 +260,7 @@ def test_swap_ab_on_two_streams_at_once(bf16_tokens):
 
     tokens, n, k = 16, 2048, 8192
     cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
-    inputs = [random_operand(tokens, k, seed=20 + i) for i in range(2)]
-    b, sb = random_operand(n, k, seed=22)
-    expected = []
-    for a, sa in inputs:
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=cfg)
-        expected.append(out)
-    torch.cuda.synchronize()
-    streams = [torch.cuda.Stream() for _ in inputs]
-    outs = [torch.empty_like(expected[0]) for _ in inputs]
-    for _ in range(5):
-        for stream, (a, sa), out in zip(streams, inputs, outs, strict=True):
-            with torch.cuda.stream(stream):
-                g.run(a, sa, b, sb, None, out, config=cfg)
-    torch.cuda.synchronize()
-    for out, want in zip(outs, expected, strict=True):
-        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    check_two_streams(cfg, tokens, n, k, seed=20)
 
 
 @pytest.mark.gpu

@@ -323,6 +323,22 @@ def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
             MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
 
 
+@requires_cutlass
+def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
+    """Each consumer takes every C-th stage, and with bf16_tokens holds it until it has its
+    next one: fewer stages than C (C + 1) would deadlock, so the constructor refuses them."""
+    from dataclasses import replace
+
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90_swap_ab import MXFP8SwapABGemmSm90
+
+    cfg = g.swap_ab_config(32, bf16_tokens=1)
+    MXFP8SwapABGemmSm90(replace(cfg, stages=4), 7168, 43008, 7168, None, None)
+    with pytest.raises(ValueError, match="stages must be at least"):
+        MXFP8SwapABGemmSm90(replace(cfg, stages=3), 7168, 43008, 7168, None, None)
+    MXFP8SwapABGemmSm90(replace(cfg, stages=3, bf16_tokens=0), 7168, 43008, 7168, None, None)
+
+
 def test_config_fields_are_validated():
     """Fields that do not go together raise ValueError naming the field."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
@@ -331,6 +347,8 @@ def test_config_fields_are_validated():
         g.GemmConfig(bf16_tokens=1)  # the tiled kernel converts its own tokens
     with pytest.raises(ValueError, match="f16"):
         g.GemmConfig(f16=2)
+    with pytest.raises(ValueError, match="f16"):  # the swap-AB kernel has no FP16 path
+        g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=8, f16=0)
     with pytest.raises(ValueError, match="consumers"):
         g.swap_ab_config(40, consumers=4)  # four consumers fit only up to 32 tokens
 

@@ -11,6 +11,7 @@ import torch
 from gemm_helpers import (
     check_close,
     check_config_run,
+    check_two_streams,
     random_operand,
     requires_cutlass,
     requires_sm90,
@@ -129,23 +130,7 @@ def test_stream_k_on_two_streams_at_once():
 
     cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 300)
     tokens, n, k = 300, 640, 4160
-    inputs = [random_operand(tokens, k, seed=40 + i) for i in range(2)]
-    b, sb = random_operand(n, k, seed=42)
-    expected = []
-    for a, sa in inputs:
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=cfg)
-        expected.append(out)
-    torch.cuda.synchronize()
-    streams = [torch.cuda.Stream() for _ in inputs]
-    outs = [torch.empty_like(expected[0]) for _ in inputs]
-    for _ in range(5):
-        for stream, (a, sa), out in zip(streams, inputs, outs, strict=True):
-            with torch.cuda.stream(stream):
-                g.run(a, sa, b, sb, None, out, config=cfg)
-    torch.cuda.synchronize()
-    for out, want in zip(outs, expected, strict=True):
-        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    check_two_streams(cfg, tokens, n, k, seed=40)
 
 
 def _table_points():
