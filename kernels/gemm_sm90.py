@@ -20,7 +20,8 @@ docs/gemm_log.md.)
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
   ``bf16_tokens`` (measured faster at 32 tokens on five of six shapes; the heuristic takes it
   from 17 tokens on) a launch before it converts the tokens to BF16 once
-  (gemm_sm90_tokens), so that no CTA converts all of them.
+  (gemm_sm90_tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
+  consumer warpgroups share each stage's token tile, on 64 weight rows each.
 
 Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
@@ -76,11 +77,13 @@ class GemmConfig:
     stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting alternate
     stages. ``bf16_tokens`` 1: a launch before the GEMM converts the tokens to BF16 once
     (gemm_sm90_tokens) and the kernel reads them through TMA instead of converting them in
-    every CTA.
+    every CTA. ``tile_w`` 128 (with ``bf16_tokens`` and two consumers): a stage holds 128
+    weight rows, each consumer converts 64 of them, and both read the stage's one token
+    tile, so the tokens cross L2 half as often per weight byte.
 
     Raises:
-        ValueError: naming ``kernel``, ``tokens_tile``, ``f16`` or ``bf16_tokens`` where they
-            do not go together.
+        ValueError: naming ``kernel``, ``tokens_tile``, ``f16``, ``bf16_tokens`` or
+            ``tile_w`` where they do not go together.
     """
 
     kernel: str = TILED
@@ -95,8 +98,15 @@ class GemmConfig:
     stream_k: int = 0
     f16: int = 1
     bf16_tokens: int = 0
+    tile_w: int = 64
 
     def __post_init__(self):
+        if self.tile_w != 64 and not (
+            self.tile_w == 128 and self.kernel == SWAP_AB and self.bf16_tokens
+            and self.consumers == 2
+        ):  # fmt: skip
+            fail(ValueError, "tile_w", "64, or 128 with swap-AB, bf16_tokens and 2 consumers",
+                 self.tile_w)  # fmt: skip
         if self.bf16_tokens not in (0, 1) or (self.bf16_tokens and self.kernel != SWAP_AB):
             fail(ValueError, "bf16_tokens", "0, or 1 with the swap-AB kernel", self.bf16_tokens)
         if self.f16 not in (0, 1) or (self.f16 == 0 and self.kernel != TILED):
@@ -141,18 +151,19 @@ _HEURISTIC_BF16_TOKENS = 17
 
 
 def swap_ab_config(
-    tokens: int, num_sms: int = 132, consumers: int = 3, bf16_tokens: int = 0
+    tokens: int, num_sms: int = 132, consumers: int = 3, bf16_tokens: int = 0, tile_w: int = 64
 ) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
-    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``: see :class:`GemmConfig`.
+    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``: see
+    :class:`GemmConfig`.
 
     Raises:
         ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS, or ``consumers`` other than
-            2 or 3 (or 4 up to 32 tokens).
+            2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`GemmConfig` does.
     """
     if tokens > SWAP_AB_MAX_TOKENS:
         fail(ValueError, "tokens", f"at most {SWAP_AB_MAX_TOKENS} for the swap-AB kernel", tokens)
@@ -163,9 +174,9 @@ def swap_ab_config(
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
     if bf16_tokens:
         # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
-        # partial-sum tile
-        per_stage = 64 * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
-        fixed = (consumers - 1) * 64 * tokens_tile * 4 + 6144
+        # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
+        per_stage = tile_w * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
+        fixed = (consumers - 1) * 64 * tokens_tile * 4 * (tile_w == 64) + 6144
     else:
         per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
         # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
@@ -178,6 +189,7 @@ def swap_ab_config(
         tokens_tile=tokens_tile,
         consumers=consumers,
         bf16_tokens=bf16_tokens,
+        tile_w=tile_w,
     )
 
 
@@ -230,16 +242,23 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 
 
 _BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
+_W128 = "w128"  # the swap-AB spec word for tile_w 128 (two consumers, bf16_tokens)
 
 
 def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> GemmConfig:
-    """``"swap-ab [cC] [bf16-tokens]"``."""
+    """``"swap-ab [cC] [bf16-tokens]"`` or ``"swap-ab w128 bf16-tokens"``."""
     bf16_tokens = int(words[-1:] == [_BF16_TOKENS])
     words = words[: len(words) - bf16_tokens]
-    if words not in ([], ["c2"], ["c3"], ["c4"]):
-        raise ValueError(f"spec: 'swap-ab [cC] [{_BF16_TOKENS}]', got {spec!r}")
+    wide = words == [_W128] and bf16_tokens
+    if words not in ([], ["c2"], ["c3"], ["c4"]) and not wide:
+        raise ValueError(
+            f"spec: 'swap-ab [cC] [{_BF16_TOKENS}]' or 'swap-ab {_W128} {_BF16_TOKENS}', "
+            f"got {spec!r}"
+        )
     if tokens > SWAP_AB_MAX_TOKENS:
         raise ValueError(f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}")
+    if wide:
+        return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128)
     consumers = int(words[0][1:]) if words else 3
     return swap_ab_config(tokens, num_sms, consumers, bf16_tokens)
 
@@ -247,6 +266,8 @@ def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> Gem
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.kernel == SWAP_AB:
+        if cfg.tile_w == 128:
+            return f"{SWAP_AB} {_W128} {_BF16_TOKENS}"
         spec = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
         return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "")
     sk = " stream-k" if cfg.stream_k else ""
@@ -466,9 +487,11 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         if cfg.bf16_tokens:
             tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
             args = (tokens.data_ptr(), *args[1:])
+        # with tile_w 128 each consumer finishes its own rows: a slot and flag per consumer
+        slots = cfg.num_ctas * (cfg.consumers if cfg.tile_w == 128 else 1)
         partials, flags = buffers.stream_buffers(
-            "stream-K", device, dev, stream, cfg.num_ctas,
-            lambda ctas: buffers.fresh_workspace(device, ctas),
+            "stream-K", device, dev, stream, slots,
+            lambda count: buffers.fresh_workspace(device, count),
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:

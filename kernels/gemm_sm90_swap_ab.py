@@ -77,7 +77,7 @@ from .gemm_sm90_common import (
     wait_flag,
 )
 
-TILE_W = 64  # weight rows per CTA: one wgmma M
+TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
@@ -105,7 +105,15 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         if self.stages < self.consumers + int(self.bf16_tokens):
             raise ValueError(f"stages must be at least consumers (+1 with bf16_tokens), got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
-        self.w_tiles = ceil_div(n, TILE_W)
+        # weight rows per stage: 64, every consumer on alternate stages of them; or (row
+        # split) 64 per consumer, all of them on every stage and its one token tile
+        self.tile_w = cfg.tile_w
+        self.row_split = self.tile_w != TILE_W
+        if self.row_split and (not self.bf16_tokens or self.tile_w != TILE_W * self.consumers):
+            raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
+        # stream-K workspace slots (and flags) per CTA: one per consumer that finishes tiles
+        self.ws_slots = self.consumers if self.row_split else 1
+        self.w_tiles = ceil_div(n, self.tile_w)
         self.w_chunks = row_blocks(n) * self.k_tiles
         self.units = self.w_tiles * self.k_tiles
         self.num_ctas = min(self.num_ctas_cap, self.units)
@@ -135,15 +143,16 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         tn = self.tn
         frag_size = TILE_W * tn // WG_THREADS
         # per CTA: slot 0 = its published head/middle partial, slot 1 = its own tail partial
+        slots = self.num_ctas * self.ws_slots
         mPartials = cute.make_tensor(
-            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, self.num_ctas))
+            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, slots))
         )
-        mFlags = cute.make_tensor(flags_ptr, cute.make_layout((self.num_ctas,)))
+        mFlags = cute.make_tensor(flags_ptr, cute.make_layout((slots,)))
 
         tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
-        w8_layout = smem_layout(fp8, TILE_W, TILE_K8, self.stages)
+        w8_layout = smem_layout(fp8, self.tile_w, TILE_K8, self.stages)
         s_layout = chunk_slots(self.stages)
-        tma_w, gW = tma_load(mW, w8_layout, (TILE_W, TILE_K8))
+        tma_w, gW = tma_load(mW, w8_layout, (self.tile_w, TILE_K8))
         tma_sw, gSW = tma_load_chunks(mSW, s_layout)
         if cutlass.const_expr(self.bf16_tokens):
             # the A address holds the BF16 tokens [m, K]: two K halves per stage
@@ -155,7 +164,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
             tma_a, gA = tma_load(mA, a16_layout, (tn, TILE_K16))
             tma_sa, gSA = tma_sw, gSW  # unused
-            self.tx_bytes = TILE_W * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
+            self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
         else:
             a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
             # per consumer warpgroup: the stage's two K halves of BF16 tokens
@@ -165,7 +174,9 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
         stages = self.stages
         sa_words = CHUNK_WORDS * (1 if self.bf16_tokens else stages)
-        red_words = (self.consumers - 1) * WG_THREADS * (TILE_W * tn // WG_THREADS)
+        # consumers 2..'s partial sums for consumer 0 (none with the row split: each
+        # consumer finishes its own rows)
+        red_words = 4 if self.row_split else (self.consumers - 1) * WG_THREADS * frag_size
 
         @cute.struct
         class Storage:
@@ -223,8 +234,10 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             for atom in (tma_w, tma_a, tma_sw, tma_sa):
                 cpasync.prefetch_descriptor(atom)
         st = utils.SmemAllocator().allocate(self.storage)
-        # each stage is consumed by one consumer warpgroup
-        load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages, WG_THREADS, self.tx_bytes)
+        # each stage is consumed by one consumer warpgroup (by all of them: row split)
+        load_pipe = fp8_load_pipe(
+            st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes
+        )
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if warp == 0:
@@ -249,7 +262,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         self, begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
         sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
-        tWs, tWg = tma_views(tma_w, sW8, gW_full, (TILE_W, TILE_K8))
+        tWs, tWg = tma_views(tma_w, sW8, gW_full, (self.tile_w, TILE_K8))
         a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
         tAs, tAg = tma_views(tma_a, sA8, gA_full, a_tile)
         tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
@@ -259,7 +272,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         for u in range(begin, end):
             tile = u // self.k_tiles
             kt = u - tile * self.k_tiles
-            w_chunk0 = ((tile * TILE_W) // ROW_BLOCK) * self.k_tiles
+            w_chunk0 = ((tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
             # the weight and its scales are read once: evict them first, so they do not push
@@ -313,10 +326,13 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         sa = st.sSA.data_ptr().toint()
         a16 = st.sA16.data_ptr().toint() + cw * (2 * self.tn * TILE_K16 * 2)
         lane = ct % 32
-        row0 = (ct // 32) * 16 + lane // 4  # weight rows row0, row0 + 8 of the tile
+        # weight rows row0, row0 + 8 of the stage (of this consumer's 64 with the row split)
+        row0 = (ct // 32) * 16 + lane // 4 + (cw * TILE_W if self.row_split else 0)
         t = lane % 4
         kts = self.k_tiles
         consumers = self.consumers
+        # stages a consumer steps over: every C-th one, or (row split) every one
+        stride = 1 if self.row_split else consumers
         stages = self.stages
         u = begin
         owned = Int32(-1)  # the weight tile whose tail this CTA holds for the final fixup
@@ -324,17 +340,22 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             tile = u // kts
             tile_end = (tile + 1) * kts
             seg_end = cutlass.min(end, tile_end)
-            # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages)
-            g = u - begin + cw
+            # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages); with the
+            # row split every consumer takes every stage
+            g = u - begin + (0 if self.row_split else cw)
             ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             if cutlass.const_expr(self.bf16_tokens):
                 rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             acc.fill(0.0)
-            for _i in range((seg_end - u - cw + consumers - 1) // consumers):
+            if cutlass.const_expr(self.row_split):
+                count = seg_end - u
+            else:
+                count = (seg_end - u - cw + consumers - 1) // consumers
+            for _i in range(count):
                 load_pipe.consumer_wait(ls)
                 w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (TILE_W * TILE_K8), row0, t, W_GROUPS, sw + ls.index * CHUNK_BYTES,
-                    (tile * TILE_W) % ROW_BLOCK,
+                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                    sw + ls.index * CHUNK_BYTES, (tile * self.tile_w) % ROW_BLOCK,
                 )  # fmt: skip
                 if cutlass.const_expr(not self.bf16_tokens):
                     a_units = self._load_tokens(ct, a8, sa, ls.index)
@@ -343,7 +364,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 if cutlass.const_expr(self.bf16_tokens):
                     if rel.count < ls.count:  # this consumer's previous stage
                         load_pipe.consumer_release(rel)
-                        for _a in cutlass.range_constexpr(consumers):
+                        for _a in cutlass.range_constexpr(stride):
                             rel.advance()
                 else:
                     self._store_tokens(a_units, a16)
@@ -365,19 +386,28 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                         acc,
                     )
                 warpgroup.commit_group()
-                for _a in cutlass.range_constexpr(consumers):
+                for _a in cutlass.range_constexpr(stride):
                     ls.advance()
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
                     load_pipe.consumer_release(rel)
-            self._reduce_consumers(cw, ct, st, acc)
-            if cw == 0:
+            if cutlass.const_expr(self.row_split):
+                # every consumer finishes its own rows
                 owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
-                                             m, ct, cta, mPartials, mFlags, owned)  # fmt: skip
+                                             m, ct, cw, cta, mPartials, mFlags, owned)  # fmt: skip
+            else:
+                self._reduce_consumers(cw, ct, st, acc)
+                if cw == 0:
+                    owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD,
+                                                 mBias, m, ct, cw, cta, mPartials, mFlags,
+                                                 owned)  # fmt: skip
             u = seg_end
-        if cw == 0 and owned >= 0:
-            self._fixup(ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+        if cutlass.const_expr(self.row_split):
+            if owned >= 0:
+                self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+        elif cw == 0 and owned >= 0:
+            self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
 
     @cute.jit
     def _reduce_consumers(self, cw, ct, st, acc):
@@ -400,31 +430,41 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
 
     @cute.jit
     def _finish_segment(
-        self, u, seg_end, tile, tile_end, thr, acc, mD, mBias, m, ct, cta, mPartials, mFlags,
-        owned,
+        self, u, seg_end, tile, tile_end, thr, acc, mD, mBias, m, ct, cw, cta, mPartials,
+        mFlags, owned,
     ):  # fmt: skip
-        """Consumer 0 with the segment's sum: a whole tile is stored; a tile's tail is kept
-        for the fixup (returns the tile as the new ``owned``); a head or middle part is
-        published for the CTA holding the tail."""
+        """A finishing consumer (consumer 0; each one with the row split) with the
+        segment's sum: a whole tile is stored; a tile's tail is kept for the fixup (returns
+        the tile as the new ``owned``); a head or middle part is published for the CTA
+        holding the tail."""
+        slot = self._slot(cta, cw)
         if u == tile * self.k_tiles and seg_end == tile_end:
-            self._store_tile(thr, acc, mD, mBias, m, tile)
+            self._store_tile(thr, acc, mD, mBias, m, tile, cw)
         elif seg_end == tile_end:
             # the tile's tail: the fixup waits for the lower CTAs' parts at the end
             for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 1, cta] = acc[i]
+                mPartials[i, ct, 1, slot] = acc[i]
             owned = tile
         else:
             # head or middle of the tile: publish it for the CTA holding the tail
             for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 0, cta] = acc[i]
+                mPartials[i, ct, 0, slot] = acc[i]
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+            cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
             if ct == 0:
-                store_flag(mFlags.iterator + cta, 1)
+                store_flag(mFlags.iterator + slot, 1)
         return owned
 
+    def _bar(self, cw):
+        """The named barrier of finishing consumer ``cw``'s warpgroup."""
+        return 1 + cw if self.row_split else 1
+
+    def _slot(self, cta, cw):
+        """The stream-K workspace slot (and flag) of ``cta``'s finishing consumer ``cw``."""
+        return cta * self.ws_slots + cw if self.row_split else cta
+
     @cute.jit
-    def _fixup(self, ct, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
+    def _fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
         """Sum the tile's parts in K order (published heads/middles of the lower CTAs, then
         this CTA's tail) and store it. Waits only on lower CTAs, which never wait on
         higher ones and start no later, so every wait ends."""
@@ -432,19 +472,19 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         acc.fill(0.0)
         for c in range(first, cta):
             if ct == 0:
-                wait_flag(mFlags.iterator + c)
-            cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+                wait_flag(mFlags.iterator + self._slot(c, cw))
+            cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, c]
+                acc[i] = acc[i] + mPartials[i, ct, 0, self._slot(c, cw)]
         for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + mPartials[i, ct, 1, cta]
-        self._store_tile(thr, acc, mD, mBias, m, tile)
+            acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
+        self._store_tile(thr, acc, mD, mBias, m, tile, cw)
         # every thread has read the parts: re-arm the flags for the next launch
-        cute.arch.barrier(barrier_id=1, number_of_threads=WG_THREADS)
+        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
         if ct == 0:
             for c in range(first, cta):
-                store_flag(mFlags.iterator + c, 0)
+                store_flag(mFlags.iterator + self._slot(c, cw), 0)
 
     def _token_units(self, ct):
         """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""
@@ -499,11 +539,13 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                         store_smem_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
 
     @cute.jit
-    def _store_tile(self, thr, acc, mD, mBias, m, tile):
-        """Accumulator (weight row, token) -> out[token, tile * 64 + row], bias in FP32."""
+    def _store_tile(self, thr, acc, mD, mBias, m, tile, cw):
+        """Accumulator (weight row, token) -> out[token, column], bias in FP32: column tile *
+        64 + row (row split: tile * tile_w + 64 cw + row)."""
         coords = thr.partition_C(cute.make_identity_tensor((TILE_W, self.tn)))
+        row0 = tile * self.tile_w + cw * TILE_W if self.row_split else tile * TILE_W
         for i in cutlass.range_constexpr(cute.size(acc)):
             row, token = coords[i]
-            col = tile * TILE_W + row
+            col = row0 + row
             if token < m and col < self.n:
                 self.store_output(mD, mBias, token, col, acc[i])
