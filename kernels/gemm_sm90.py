@@ -54,8 +54,9 @@ _TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (
 SWAP_AB = "swap-ab"
 TILED = "tiled"
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
-# whole 16-byte units of the tile's tokens (8 per token and stage).
-_SWAP_AB_TILES = (8, 16, 32, 64)
+# whole 16-byte units of the tile's tokens (8 per token and stage). 128 only with tile_w
+# 128 (BF16 tokens through TMA; a 64 x 128 accumulator per consumer).
+_SWAP_AB_TILES = (8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,11 @@ class GemmConfig:
         if self.f16 not in (0, 1) or (self.f16 == 0 and self.kernel != TILED):
             fail(ValueError, "f16", "1, or 0 with the tiled kernel", self.f16)
         if self.kernel == SWAP_AB:
-            if self.tokens_tile not in _SWAP_AB_TILES:
-                fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB)", self.tokens_tile)
+            if self.tokens_tile not in _SWAP_AB_TILES or (
+                self.tokens_tile > SWAP_AB_MAX_TOKENS and self.tile_w == 64
+            ):
+                fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (swap-AB; 128 with tile_w 128)",
+                     self.tokens_tile)  # fmt: skip
         elif self.kernel == TILED:
             if self.tokens_tile != 0:
                 fail(ValueError, "tokens_tile", "0 (the tiled kernel has none)", self.tokens_tile)
@@ -137,7 +141,9 @@ _TALL_TILE_COST = 1.4
 
 # Tokens up to this many take the swap-AB kernel: it streams the weight once, converting
 # it in registers, while every CTA converts all tokens (so its cost grows with them).
-SWAP_AB_MAX_TOKENS = _SWAP_AB_TILES[-1]
+SWAP_AB_MAX_TOKENS = 64
+# ... and with tile_w 128 (two consumers sharing each stage's BF16 token tile)
+SWAP_AB_WIDE_MAX_TOKENS = _SWAP_AB_TILES[-1]
 _SMEM_BYTES = 227 * 1024
 # Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
 _STREAM_K_ROUNDS = 2
@@ -153,7 +159,8 @@ _HEURISTIC_BF16_TOKENS = 17
 def swap_ab_config(
     tokens: int, num_sms: int = 132, consumers: int = 3, bf16_tokens: int = 0, tile_w: int = 64
 ) -> GemmConfig:
-    """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS: wgmma N = the next power
+    """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
+    with ``tile_w`` 128): wgmma N = the next power
     of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
@@ -162,11 +169,12 @@ def swap_ab_config(
     :class:`GemmConfig`.
 
     Raises:
-        ValueError: naming ``tokens`` above SWAP_AB_MAX_TOKENS, or ``consumers`` other than
+        ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
             2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`GemmConfig` does.
     """
-    if tokens > SWAP_AB_MAX_TOKENS:
-        fail(ValueError, "tokens", f"at most {SWAP_AB_MAX_TOKENS} for the swap-AB kernel", tokens)
+    limit = SWAP_AB_WIDE_MAX_TOKENS if tile_w == 128 else SWAP_AB_MAX_TOKENS
+    if tokens > limit:
+        fail(ValueError, "tokens", f"at most {limit} for this swap-AB schedule", tokens)
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
@@ -255,12 +263,21 @@ def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> Gem
             f"spec: 'swap-ab [cC] [{_BF16_TOKENS}]' or 'swap-ab {_W128} {_BF16_TOKENS}', "
             f"got {spec!r}"
         )
-    if tokens > SWAP_AB_MAX_TOKENS:
-        raise ValueError(f"spec: swap-ab serves at most {SWAP_AB_MAX_TOKENS} tokens, got {tokens}")
+    limit = swap_ab_limit(spec)
+    if tokens > limit:
+        raise ValueError(f"spec: {spec!r} serves at most {limit} tokens, got {tokens}")
     if wide:
         return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128)
     consumers = int(words[0][1:]) if words else 3
     return swap_ab_config(tokens, num_sms, consumers, bf16_tokens)
+
+
+def swap_ab_limit(spec: str) -> int:
+    """The most tokens the swap-AB spec ``spec`` serves (0 for a tiled spec)."""
+    words = spec.split()
+    if words[:1] != [SWAP_AB]:
+        return 0
+    return SWAP_AB_WIDE_MAX_TOKENS if _W128 in words else SWAP_AB_MAX_TOKENS
 
 
 def spec_of(cfg: GemmConfig) -> str:
@@ -299,7 +316,7 @@ def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig
     """Kernel and tile by (tokens, N, K): the measured table (gemm_sm90_table) where it has
     the shape, else :func:`heuristic_config`."""
     spec = table_spec(tokens, n, k, num_sms)
-    if spec is not None and not (spec.split()[0] == SWAP_AB and tokens > SWAP_AB_MAX_TOKENS):
+    if spec is not None and not (spec.split()[0] == SWAP_AB and tokens > swap_ab_limit(spec)):
         return config_from_spec(spec, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
 
@@ -487,8 +504,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         if cfg.bf16_tokens:
             tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
             args = (tokens.data_ptr(), *args[1:])
-        # with tile_w 128 each consumer finishes its own rows: a slot and flag per consumer
+        # with tile_w 128 each consumer finishes its own rows: a slot and flag per consumer;
+        # a slot holds 64 x 64 partial sums, a 128-token tile's take two
         slots = cfg.num_ctas * (cfg.consumers if cfg.tile_w == 128 else 1)
+        slots *= max(1, cfg.tokens_tile // 64)
         partials, flags = buffers.stream_buffers(
             "stream-K", device, dev, stream, slots,
             lambda count: buffers.fresh_workspace(device, count),
