@@ -316,10 +316,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         # Int32 view: word rr + 2 * hi + 4 * kb = BF16 pair (row g + 8 rr, k 2t + 8 hi) of
         # k16 block kb, the register order of the RS wgmma's A fragment
         frag_words = cute.recast_tensor(frag, Int32)
-        # the row split double-buffers the fragment (_row_split_segment)
-        frag_b = frag
-        if cutlass.const_expr(self.row_split):
-            frag_b = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, TILE_K8)))
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sA16))
         acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_W, self.tn)), cutlass.Float32)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -335,6 +331,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         t = lane % 4
         kts = self.k_tiles
         consumers = self.consumers
+        # stages a consumer steps over: every C-th one, or (row split) every one
+        stride = 1 if self.row_split else consumers
         stages = self.stages
         u = begin
         owned = Int32(-1)  # the weight tile whose tail this CTA holds for the final fixup
@@ -345,60 +343,55 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages); with the
             # row split every consumer takes every stage
             g = u - begin + (0 if self.row_split else cw)
-            if cutlass.const_expr(not self.row_split):
-                ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-                if cutlass.const_expr(self.bf16_tokens):
-                    rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            if cutlass.const_expr(self.bf16_tokens):
+                rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             acc.fill(0.0)
             if cutlass.const_expr(self.row_split):
-                self._row_split_segment(
-                    seg_end - u, g, tile, row0, t, w8, sw, (frag, frag_b), tiled_mma, tCrB, acc,
-                    load_pipe,
-                )  # fmt: skip
+                count = seg_end - u
             else:
                 count = (seg_end - u - cw + consumers - 1) // consumers
-                for _i in range(count):
-                    load_pipe.consumer_wait(ls)
-                    w_words, w_scales = load_fragment_bytes(
-                        w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                        sw + ls.index * CHUNK_BYTES, (tile * self.tile_w) % ROW_BLOCK,
-                    )  # fmt: skip
-                    if cutlass.const_expr(not self.bf16_tokens):
-                        a_units = self._load_tokens(ct, a8, sa, ls.index)
-                    # the previous stage's wgmma has read the fragment and token tile
-                    warpgroup.wait_group(0)
-                    if cutlass.const_expr(self.bf16_tokens):
-                        if rel.count < ls.count:  # this consumer's previous stage
-                            load_pipe.consumer_release(rel)
-                            for _a in cutlass.range_constexpr(consumers):
-                                rel.advance()
-                    else:
-                        self._store_tokens(a_units, a16)
-                        # generic-proxy stores -> visible to wgmma (async proxy) after the
-                        # barrier
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
-                    convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
-                    if cutlass.const_expr(not self.bf16_tokens):
-                        load_pipe.consumer_release(ls)
-                    # the token tile: this stage's own (bf16_tokens), else this consumer's
-                    tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(K_STEPS):
-                        cute.gemm(
-                            tiled_mma,
-                            acc,
-                            frag[(None, None, kb)],
-                            tCrB[(None, None, kb % 4, tokens + kb // 4)],
-                            acc,
-                        )
-                    warpgroup.commit_group()
-                    for _a in cutlass.range_constexpr(consumers):
-                        ls.advance()
+            for _i in range(count):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_fragment_bytes(
+                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                    sw + ls.index * CHUNK_BYTES, (tile * self.tile_w) % ROW_BLOCK,
+                )  # fmt: skip
+                if cutlass.const_expr(not self.bf16_tokens):
+                    a_units = self._load_tokens(ct, a8, sa, ls.index)
+                # the previous stage's wgmma has read the fragment registers and token tile
                 warpgroup.wait_group(0)
                 if cutlass.const_expr(self.bf16_tokens):
-                    if rel.count < ls.count:
+                    if rel.count < ls.count:  # this consumer's previous stage
                         load_pipe.consumer_release(rel)
+                        for _a in cutlass.range_constexpr(stride):
+                            rel.advance()
+                else:
+                    self._store_tokens(a_units, a16)
+                    # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
+                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
+                if cutlass.const_expr(not self.bf16_tokens):
+                    load_pipe.consumer_release(ls)
+                # the token tile: this stage's own (bf16_tokens), else this consumer's
+                tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(K_STEPS):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        frag[(None, None, kb)],
+                        tCrB[(None, None, kb % 4, tokens + kb // 4)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                for _a in cutlass.range_constexpr(stride):
+                    ls.advance()
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.bf16_tokens):
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
             if cutlass.const_expr(self.row_split):
                 # every consumer finishes its own rows
                 owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
@@ -415,50 +408,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
         elif cw == 0 and owned >= 0:
             self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
-
-    @cute.jit
-    def _row_split_segment(
-        self, count, g, tile, row0, t, w8, sw, frags, tiled_mma, tCrB, acc, load_pipe
-    ):  # fmt: skip
-        """One consumer's ``count`` stages of a segment with the row split (every stage, its
-        64 rows), starting at its ``g``-th stage. The fragment is double-buffered, so that
-        converting a stage overlaps the wgmmas of the one before; a stage is released once
-        the wgmmas that read its token tile (two stages back) have completed."""
-        stages = self.stages
-        ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-        rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-        for p in range((count + 1) // 2):
-            for half in cutlass.range_constexpr(2):
-                if 2 * p + half < count:
-                    load_pipe.consumer_wait(ls)
-                    w_words, w_scales = load_fragment_bytes(
-                        w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                        sw + ls.index * CHUNK_BYTES, (tile * self.tile_w) % ROW_BLOCK,
-                    )  # fmt: skip
-                    # the wgmmas two stages back read this fragment and that stage's tokens
-                    warpgroup.wait_group(1)
-                    if rel.count + 1 < ls.count:
-                        load_pipe.consumer_release(rel)
-                        rel.advance()
-                    convert_fragment(
-                        w_words, w_scales, W_GROUPS, cute.recast_tensor(frags[half], Int32)
-                    )
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(K_STEPS):
-                        cute.gemm(
-                            tiled_mma,
-                            acc,
-                            frags[half][(None, None, kb)],
-                            tCrB[(None, None, kb % 4, 2 * ls.index + kb // 4)],
-                            acc,
-                        )
-                    warpgroup.commit_group()
-                    ls.advance()
-        warpgroup.wait_group(0)
-        for _r in cutlass.range_constexpr(2):  # the last two stages
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
-                rel.advance()
 
     @cute.jit
     def _reduce_consumers(self, cw, ct, st, acc):
