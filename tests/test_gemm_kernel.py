@@ -188,6 +188,70 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype, bf16_tokens):
     check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds)
 
 
+W128_SHAPES = [  # (tokens, N, K): one unit, N past a 128-row stage, every token tile
+    (1, 7168, 4096),
+    (9, 128, 128),
+    (17, 200, 4160),
+    (33, 192, 384),
+    (64, 1024, 2048),
+    (65, 640, 1056),
+    (100, 7168, 14336),
+    (128, 384, 43008),
+]
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("tokens,n,k", W128_SHAPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
+    """128-row weight stages shared by two consumers (``tile_w`` 128), up to 128 tokens:
+    scale bytes 97-157, bias, rows past the tokens untouched."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
+    bias = torch.randn(n, device="cuda", dtype=out_dtype)
+    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n + 3))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+def test_swap_ab_w128_tiles_agree_repeat_and_graph_replay():
+    """Every token tile of ``tile_w`` 128 gives the same bytes (the same split and K order
+    per output), launches repeat bitwise, a captured launch replays with new tokens, and
+    launches on two streams at once keep their own workspaces."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, n, k = 7, 1000, 6144
+    a, sa = random_operand(tokens, k, seed=41)
+    b, sb = random_operand(n, k, seed=42)
+    outs = []
+    for tile in (8, 16, 32, 64, 128, 128):
+        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        g.run(a, sa, b, sb, None, out, config=g.config_from_spec("swap-ab w128 bf16-tokens", tile))
+        outs.append(out)
+    for other in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
+    out = outs[0]
+    cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.run(a, sa, b, sb, None, out, config=cfg)
+    a2, sa2 = random_operand(tokens, k, seed=43)
+    a.copy_(a2)
+    sa.copy_(sa2)
+    graph.replay()
+    ref = torch.empty_like(out)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    torch.cuda.synchronize()
+    check_close(out, ref, a, sa, b, sb)
+    check_two_streams(g.config_from_spec("swap-ab w128 bf16-tokens", 100), 100, 2048, 8192, 44)
+
+
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90

@@ -171,6 +171,11 @@ def test_swap_ab_configs_fit_shared_memory():
         assert cfg.kernel == g.SWAP_AB and cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
+    for tokens, tile in [(9, 16), (64, 64), (65, 128), (128, 128)]:
+        cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        per_stage = 128 * 128 + tile * 128 * 2 + 512
+        # each consumer holds a stage until it has its next: three at least
+        assert 3 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
 
 
 def test_config_names_its_kernel():
@@ -202,7 +207,11 @@ def test_heuristic_swaps_operands_for_few_tokens():
     for tokens in (17, 32):  # the tokens converted once, before the GEMM
         want = g.swap_ab_config(tokens, bf16_tokens=1)
         assert g.heuristic_config(tokens, 7168, 43008) == want
-    assert g.heuristic_config(33, 7168, 43008).kernel == g.TILED
+    for tokens in (33, 64):  # weights of 7168 rows or more: 128-row stages, two consumers
+        want = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        assert g.heuristic_config(tokens, 7168, 43008) == want
+        assert g.heuristic_config(tokens, 4096, 12288).kernel == g.TILED
+    assert g.heuristic_config(65, 7168, 43008).kernel == g.TILED
     assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
@@ -213,7 +222,7 @@ def test_heuristic_splits_few_tiles_over_k():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, n, spec in [
-        (33, 7168, "tiled 128x128 c2 stream-k"),
+        (33, 4096, "tiled 128x128 c2 stream-k"),
         (65, 7168, "tiled 128x128 c2 stream-k"),
         (192, 7168, "tiled 192x128 c1 stream-k"),
         (256, 7168, "tiled 128x128 c2 stream-k"),
@@ -274,6 +283,13 @@ def test_config_specs_round_trip_and_reject_others():
     for spec in ("swap-ab c4", "swap-ab bf16-tokens", "swap-ab c2 bf16-tokens"):
         assert g.spec_of(g.config_from_spec(spec, 20)) == spec
     assert g.config_from_spec("swap-ab bf16-tokens", 20).bf16_tokens == 1
+    for tokens, tile in ((9, 16), (64, 64), (65, 128), (128, 128)):
+        wide = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        assert (wide.tile_w, wide.consumers, wide.bf16_tokens, wide.tokens_tile) == (
+            128, 2, 1, tile,
+        )  # fmt: skip
+        assert g.spec_of(wide) == "swap-ab w128 bf16-tokens"
+        assert g.swap_ab_limit(g.spec_of(wide)) == 128
     bf16 = g.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
     assert (bf16.f16, bf16.stages, g.spec_of(bf16)) == (0, 11, "tiled 64x64 c1 stream-k s11+4 bf16")
     # f16 decides only what runs before the launch: one compile serves both
@@ -290,11 +306,15 @@ def test_config_specs_round_trip_and_reject_others():
         "swap-ab bf16",
         "swap-ab bf16-tokens c2",
         "tiled 128x128 bf16",
+        "swap-ab w128",  # the 128-row stages read the tokens converted once
+        "swap-ab w128 c2 bf16-tokens",
     ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
     with pytest.raises(ValueError, match="spec"):
         g.config_from_spec("swap-ab", 65)
+    with pytest.raises(ValueError, match="spec"):
+        g.config_from_spec("swap-ab w128 bf16-tokens", 129)
 
 
 @requires_cutlass
@@ -351,6 +371,19 @@ def test_config_fields_are_validated():
         g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=8, f16=0)
     with pytest.raises(ValueError, match="consumers"):
         g.swap_ab_config(40, consumers=4)  # four consumers fit only up to 32 tokens
+    wide = dict(kernel=g.SWAP_AB, tokens_tile=64, consumers=2, bf16_tokens=1, tile_w=128)
+    g.GemmConfig(**wide)
+    for bad, field in [
+        (dict(wide, bf16_tokens=0), "tile_w"),  # the shared token tile comes through TMA
+        (dict(wide, consumers=3), "tile_w"),  # 64 rows per consumer
+        (dict(wide, tile_w=96), "tile_w"),
+        (dict(wide, kernel=g.TILED, tokens_tile=0), "tile_w"),
+        (dict(wide, tile_w=64, tokens_tile=128), "tokens_tile"),  # 128 needs 128-row stages
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            g.GemmConfig(**bad)
+    with pytest.raises(ValueError, match="^tokens:"):
+        g.swap_ab_config(129, consumers=2, bf16_tokens=1, tile_w=128)
 
 
 @requires_cutlass
