@@ -28,7 +28,8 @@ STICKY = 1.03
 
 def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
     """(tokens, chosen valid spec, its ms, its ratio to cuBLAS) per measured point: the
-    fastest, or the previous point's spec within STICKY of it."""
+    fastest, or the previous point's spec within STICKY of it where both are specs of one
+    kernel."""
     rows = []
     prev = None
     for p in shape["points"]:
@@ -39,7 +40,10 @@ def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
         }
         if timed:
             name = min(timed, key=lambda s: timed[s]["ms"])
-            if prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
+            # a neighbour's spec sticks only within one kernel: the swap-AB kernel's time
+            # grows faster with tokens than the tiled one's
+            same_kernel = prev is not None and prev.split()[0] == name.split()[0]
+            if same_kernel and prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
                 name = prev
             rows.append((p["tokens"], name, timed[name]["ms"], timed[name]["over_cublas_bf16"]))
             prev = name
