@@ -69,12 +69,13 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
 
 
 def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
-    """Specs (gemm_sm90.config_from_spec) the tune times at one point: the pre-table
-    heuristic's, and the others where they won anywhere in an earlier full tune (whole tiles
-    of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count with
-    128; 64-row k-split tiles up to 128 tokens), and up to 256 tokens deeper FP8 pipelines
-    and the stream-K specs without the reference scan (``bf16``). Specs containing a string
-    of ``leave_out`` are dropped."""
+    """Specs (gemm_sm90.config_from_spec) the tune times at one point: swap-AB up to 64
+    tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
+    weight stages from 9 to 128 tokens; the pre-table heuristic's; the others where they won
+    anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
+    stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
+    tokens); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
+    reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []

@@ -7,9 +7,9 @@ straight from the TMA'd FP8 stage into BF16 *register* fragments (RS wgmma), and
 are the wgmma N operand (8 to 64), converted to a small BF16 tile in shared memory.
 out^T = W . A^T.
 
-Work units are (64-row weight tile, K stage of 128) pairs in tile-major order; CTA c of G
-takes units [c U / G, (c + 1) U / G) (stream-K), so every SM streams the same number of
-weight bytes. A CTA's range is cut into segments, one per weight tile it touches. A whole
+Work units are (64-row weight tile, K stage of 128) pairs (128-row with ``tile_w`` 128) in
+tile-major order; CTA c of G takes units [c U / G, (c + 1) U / G) (stream-K), so every SM
+streams the same number of weight bytes. A CTA's range is cut into segments, one per weight tile it touches. A whole
 tile is stored directly; a tile split across CTAs is finished by the CTA holding its tail:
 the lower CTAs publish their head or middle parts to a global workspace and raise a flag
 (st.release), the tail's CTA waits for them (ld.acquire) after its own range and adds the
@@ -32,6 +32,13 @@ GEMM (gemm_sm90_tokens): the producer loads the stage's BF16 token tile (two K h
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
 read that tile, are done. Every CTA converting all the tokens had been a third of a
 consumer's conversion work at 32 tokens (0.110 ms against 0.093 at N 7168, K 43008).
+
+With ``tile_w`` 128 (row split; ``bf16_tokens``, two consumers, up to 128 tokens) a stage
+holds 128 weight rows: both consumers take every stage, each converts its 64 rows, and both
+read the stage's one token tile, so the tokens cross L2 once per 128 weight rows instead of
+per 64. Each consumer finishes its own rows (its own stream-K slot and flag; no reduction).
+At 48-64 tokens that measured 0.69-0.71 of cuBLAS BF16's time at N 7168, K 43008 against
+0.75 for the tiled kernel (docs/gemm_log.md, variant 39).
 
 K order inside each 32-element scale group is permuted, identically for both operands, so
 that every thread loads its weight bytes with two 8-byte loads per group and row: thread
