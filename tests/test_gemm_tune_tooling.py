@@ -1,5 +1,6 @@
 """The GEMM tune's orchestration (benchmarks/gemm_sweep.py) on the CPU: a worker whose
-contender never returns is killed, and its spec is left out by the other workers."""
+contender never returns is killed, and its spec is left out by the other workers; the table
+writer's choice per point (benchmarks/gemm_report.py)."""
 
 import json
 import subprocess
@@ -43,3 +44,27 @@ def test_workers_skip_specs_that_hung(sweep):
            "hung_specs": ["tiled 128x128 c2 stream-k"]}  # fmt: skip
     names = set(sweep._configs(job, 64, 132))
     assert "tiled 128x128 c2 stream-k" not in names and "tiled 64x128 c2 stream-k" in names
+
+
+def test_table_keeps_a_neighbours_spec_only_within_one_kernel(sweep):
+    """The table writer keeps the previous point's spec within 3% of the fastest (fewer
+    switch points), but not across kernels: the swap-AB kernel's time grows faster with
+    tokens than the tiled one's."""
+    import gemm_report
+
+    names = ("swap-ab w128 bf16-tokens", "tiled 128x128 c2", "tiled 192x128 c1")
+
+    def point(tokens, *times):
+        contenders = {
+            n: {"ms": t, "over_cublas_bf16": t} for n, t in zip(names, times, strict=True)
+        }
+        return {"tokens": tokens, "contenders": contenders}
+
+    shape = {"points": [
+        point(64, 1.00, 1.10, 1.20),
+        point(96, 1.02, 1.00, 1.20),  # swap-AB within 3%, but of another kernel
+        point(128, 1.50, 1.02, 1.00),  # the tiled neighbour within 3%: it sticks
+        point(192, 2.00, 1.10, 1.00),
+    ]}  # fmt: skip
+    specs = [spec for _t, spec, _ms, _r in gemm_report.best_specs(shape)]
+    assert specs == [names[0], names[1], names[1], names[2]]
