@@ -341,7 +341,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
         return swap_ab_config(tokens, num_sms, bf16_tokens=int(tokens >= _HEURISTIC_BF16_TOKENS))
     if tokens <= SWAP_AB_MAX_TOKENS and n >= _HEURISTIC_W128_MIN_N:
-        return swap_ab_config(tokens, num_sms, consumers=2, bf16_tokens=1, tile_w=128)
+        return config_from_spec(f"{SWAP_AB} {_W128} {_BF16_TOKENS}", tokens, num_sms)
     if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:
         if ceil_div(n, 128) < 24 and tokens <= 256:
             return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
@@ -511,13 +511,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         if cfg.bf16_tokens:
             tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
             args = (tokens.data_ptr(), *args[1:])
-        # with tile_w 128 each consumer finishes its own rows: a slot and flag per consumer;
-        # a slot holds 64 x 64 partial sums, a 128-token tile's take two
-        slots = cfg.num_ctas * (cfg.consumers if cfg.tile_w == 128 else 1)
-        slots *= max(1, cfg.tokens_tile // 64)
         partials, flags = buffers.stream_buffers(
-            "stream-K", device, dev, stream, slots,
-            lambda count: buffers.fresh_workspace(device, count),
+            "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
+            lambda slots: buffers.fresh_workspace(device, slots),
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:

@@ -41,8 +41,8 @@ def compiled_refs(k: int):
 
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
 # (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
-# kernel's: two slots per CTA of up to 32 values per consumer thread, one flag per CTA. The
-# tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
+# kernel's: per finishing consumer of a CTA (consumer 0; each with tile_w 128) two slots of
+# up to 32 values per thread (64 with a 128-token tile), and a flag. The tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
 # per CTA and consumer warpgroup. And the tiled kernel's per-row FP16 references
 # (rewritten by the scan launch before each GEMM).
 # Launches on one stream never overlap, so one set serves every later launch there. Under
@@ -67,9 +67,17 @@ def stream_buffers(name: str, device: torch.device, index: int, stream: int, siz
     return kept[1]
 
 
-def fresh_workspace(device: torch.device, num_ctas: int):
-    partials = torch.empty(num_ctas * WORKSPACE_FLOATS_PER_CTA, device=device)
-    return partials, torch.zeros(num_ctas, dtype=torch.int32, device=device)
+def swap_ab_workspace_slots(cfg: GemmConfig) -> int:
+    """Workspace units of WORKSPACE_FLOATS_PER_CTA floats and one flag the swap-AB kernel
+    needs for ``cfg``: one per CTA, or per CTA and consumer with ``tile_w`` 128 (each finishes
+    its own rows); twice that with a 128-token tile."""
+    consumers = cfg.consumers if cfg.tile_w == 128 else 1
+    return cfg.num_ctas * consumers * max(1, cfg.tokens_tile // 64)
+
+
+def fresh_workspace(device: torch.device, slots: int):
+    partials = torch.empty(slots * WORKSPACE_FLOATS_PER_CTA, device=device)
+    return partials, torch.zeros(slots, dtype=torch.int32, device=device)
 
 
 # A consumer warpgroup's two slots hold 2 x 64 x tile N >= 8192 floats, so a workspace of F

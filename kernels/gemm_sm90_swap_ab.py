@@ -9,12 +9,12 @@ out^T = W . A^T.
 
 Work units are (64-row weight tile, K stage of 128) pairs (128-row with ``tile_w`` 128) in
 tile-major order; CTA c of G takes units [c U / G, (c + 1) U / G) (stream-K), so every SM
-streams the same number of weight bytes. A CTA's range is cut into segments, one per weight tile it touches. A whole
-tile is stored directly; a tile split across CTAs is finished by the CTA holding its tail:
-the lower CTAs publish their head or middle parts to a global workspace and raise a flag
-(st.release), the tail's CTA waits for them (ld.acquire) after its own range and adds the
-parts in K order, so results do not depend on timing. A CTA waits only on lower CTAs,
-which never wait on it and start no later.
+streams the same number of weight bytes. A CTA's range is cut into segments, one per weight
+tile it touches. A whole tile is stored directly; a tile split across CTAs is finished by
+the CTA holding its tail: the lower CTAs publish their head or middle parts to a global
+workspace and raise a flag (st.release), the tail's CTA waits for them (ld.acquire) after
+its own range and adds the parts in K order, so results do not depend on timing. A CTA
+waits only on lower CTAs, which never wait on it and start no later.
 
 Each CTA has 1 + C warpgroups:
 

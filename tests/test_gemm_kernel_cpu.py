@@ -178,6 +178,26 @@ def test_swap_ab_configs_fit_shared_memory():
         assert 3 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
 
 
+def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
+    """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
+    64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
+    tile_w 128), and a flag each."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+
+    for spec, tokens, finishing in [
+        ("swap-ab", 64, 1),
+        ("swap-ab bf16-tokens", 32, 1),
+        ("swap-ab w128 bf16-tokens", 64, 2),
+        ("swap-ab w128 bf16-tokens", 128, 2),
+    ]:
+        cfg = g.config_from_spec(spec, tokens)
+        slots = buffers.swap_ab_workspace_slots(cfg)
+        needed = cfg.num_ctas * finishing * 2 * 64 * cfg.tokens_tile
+        assert slots * buffers.WORKSPACE_FLOATS_PER_CTA >= needed
+        assert slots >= cfg.num_ctas * finishing
+
+
 def test_config_names_its_kernel():
     """GemmConfig.kernel picks the kernel; tokens_tile is the swap-AB kernel's token tile
     only, and a combination that does not go together is refused naming the field."""
