@@ -71,7 +71,8 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
 def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
     """Specs (gemm_sm90.config_from_spec) the tune times at one point: swap-AB up to 64
     tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
-    weight stages from 9 to 128 tokens; the pre-table heuristic's; the others where they won
+    weight stages from 9 to 128 tokens, the two with BF16 tokens also on CTA pairs (``mc2``)
+    from 9 tokens on; the pre-table heuristic's; the others where they won
     anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
     stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
     tokens); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
@@ -83,6 +84,10 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
     if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
         specs.append("swap-ab w128 bf16-tokens")  # and shared by two 64-row consumers
+    if 8 < tokens <= g.SWAP_AB_MAX_TOKENS:
+        specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
+    if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
+        specs.append("swap-ab w128 bf16-tokens mc2")
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]

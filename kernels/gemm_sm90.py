@@ -80,11 +80,14 @@ class GemmConfig:
     (gemm_sm90_tokens) and the kernel reads them through TMA instead of converting them in
     every CTA. ``tile_w`` 128 (with ``bf16_tokens`` and two consumers): a stage holds 128
     weight rows, each consumer converts 64 of them, and both read the stage's one token
-    tile, so the tokens cross L2 half as often per weight byte.
+    tile, so the tokens cross L2 half as often per weight byte. ``cluster`` 2 (with
+    ``bf16_tokens``): CTA pairs take adjacent weight tiles over the same K stages, and each
+    CTA loads one K half of every stage's token tile for both (TMA multicast), which halves
+    the tokens' L2 traffic again.
 
     Raises:
-        ValueError: naming ``kernel``, ``tokens_tile``, ``f16``, ``bf16_tokens`` or
-            ``tile_w`` where they do not go together.
+        ValueError: naming ``kernel``, ``tokens_tile``, ``f16``, ``bf16_tokens``,
+            ``tile_w`` or ``cluster`` where they do not go together.
     """
 
     kernel: str = TILED
@@ -100,8 +103,15 @@ class GemmConfig:
     f16: int = 1
     bf16_tokens: int = 0
     tile_w: int = 64
+    cluster: int = 1
 
     def __post_init__(self):
+        if self.cluster != 1 and not (
+            self.cluster == 2 and self.kernel == SWAP_AB and self.bf16_tokens
+            and self.num_ctas % 2 == 0
+        ):  # fmt: skip
+            fail(ValueError, "cluster", "1, or 2 with swap-AB, bf16_tokens and an even num_ctas",
+                 self.cluster)  # fmt: skip
         if self.tile_w != 64 and not (
             self.tile_w == 128 and self.kernel == SWAP_AB and self.bf16_tokens
             and self.consumers == 2
@@ -161,7 +171,12 @@ _HEURISTIC_W128_MIN_N = 7168
 
 
 def swap_ab_config(
-    tokens: int, num_sms: int = 132, consumers: int = 3, bf16_tokens: int = 0, tile_w: int = 64
+    tokens: int,
+    num_sms: int = 132,
+    consumers: int = 3,
+    bf16_tokens: int = 0,
+    tile_w: int = 64,
+    cluster: int = 1,
 ) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128): wgmma N = the next power
@@ -169,8 +184,8 @@ def swap_ab_config(
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
-    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``: see
-    :class:`GemmConfig`.
+    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
+    see :class:`GemmConfig`.
 
     Raises:
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
@@ -202,6 +217,7 @@ def swap_ab_config(
         consumers=consumers,
         bf16_tokens=bf16_tokens,
         tile_w=tile_w,
+        cluster=cluster,
     )
 
 
@@ -255,25 +271,31 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 
 _BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
 _W128 = "w128"  # the swap-AB spec word for tile_w 128 (two consumers, bf16_tokens)
+_MC2 = "mc2"  # the swap-AB spec word for cluster 2 (the token tile multicast to CTA pairs)
 
 
 def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> GemmConfig:
-    """``"swap-ab [cC] [bf16-tokens]"`` or ``"swap-ab w128 bf16-tokens"``."""
+    """``"swap-ab [cC] [bf16-tokens]"`` or ``"swap-ab w128 bf16-tokens"``, either with
+    bf16-tokens optionally followed by ``" mc2"``."""
+    cluster = 2 if words[-1:] == [_MC2] else 1
+    words = words[: len(words) - (cluster == 2)]
     bf16_tokens = int(words[-1:] == [_BF16_TOKENS])
+    if cluster == 2 and not bf16_tokens:
+        raise ValueError(f"spec: {_MC2!r} follows {_BF16_TOKENS!r}, got {spec!r}")
     words = words[: len(words) - bf16_tokens]
     wide = words == [_W128] and bf16_tokens
     if words not in ([], ["c2"], ["c3"], ["c4"]) and not wide:
         raise ValueError(
-            f"spec: 'swap-ab [cC] [{_BF16_TOKENS}]' or 'swap-ab {_W128} {_BF16_TOKENS}', "
-            f"got {spec!r}"
+            f"spec: 'swap-ab [cC] [{_BF16_TOKENS} [{_MC2}]]' or "
+            f"'swap-ab {_W128} {_BF16_TOKENS} [{_MC2}]', got {spec!r}"
         )
     limit = swap_ab_limit(spec)
     if tokens > limit:
         raise ValueError(f"spec: {spec!r} serves at most {limit} tokens, got {tokens}")
     if wide:
-        return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128)
+        return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128, cluster=cluster)
     consumers = int(words[0][1:]) if words else 3
-    return swap_ab_config(tokens, num_sms, consumers, bf16_tokens)
+    return swap_ab_config(tokens, num_sms, consumers, bf16_tokens, cluster=cluster)
 
 
 def swap_ab_limit(spec: str) -> int:
@@ -287,10 +309,11 @@ def swap_ab_limit(spec: str) -> int:
 def spec_of(cfg: GemmConfig) -> str:
     """The :func:`config_from_spec` spec of ``cfg`` (stage counts only where not standard)."""
     if cfg.kernel == SWAP_AB:
+        mc = f" {_MC2}" if cfg.cluster == 2 else ""
         if cfg.tile_w == 128:
-            return f"{SWAP_AB} {_W128} {_BF16_TOKENS}"
+            return f"{SWAP_AB} {_W128} {_BF16_TOKENS}{mc}"
         spec = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
-        return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "")
+        return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "") + mc
     sk = " stream-k" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     standard = config_from_spec(spec, 1, cfg.num_ctas)

@@ -292,11 +292,17 @@ def smem_layout(dtype, rows: int, k: int, stages: int):
     return cute.tile_to_shape(atom, (rows, k, stages), order=(0, 1, 2))
 
 
-def tma_load(tensor, stage_layout, tile):
+def tma_load(tensor, stage_layout, tile, multicast: bool = False):
     """A TMA load atom (and its global view) of ``tile``-shaped boxes of ``tensor`` into one
-    stage of ``stage_layout`` (rows, cols, stages)."""
+    stage of ``stage_layout`` (rows, cols, stages). ``multicast``: each copy also writes the
+    same shared-memory offset of the cluster's CTAs its ``mcast_mask`` names."""
+    op = (
+        cpasync.CopyBulkTensorTileG2SMulticastOp()
+        if multicast
+        else cpasync.CopyBulkTensorTileG2SOp()
+    )
     return cpasync.make_tiled_tma_atom(
-        cpasync.CopyBulkTensorTileG2SOp(),
+        op,
         tensor,
         cute.slice_(stage_layout, (None, None, 0)),
         tile,
@@ -314,17 +320,23 @@ def tma_load_chunks(chunks, slots_layout):
     return tma_load(chunks, slots_layout, (CHUNK_WORDS, 1))
 
 
-def fp8_load_pipe(barriers, stages: int, consumer_threads: int, tx_bytes: int):
+def fp8_load_pipe(barriers, stages: int, consumer_threads: int, tx_bytes: int, cluster: int = 1):
     """The TMA pipeline of the FP8 stages: one producer thread, ``tx_bytes`` per stage,
     each stage released by ``consumer_threads`` (one arrive per warp). Its barriers wait for
-    the kernel's ``mbarrier_init_fence`` (deferred, so it fences all its pipelines once)."""
+    the kernel's ``mbarrier_init_fence`` (deferred, so it fences all its pipelines once).
+
+    ``cluster`` > 1: the CTAs of a cluster multicast into each other's stages, so a stage is
+    free only once the consumers of every CTA of the cluster have released it: each consumer
+    warp arrives on the barrier of each CTA (lane r on rank r's)."""
     return pipeline.PipelineTmaAsync.create(
         barrier_storage=barriers,
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_threads // 32),
+        consumer_group=pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, cluster * consumer_threads // 32
+        ),
         tx_count=tx_bytes,
-        cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        cta_layout_vmnk=cute.make_layout((1, cluster, 1, 1)),
         defer_sync=True,
     )
 

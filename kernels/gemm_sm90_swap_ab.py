@@ -94,6 +94,9 @@ W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 # EVICT_FIRST). On the weight stream: 16 tokens 0.572-0.574 of cuBLAS BF16's time against
 # 0.582 without, 1 token 0.576 against 0.582-0.585 (H200, two runs each, alternated).
 L2_EVICT_FIRST = 0x12F0000000000000
+# ... and the default priority (EVICT_NORMAL), spelled out for the multicast token loads,
+# whose instruction always carries a policy
+L2_EVICT_NORMAL = 0x1000000000000000
 
 
 class MXFP8SwapABGemmSm90(Sm90Gemm):
@@ -120,10 +123,18 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
         # stream-K workspace slots (and flags) per CTA: one per consumer that finishes tiles
         self.ws_slots = self.consumers if self.row_split else 1
+        # CTA clusters (cfg.cluster 2): the two CTAs of a pair take adjacent weight tiles over
+        # the same K stages, so each loads one K half of the stage's token tile for both
+        self.cluster = cfg.cluster
+        if self.cluster != 1 and not (self.cluster == 2 and self.bf16_tokens):
+            raise ValueError(f"cluster 2 needs bf16_tokens: {cfg}")
         self.w_tiles = ceil_div(n, self.tile_w)
         self.w_chunks = row_blocks(n) * self.k_tiles
-        self.units = self.w_tiles * self.k_tiles
-        self.num_ctas = min(self.num_ctas_cap, self.units)
+        # units: (group of `cluster` adjacent weight tiles, K stage), split over the groups
+        # of CTAs; a CTA takes its own tile of each group (past N: zeros, never stored)
+        self.units = ceil_div(self.w_tiles, self.cluster) * self.k_tiles
+        self.num_groups = min(self.num_ctas_cap // self.cluster, self.units)
+        self.num_ctas = self.num_groups * self.cluster
 
     @cute.jit
     def __call__(
@@ -169,7 +180,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             )
             a8_layout = smem_layout(fp8, 8, TILE_K8, 1)  # unused
             a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
-            tma_a, gA = tma_load(mA, a16_layout, (tn, TILE_K16))
+            tma_a, gA = tma_load(mA, a16_layout, (tn, TILE_K16), multicast=self.cluster > 1)
             tma_sa, gSA = tma_sw, gSW  # unused
             self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
         else:
@@ -203,7 +214,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         launch(
             grid=[self.num_ctas, 1, 1],
             block=[(1 + self.consumers) * WG_THREADS, 1, 1],
-            cluster=(1, 1, 1),
+            cluster=(self.cluster, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
         )
@@ -234,19 +245,27 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         cta, _, _ = cute.arch.block_idx()
-        # stream-K: CTA c owns the (weight tile, K stage) units [c U / G, (c + 1) U / G)
-        begin = cta * self.units // self.num_ctas
-        end = (cta + 1) * self.units // self.num_ctas
+        # stream-K: CTA group q of G (a CTA, or a cluster) owns the (weight tile group, K
+        # stage) units [q U / G, (q + 1) U / G)
+        group, rank = self._group_rank(cta)
+        begin = group * self.units // self.num_groups
+        end = (group + 1) * self.units // self.num_groups
         if warp == 0:
             for atom in (tma_w, tma_a, tma_sw, tma_sa):
                 cpasync.prefetch_descriptor(atom)
         st = utils.SmemAllocator().allocate(self.storage)
         # each stage is consumed by one consumer warpgroup (by all of them: row split)
         load_pipe = fp8_load_pipe(
-            st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes
-        )
+            st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes,
+            self.cluster,
+        )  # fmt: skip
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if cutlass.const_expr(self.cluster > 1):
+            # the peer's multicasts and releases reach these barriers: all initialized first
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
             if cutlass.const_expr(self.bf16_tokens):
@@ -256,18 +275,36 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             sSW = st.sSW.get_tensor(s_layout)
             sSA = st.sSA.get_tensor(s_layout)
             self._producer(
-                begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
-                sW8, sA8, sSW, sSA, load_pipe,
+                begin, end, rank, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa,
+                gSA_full, sW8, sA8, sSW, sSA, load_pipe,
             )  # fmt: skip
         elif wg >= 1:
             sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
             self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
                            mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
 
+    def _group_rank(self, cta):
+        """(CTA group, rank in it) of ``cta``: the CTA itself and 0 without clusters."""
+        if cutlass.const_expr(self.cluster == 1):
+            return cta, 0
+        return cta // self.cluster, cta % self.cluster
+
+    def _cta_of(self, group, rank):
+        """The CTA of ``rank`` in CTA group ``group``."""
+        if cutlass.const_expr(self.cluster == 1):
+            return group
+        return group * self.cluster + rank
+
+    def _w_tile(self, group_tile, rank):
+        """The weight tile a CTA of ``rank`` takes of the tile group ``group_tile``."""
+        if cutlass.const_expr(self.cluster == 1):
+            return group_tile
+        return group_tile * self.cluster + rank
+
     @cute.jit
     def _producer(
-        self, begin, end, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
-        sW8, sA8, sSW, sSA, load_pipe,
+        self, begin, end, rank, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa,
+        gSA_full, sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
         tWs, tWg = tma_views(tma_w, sW8, gW_full, (self.tile_w, TILE_K8))
         a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
@@ -277,8 +314,9 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         evict_first = cutlass.Int64(L2_EVICT_FIRST)
         for u in range(begin, end):
-            tile = u // self.k_tiles
-            kt = u - tile * self.k_tiles
+            group_tile = u // self.k_tiles
+            kt = u - group_tile * self.k_tiles
+            tile = self._w_tile(group_tile, rank)
             w_chunk0 = ((tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
@@ -288,7 +326,15 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            if cutlass.const_expr(self.bf16_tokens):
+            if cutlass.const_expr(self.cluster > 1):
+                # K half ``rank`` of the token tile, into this stage of both CTAs (the full
+                # barrier of each counts both halves)
+                cute.copy(
+                    tma_a, tAg[(None, 0, 2 * kt + rank)], tAs[(None, 2 * ps.index + rank)],
+                    tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1),
+                    cache_policy=cutlass.Int64(L2_EVICT_NORMAL),
+                )  # fmt: skip
+            elif cutlass.const_expr(self.bf16_tokens):
                 for h in cutlass.range_constexpr(2):
                     cute.copy(
                         tma_a, tAg[(None, 0, 2 * kt + h)], tAs[(None, 2 * ps.index + h)],
@@ -341,10 +387,11 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         # stages a consumer steps over: every C-th one, or (row split) every one
         stride = 1 if self.row_split else consumers
         stages = self.stages
+        _group, rank = self._group_rank(cta)
         u = begin
-        owned = Int32(-1)  # the weight tile whose tail this CTA holds for the final fixup
+        owned = Int32(-1)  # the tile group whose tail this CTA holds for the final fixup
         while u < end:
-            tile = u // kts
+            tile = u // kts  # the tile group (the weight tile without clusters)
             tile_end = (tile + 1) * kts
             seg_end = cutlass.min(end, tile_end)
             # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages); with the
@@ -362,7 +409,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 load_pipe.consumer_wait(ls)
                 w_words, w_scales = load_fragment_bytes(
                     w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                    sw + ls.index * CHUNK_BYTES, (tile * self.tile_w) % ROW_BLOCK,
+                    sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
                 )  # fmt: skip
                 if cutlass.const_expr(not self.bf16_tokens):
                     a_units = self._load_tokens(ct, a8, sa, ls.index)
@@ -402,13 +449,13 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             if cutlass.const_expr(self.row_split):
                 # every consumer finishes its own rows
                 owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD, mBias,
-                                             m, ct, cw, cta, mPartials, mFlags, owned)  # fmt: skip
+                                             m, ct, cw, cta, mPartials, mFlags, owned, rank)  # fmt: skip
             else:
                 self._reduce_consumers(cw, ct, st, acc)
                 if cw == 0:
                     owned = self._finish_segment(u, seg_end, tile, tile_end, thr, acc, mD,
                                                  mBias, m, ct, cw, cta, mPartials, mFlags,
-                                                 owned)  # fmt: skip
+                                                 owned, rank)  # fmt: skip
             u = seg_end
         if cutlass.const_expr(self.row_split):
             if owned >= 0:
@@ -438,15 +485,15 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
     @cute.jit
     def _finish_segment(
         self, u, seg_end, tile, tile_end, thr, acc, mD, mBias, m, ct, cw, cta, mPartials,
-        mFlags, owned,
+        mFlags, owned, rank,
     ):  # fmt: skip
         """A finishing consumer (consumer 0; each one with the row split) with the
-        segment's sum: a whole tile is stored; a tile's tail is kept for the fixup (returns
-        the tile as the new ``owned``); a head or middle part is published for the CTA
-        holding the tail."""
+        segment's sum (of its weight tile of tile group ``tile``): a whole tile is stored; a
+        tile's tail is kept for the fixup (returns the tile group as the new ``owned``); a
+        head or middle part is published for the CTA holding the tail."""
         slot = self._slot(cta, cw)
         if u == tile * self.k_tiles and seg_end == tile_end:
-            self._store_tile(thr, acc, mD, mBias, m, tile, cw)
+            self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
         elif seg_end == tile_end:
             # the tile's tail: the fixup waits for the lower CTAs' parts at the end
             for i in cutlass.range_constexpr(cute.size(acc)):
@@ -472,26 +519,28 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
 
     @cute.jit
     def _fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
-        """Sum the tile's parts in K order (published heads/middles of the lower CTAs, then
-        this CTA's tail) and store it. Waits only on lower CTAs, which never wait on
-        higher ones and start no later, so every wait ends."""
-        first = ((tile * self.k_tiles + 1) * self.num_ctas - 1) // self.units
+        """Sum the tile's parts in K order (published heads/middles of the lower CTA groups'
+        CTAs of this rank, then this CTA's tail) and store it. Waits only on lower groups,
+        which never wait on higher ones and start no later, so every wait ends."""
+        group, rank = self._group_rank(cta)
+        first = ((tile * self.k_tiles + 1) * self.num_groups - 1) // self.units
         acc.fill(0.0)
-        for c in range(first, cta):
+        for c in range(first, group):
+            peer = self._slot(self._cta_of(c, rank), cw)
             if ct == 0:
-                wait_flag(mFlags.iterator + self._slot(c, cw))
+                wait_flag(mFlags.iterator + peer)
             cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, self._slot(c, cw)]
+                acc[i] = acc[i] + mPartials[i, ct, 0, peer]
         for i in cutlass.range_constexpr(cute.size(acc)):
             acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
-        self._store_tile(thr, acc, mD, mBias, m, tile, cw)
+        self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
         if ct == 0:
-            for c in range(first, cta):
-                store_flag(mFlags.iterator + self._slot(c, cw), 0)
+            for c in range(first, group):
+                store_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw), 0)
 
     def _token_units(self, ct):
         """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""

@@ -252,6 +252,72 @@ def test_swap_ab_w128_tiles_agree_repeat_and_graph_replay():
     check_two_streams(g.config_from_spec("swap-ab w128 bf16-tokens", 100), 100, 2048, 8192, 44)
 
 
+MULTICAST_SHAPES = [  # (spec, tokens, N, K): a lone CTA pair (one unit, one tile past N),
+    # odd tile counts (the second CTA of the last pair past N), N past a tile, every token tile
+    ("swap-ab bf16-tokens mc2", 1, 64, 128),
+    ("swap-ab bf16-tokens mc2", 9, 192, 384),
+    ("swap-ab bf16-tokens mc2", 17, 200, 4160),
+    ("swap-ab bf16-tokens mc2", 33, 7168, 4096),
+    ("swap-ab bf16-tokens mc2", 64, 7168, 43008),
+    ("swap-ab w128 bf16-tokens mc2", 1, 128, 128),
+    ("swap-ab w128 bf16-tokens mc2", 16, 640, 1056),
+    ("swap-ab w128 bf16-tokens mc2", 48, 7168, 14336),
+    ("swap-ab w128 bf16-tokens mc2", 65, 200, 4160),
+    ("swap-ab w128 bf16-tokens mc2", 128, 18432, 7168),
+]
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec,tokens,n,k", MULTICAST_SHAPES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
+    """CTA pairs sharing each stage's token tile by TMA multicast (``cluster`` 2), 64- and
+    128-row weight stages: scale bytes 97-157, bias, rows past the tokens untouched."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec(spec, tokens)
+    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
+    bias = torch.randn(n, device="cuda", dtype=out_dtype)
+    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens + 3 * k, n + 5))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec", ["swap-ab bf16-tokens mc2", "swap-ab w128 bf16-tokens mc2"])
+def test_swap_ab_multicast_repeat_graph_replay_and_streams(spec):
+    """CTA pairs: every token tile gives the same bytes, launches repeat bitwise, a captured
+    launch replays with new tokens, launches on two streams keep their own buffers."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, n, k = 7, 1000, 6144
+    a, sa = random_operand(tokens, k, seed=51)
+    b, sb = random_operand(n, k, seed=52)
+    outs = []
+    for tile in (8, 16, 32, 64, 64) + ((128,) if "w128" in spec else ()):
+        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tile))
+        outs.append(out)
+    for other in outs[1:]:
+        assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
+    out = outs[0]
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tokens))
+    a2, sa2 = random_operand(tokens, k, seed=53)
+    a.copy_(a2)
+    sa.copy_(sa2)
+    graph.replay()
+    ref = torch.empty_like(out)
+    reference.mm_into(a, sa, b, sb, None, ref)
+    torch.cuda.synchronize()
+    check_close(out, ref, a, sa, b, sb)
+    check_two_streams(g.config_from_spec(spec, 60), 60, 2048, 8192, 54)
+
+
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -310,6 +311,17 @@ def test_config_specs_round_trip_and_reject_others():
         )  # fmt: skip
         assert g.spec_of(wide) == "swap-ab w128 bf16-tokens"
         assert g.swap_ab_limit(g.spec_of(wide)) == 128
+    for spec, tokens, limit in [
+        ("swap-ab bf16-tokens mc2", 64, 64),
+        ("swap-ab c2 bf16-tokens mc2", 20, 64),
+        ("swap-ab w128 bf16-tokens mc2", 128, 128),
+    ]:
+        paired = g.config_from_spec(spec, tokens)
+        assert (paired.cluster, paired.bf16_tokens, g.spec_of(paired)) == (2, 1, spec)
+        assert g.swap_ab_limit(spec) == limit
+        # the same tile and stages as without pairs: each CTA holds the whole token tile
+        alone = g.config_from_spec(spec.removesuffix(" mc2"), tokens)
+        assert alone.cluster == 1 and replace(paired, cluster=1) == alone
     bf16 = g.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
     assert (bf16.f16, bf16.stages, g.spec_of(bf16)) == (0, 11, "tiled 64x64 c1 stream-k s11+4 bf16")
     # f16 decides only what runs before the launch: one compile serves both
@@ -328,6 +340,9 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x128 bf16",
         "swap-ab w128",  # the 128-row stages read the tokens converted once
         "swap-ab w128 c2 bf16-tokens",
+        "swap-ab mc2",  # the pairs multicast the tokens converted once
+        "swap-ab w128 mc2 bf16-tokens",
+        "tiled 128x128 c2 mc2",
     ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
@@ -404,6 +419,16 @@ def test_config_fields_are_validated():
             g.GemmConfig(**bad)
     with pytest.raises(ValueError, match="^tokens:"):
         g.swap_ab_config(129, consumers=2, bf16_tokens=1, tile_w=128)
+    pair = dict(kernel=g.SWAP_AB, tokens_tile=32, bf16_tokens=1, cluster=2)
+    g.GemmConfig(**pair)
+    for bad in [
+        dict(pair, bf16_tokens=0),  # the multicast tile is the BF16 tokens' TMA load
+        dict(pair, cluster=4),
+        dict(pair, num_ctas=131),  # whole pairs
+        dict(kernel=g.TILED, cluster=2),
+    ]:
+        with pytest.raises(ValueError, match="^cluster:"):
+            g.GemmConfig(**bad)
 
 
 @requires_cutlass
