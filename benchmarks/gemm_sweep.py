@@ -88,8 +88,6 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
     if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
         specs.append("swap-ab w128 bf16-tokens mc2")
-        # the two consumers issuing in turn, alone and in pairs
-        specs += ["swap-ab w128 pp bf16-tokens", "swap-ab w128 pp bf16-tokens mc2"]
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]

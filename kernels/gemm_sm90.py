@@ -83,13 +83,11 @@ class GemmConfig:
     tile, so the tokens cross L2 half as often per weight byte. ``cluster`` 2 (with
     ``bf16_tokens``): CTA pairs take adjacent weight tiles over the same K stages, and each
     CTA loads one K half of every stage's token tile for both (TMA multicast), which halves
-    the tokens' L2 traffic again. ``pingpong`` 1 (with ``tile_w`` 128): the two consumers
-    issue their wgmmas in turn, so that each one converts its next stage while the other's
-    run.
+    the tokens' L2 traffic again.
 
     Raises:
         ValueError: naming ``kernel``, ``tokens_tile``, ``f16``, ``bf16_tokens``,
-            ``tile_w``, ``cluster`` or ``pingpong`` where they do not go together.
+            ``tile_w`` or ``cluster`` where they do not go together.
     """
 
     kernel: str = TILED
@@ -106,11 +104,8 @@ class GemmConfig:
     bf16_tokens: int = 0
     tile_w: int = 64
     cluster: int = 1
-    pingpong: int = 0
 
     def __post_init__(self):
-        if self.pingpong not in (0, 1) or (self.pingpong and self.tile_w != 128):
-            fail(ValueError, "pingpong", "0, or 1 with tile_w 128", self.pingpong)
         if self.cluster != 1 and not (
             self.cluster == 2 and self.kernel == SWAP_AB and self.bf16_tokens
             and self.num_ctas % 2 == 0
@@ -182,7 +177,6 @@ def swap_ab_config(
     bf16_tokens: int = 0,
     tile_w: int = 64,
     cluster: int = 1,
-    pingpong: int = 0,
 ) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128): wgmma N = the next power
@@ -224,7 +218,6 @@ def swap_ab_config(
         bf16_tokens=bf16_tokens,
         tile_w=tile_w,
         cluster=cluster,
-        pingpong=pingpong,
     )
 
 
@@ -279,7 +272,6 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
 _BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
 _W128 = "w128"  # the swap-AB spec word for tile_w 128 (two consumers, bf16_tokens)
 _MC2 = "mc2"  # the swap-AB spec word for cluster 2 (the token tile multicast to CTA pairs)
-_PP = "pp"  # the swap-AB spec word for pingpong (w128's consumers issue in turn)
 
 
 def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> GemmConfig:
@@ -291,18 +283,17 @@ def _swap_ab_spec(spec: str, words: list[str], tokens: int, num_sms: int) -> Gem
     if cluster == 2 and not bf16_tokens:
         raise ValueError(f"spec: {_MC2!r} follows {_BF16_TOKENS!r}, got {spec!r}")
     words = words[: len(words) - bf16_tokens]
-    pingpong = int(words == [_W128, _PP])
-    wide = words in ([_W128], [_W128, _PP]) and bf16_tokens
+    wide = words == [_W128] and bf16_tokens
     if words not in ([], ["c2"], ["c3"], ["c4"]) and not wide:
         raise ValueError(
             f"spec: 'swap-ab [cC] [{_BF16_TOKENS} [{_MC2}]]' or "
-            f"'swap-ab {_W128} [{_PP}] {_BF16_TOKENS} [{_MC2}]', got {spec!r}"
+            f"'swap-ab {_W128} {_BF16_TOKENS} [{_MC2}]', got {spec!r}"
         )
     limit = swap_ab_limit(spec)
     if tokens > limit:
         raise ValueError(f"spec: {spec!r} serves at most {limit} tokens, got {tokens}")
     if wide:
-        return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128, cluster=cluster, pingpong=pingpong)
+        return swap_ab_config(tokens, num_sms, 2, 1, tile_w=128, cluster=cluster)
     consumers = int(words[0][1:]) if words else 3
     return swap_ab_config(tokens, num_sms, consumers, bf16_tokens, cluster=cluster)
 
@@ -320,8 +311,7 @@ def spec_of(cfg: GemmConfig) -> str:
     if cfg.kernel == SWAP_AB:
         mc = f" {_MC2}" if cfg.cluster == 2 else ""
         if cfg.tile_w == 128:
-            pp = f" {_PP}" if cfg.pingpong else ""
-            return f"{SWAP_AB} {_W128}{pp} {_BF16_TOKENS}{mc}"
+            return f"{SWAP_AB} {_W128} {_BF16_TOKENS}{mc}"
         spec = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
         return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "") + mc
     sk = " stream-k" if cfg.stream_k else ""

@@ -87,10 +87,7 @@ from .gemm_sm90_common import (
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
-# named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction;
-# with ``pingpong`` (two consumers) PING: consumer 0 has issued its stage's wgmmas, PONG:
-# consumer 1 has
-PING, PONG = 5, 6
+# named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
 
 
 # L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
@@ -124,10 +121,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         self.row_split = self.tile_w != TILE_W
         if self.row_split and (not self.bf16_tokens or self.tile_w != TILE_W * self.consumers):
             raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
-        # the two consumers of a 128-row stage issue their wgmmas in turn (cfg.pingpong)
-        self.pingpong = bool(cfg.pingpong)
-        if self.pingpong and not (self.row_split and self.consumers == 2):
-            raise ValueError(f"pingpong needs tile_w 128: {cfg}")
         # stream-K workspace slots (and flags) per CTA: one per consumer that finishes tiles
         self.ws_slots = self.consumers if self.row_split else 1
         # CTA clusters (cfg.cluster 2): the two CTAs of a pair take adjacent weight tiles over
@@ -435,13 +428,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
                 if cutlass.const_expr(not self.bf16_tokens):
                     load_pipe.consumer_release(ls)
-                if cutlass.const_expr(self.pingpong):
-                    # consumer 1 issues a stage after consumer 0, consumer 0 the next stage
-                    # after consumer 1: the tensor pipe takes their wgmmas in turn
-                    if cw == 1:
-                        cute.arch.barrier(barrier_id=PING, number_of_threads=2 * WG_THREADS)
-                    elif _i > 0:
-                        cute.arch.barrier(barrier_id=PONG, number_of_threads=2 * WG_THREADS)
                 # the token tile: this stage's own (bf16_tokens), else this consumer's
                 tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
                 warpgroup.fence()
@@ -454,14 +440,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                         acc,
                     )
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.pingpong):
-                    cute.arch.barrier_arrive(barrier_id=PING + cw, number_of_threads=2 * WG_THREADS)
                 for _a in cutlass.range_constexpr(stride):
                     ls.advance()
-            if cutlass.const_expr(self.pingpong):
-                if cw == 0 and count > 0:
-                    # consumer 1's arrival after the segment's last stage
-                    cute.arch.barrier(barrier_id=PONG, number_of_threads=2 * WG_THREADS)
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:

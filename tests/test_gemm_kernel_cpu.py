@@ -315,7 +315,6 @@ def test_config_specs_round_trip_and_reject_others():
         ("swap-ab bf16-tokens mc2", 64, 64),
         ("swap-ab c2 bf16-tokens mc2", 20, 64),
         ("swap-ab w128 bf16-tokens mc2", 128, 128),
-        ("swap-ab w128 pp bf16-tokens mc2", 64, 128),
     ]:
         paired = g.config_from_spec(spec, tokens)
         assert (paired.cluster, paired.bf16_tokens, g.spec_of(paired)) == (2, 1, spec)
@@ -323,9 +322,6 @@ def test_config_specs_round_trip_and_reject_others():
         # the same tile and stages as without pairs: each CTA holds the whole token tile
         alone = g.config_from_spec(spec.removesuffix(" mc2"), tokens)
         assert alone.cluster == 1 and replace(paired, cluster=1) == alone
-    turns = g.config_from_spec("swap-ab w128 pp bf16-tokens", 100)
-    assert (turns.pingpong, g.spec_of(turns)) == (1, "swap-ab w128 pp bf16-tokens")
-    assert replace(turns, pingpong=0) == g.config_from_spec("swap-ab w128 bf16-tokens", 100)
     bf16 = g.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
     assert (bf16.f16, bf16.stages, g.spec_of(bf16)) == (0, 11, "tiled 64x64 c1 stream-k s11+4 bf16")
     # f16 decides only what runs before the launch: one compile serves both
@@ -345,8 +341,6 @@ def test_config_specs_round_trip_and_reject_others():
         "swap-ab w128",  # the 128-row stages read the tokens converted once
         "swap-ab w128 c2 bf16-tokens",
         "swap-ab mc2",  # the pairs multicast the tokens converted once
-        "swap-ab pp bf16-tokens",  # turns between the two consumers of a 128-row stage
-        "swap-ab w128 bf16-tokens pp",
         "swap-ab w128 mc2 bf16-tokens",
         "tiled 128x128 c2 mc2",
     ):
@@ -435,9 +429,6 @@ def test_config_fields_are_validated():
     ]:
         with pytest.raises(ValueError, match="^cluster:"):
             g.GemmConfig(**bad)
-    with pytest.raises(ValueError, match="^pingpong:"):
-        g.GemmConfig(**dict(pair, pingpong=1))  # 64-row stages: consumers on alternate ones
-    g.GemmConfig(**dict(wide, pingpong=1))
 
 
 @requires_cutlass
