@@ -17,12 +17,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (7168, 43008): (
         (1, "swap-ab bf16-tokens"),  # 0.0827 ms, 0.58x
         (8, "swap-ab bf16-tokens"),  # 0.0828 ms, 0.57x
-        (16, "swap-ab bf16-tokens"),  # 0.0870 ms, 0.58x
-        (32, "swap-ab bf16-tokens"),  # 0.0942 ms, 0.60x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.1100 ms, 0.69x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.1138 ms, 0.71x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.1502 ms, 0.95x
-        (128, "tiled 128x128 c2 stream-k"),  # 0.1564 ms, 0.96x
+        (16, "swap-ab bf16-tokens mc2"),  # 0.0833 ms, 0.57x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0883 ms, 0.58x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.1079 ms, 0.69x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.1116 ms, 0.71x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.1505 ms, 0.94x
+        (128, "tiled 128x128 c2 stream-k"),  # 0.1558 ms, 0.96x
         (192, "tiled 192x128 c1 stream-k"),  # 0.2200 ms, 1.17x
         (256, "tiled 128x128 c2 stream-k"),  # 0.2854 ms, 1.29x
         (384, "tiled 192x128 c1"),  # 0.4272 ms, 1.32x
@@ -36,12 +36,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (4096, 12288): (
         (1, "swap-ab"),  # 0.0210 ms, 0.69x
         (8, "swap-ab"),  # 0.0208 ms, 0.69x
-        (16, "swap-ab"),  # 0.0212 ms, 0.73x
-        (32, "swap-ab bf16-tokens"),  # 0.0247 ms, 0.83x
-        (48, "swap-ab bf16-tokens"),  # 0.0358 ms, 1.16x
-        (64, "swap-ab bf16-tokens"),  # 0.0359 ms, 1.13x
-        (96, "tiled 128x64 c1 stream-k s7+4"),  # 0.0428 ms, 1.30x
-        (128, "tiled 128x64 c1 stream-k s7+4"),  # 0.0436 ms, 1.32x
+        (16, "swap-ab"),  # 0.0207 ms, 0.75x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0240 ms, 0.82x
+        (48, "swap-ab bf16-tokens mc2"),  # 0.0354 ms, 1.17x
+        (64, "swap-ab bf16-tokens mc2"),  # 0.0357 ms, 1.13x
+        (96, "tiled 128x64 c1 stream-k s7+4"),  # 0.0438 ms, 1.31x
+        (128, "tiled 128x64 c1 stream-k s7+4"),  # 0.0440 ms, 1.32x
         (192, "tiled 192x128 c1 stream-k"),  # 0.0587 ms, 1.15x
         (256, "tiled 128x128 c2 stream-k"),  # 0.0625 ms, 1.48x
         (384, "tiled 128x128 c2 stream-k"),  # 0.0854 ms, 1.51x
@@ -55,12 +55,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (7168, 14336): (
         (1, "swap-ab bf16-tokens"),  # 0.0335 ms, 0.65x
         (8, "swap-ab bf16-tokens"),  # 0.0334 ms, 0.62x
-        (16, "swap-ab bf16-tokens"),  # 0.0346 ms, 0.60x
-        (32, "swap-ab bf16-tokens"),  # 0.0380 ms, 0.68x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.0482 ms, 0.84x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.0494 ms, 0.89x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.0657 ms, 1.10x
-        (128, "tiled 128x128 c2 stream-k"),  # 0.0678 ms, 1.13x
+        (16, "swap-ab bf16-tokens"),  # 0.0339 ms, 0.60x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0364 ms, 0.66x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0480 ms, 0.85x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0487 ms, 0.88x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0658 ms, 1.10x
+        (128, "tiled 128x128 c2 stream-k"),  # 0.0682 ms, 1.13x
         (192, "tiled 192x128 c1 stream-k"),  # 0.0940 ms, 1.35x
         (256, "tiled 128x128 c2"),  # 0.1032 ms, 1.38x
         (384, "tiled 192x128 c1"),  # 0.1417 ms, 1.30x
@@ -74,12 +74,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (7168, 18432): (
         (1, "swap-ab"),  # 0.0405 ms, 0.60x
         (8, "swap-ab"),  # 0.0405 ms, 0.56x
-        (16, "swap-ab"),  # 0.0422 ms, 0.59x
-        (32, "swap-ab bf16-tokens"),  # 0.0457 ms, 0.60x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.0566 ms, 0.74x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.0581 ms, 0.78x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.0779 ms, 1.06x
-        (128, "tiled 128x128 c2 stream-k"),  # 0.0800 ms, 1.07x
+        (16, "swap-ab bf16-tokens mc2"),  # 0.0402 ms, 0.57x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0441 ms, 0.64x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0565 ms, 0.78x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0580 ms, 0.79x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0779 ms, 1.07x
+        (128, "tiled 128x128 c2 stream-k"),  # 0.0803 ms, 1.07x
         (192, "tiled 192x128 c1 stream-k"),  # 0.1110 ms, 1.27x
         (256, "tiled 128x128 c2"),  # 0.1283 ms, 1.34x
         (384, "tiled 192x128 c1"),  # 0.1772 ms, 1.28x
@@ -93,12 +93,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (18432, 7168): (
         (1, "swap-ab bf16-tokens"),  # 0.0397 ms, 0.57x
         (8, "swap-ab bf16-tokens"),  # 0.0397 ms, 0.58x
-        (16, "swap-ab bf16-tokens"),  # 0.0405 ms, 0.61x
-        (32, "swap-ab bf16-tokens"),  # 0.0438 ms, 0.67x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.0524 ms, 0.79x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.0533 ms, 0.82x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.0747 ms, 1.14x
-        (128, "swap-ab w128 bf16-tokens"),  # 0.0789 ms, 1.20x
+        (16, "swap-ab bf16-tokens"),  # 0.0403 ms, 0.58x
+        (32, "swap-ab bf16-tokens"),  # 0.0435 ms, 0.63x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0523 ms, 0.75x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0530 ms, 0.84x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0752 ms, 1.14x
+        (128, "swap-ab w128 bf16-tokens mc2"),  # 0.0774 ms, 1.17x
         (192, "tiled 192x128 c1 stream-k"),  # 0.1152 ms, 1.29x
         (256, "tiled 128x128 c2 stream-k"),  # 0.1419 ms, 1.51x
         (384, "tiled 128x128 c2 stream-k"),  # 0.2031 ms, 1.43x
@@ -112,12 +112,12 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
     (2048, 7168): (
         (1, "swap-ab"),  # 0.0132 ms, 1.06x
         (8, "swap-ab"),  # 0.0132 ms, 1.07x
-        (16, "swap-ab"),  # 0.0140 ms, 1.14x
-        (32, "swap-ab"),  # 0.0173 ms, 1.39x
-        (48, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0235 ms, 1.85x
-        (64, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0238 ms, 1.88x
-        (96, "tiled 128x64 c1 stream-k"),  # 0.0257 ms, 2.02x
-        (128, "tiled 128x64 c1 stream-k"),  # 0.0273 ms, 1.84x
+        (16, "swap-ab"),  # 0.0140 ms, 1.11x
+        (32, "swap-ab"),  # 0.0172 ms, 1.33x
+        (48, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0235 ms, 1.77x
+        (64, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0237 ms, 1.78x
+        (96, "tiled 128x64 c1 stream-k"),  # 0.0269 ms, 2.01x
+        (128, "tiled 128x64 c1 stream-k"),  # 0.0273 ms, 1.82x
         (192, "tiled 128x64 c1 stream-k"),  # 0.0331 ms, 2.26x
         (256, "tiled 128x64 c1 stream-k"),  # 0.0317 ms, 2.17x
         (384, "tiled 128x128 c2 stream-k"),  # 0.0417 ms, 1.71x
