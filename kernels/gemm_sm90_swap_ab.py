@@ -73,6 +73,7 @@ from .gemm_sm90_common import (
     load_fragment_bytes,
     load_smem_words,
     mul_bf16x2,
+    parts_in_flight,
     rs_tiled_mma,
     scale_factors,
     smem_layout,
@@ -521,26 +522,36 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
     def _fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
         """Sum the tile's parts in K order (published heads/middles of the lower CTA groups'
         CTAs of this rank, then this CTA's tail) and store it. Waits only on lower groups,
-        which never wait on higher ones and start no later, so every wait ends."""
+        which never wait on higher ones and start no later, so every wait ends. The lower
+        parts' flags are awaited together (a thread each), then the parts are loaded several
+        at a time (parts_in_flight) and added in order."""
         group, rank = self._group_rank(cta)
         first = ((tile * self.k_tiles + 1) * self.num_groups - 1) // self.units
+        for c in range(first + ct, group, WG_THREADS):
+            wait_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw))
+        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
+        cute.arch.fence_acq_rel_gpu()
+        size = cute.size(acc)
+        batch = parts_in_flight(size)
         acc.fill(0.0)
-        for c in range(first, group):
-            peer = self._slot(self._cta_of(c, rank), cw)
-            if ct == 0:
-                wait_flag(mFlags.iterator + peer)
-            cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, peer]
-        for i in cutlass.range_constexpr(cute.size(acc)):
+        for c0 in range(first, group, batch):
+            parts = [cute.make_rmem_tensor((size,), cutlass.Float32) for _ in range(batch)]
+            for j in cutlass.range_constexpr(batch):
+                if c0 + j < group:
+                    peer = self._slot(self._cta_of(c0 + j, rank), cw)
+                    for i in cutlass.range_constexpr(size):
+                        parts[j][i] = mPartials[i, ct, 0, peer]
+            for j in cutlass.range_constexpr(batch):
+                if c0 + j < group:
+                    for i in cutlass.range_constexpr(size):
+                        acc[i] = acc[i] + parts[j][i]
+        for i in cutlass.range_constexpr(size):
             acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
         self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
-        if ct == 0:
-            for c in range(first, group):
-                store_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw), 0)
+        for c in range(first + ct, group, WG_THREADS):
+            store_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw), 0)
 
     def _token_units(self, ct):
         """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""

@@ -24,6 +24,7 @@ from .gemm_sm90_common import (
     convert_fragment,
     load_fragment_bytes,
     load_smem_words,
+    parts_in_flight,
     store_flag,
     wait_flag,
 )
@@ -199,24 +200,35 @@ class ConsumerRole:
         units = self._tiles(m) * self.k_tiles
         # the CTA holding the tile's first unit (as _my_units splits them)
         first = Int32(((cutlass.Int64(tile * self.k_tiles) + 1) * grid - 1) // units)
+        flags = mFlags.iterator + cwg
+        # the lower parts' flags awaited together (a thread each), then the parts loaded
+        # several at a time (parts_in_flight) and added in order
+        for c in range(first + ct, cta, WG_THREADS):
+            wait_flag(flags + self.row_blocks * c)
+        cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
+        cute.arch.fence_acq_rel_gpu()
+        size = cute.size(acc)
+        batch = parts_in_flight(size)
         acc.fill(0.0)
-        for c in range(first, cta):
-            if ct == 0:
-                wait_flag(mFlags.iterator + (cwg + self.row_blocks * c))
-            cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, cwg, c]
-        for i in cutlass.range_constexpr(cute.size(acc)):
+        for c0 in range(first, cta, batch):
+            parts = [cute.make_rmem_tensor((size,), cutlass.Float32) for _ in range(batch)]
+            for j in cutlass.range_constexpr(batch):
+                if c0 + j < cta:
+                    for i in cutlass.range_constexpr(size):
+                        parts[j][i] = mPartials[i, ct, 0, cwg, c0 + j]
+            for j in cutlass.range_constexpr(batch):
+                if c0 + j < cta:
+                    for i in cutlass.range_constexpr(size):
+                        acc[i] = acc[i] + parts[j][i]
+        for i in cutlass.range_constexpr(size):
             acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
         tm, tn = self._tile_mn(tile, m)
         row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
         self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
-        if ct == 0:
-            for c in range(first, cta):
-                store_flag(mFlags.iterator + (cwg + self.row_blocks * c), 0)
+        for c in range(first + ct, cta, WG_THREADS):
+            store_flag(flags + self.row_blocks * c, 0)
 
     @cute.jit
     def _mainloop(
