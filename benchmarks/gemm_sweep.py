@@ -444,6 +444,8 @@ def main(args) -> None:
     base_note = {}
     if mode == "tune" and args.tune_base:
         base_note = _merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
+        # a tune of some shapes keeps the base's others (the table is written from all)
+        shapes = list(shapes) + [shape for shape in by_shape if shape not in shapes]
     receipt = {
         "what": f"MXFP8 GEMM {mode}: ours (SM90 CuTe DSL, "
         + (

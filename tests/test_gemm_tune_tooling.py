@@ -2,6 +2,7 @@
 contender never returns is killed, and its spec is left out by the other workers; the table
 writer's choice per point (benchmarks/gemm_report.py)."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -68,3 +69,31 @@ def test_table_keeps_a_neighbours_spec_only_within_one_kernel(sweep):
     ]}  # fmt: skip
     specs = [spec for _t, spec, _ms, _r in gemm_report.best_specs(shape)]
     assert specs == [names[0], names[1], names[1], names[2]]
+
+
+def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(sweep, monkeypatch, tmp_path):
+    """``--shapes`` with ``--tune-base``: the receipt, and so the table written from it,
+    holds the base's shapes the tune did not measure, marked with the base's revision."""
+    point = {"tokens": 1, "contenders": {"swap-ab": {"ms": 1.0, "over_cublas_bf16": 0.5}}}
+    base = {"git_revision": "abc1234", "shapes": [
+        {"n": 2048, "k": 7168, "points": [point]}, {"n": 7168, "k": 43008, "points": [point]},
+    ]}  # fmt: skip
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    measured = {"n": 2048, "k": 7168, "points": [dict(point, tokens=1)], "compile_s": {},
+                "status": "done", "returncode": 0}  # fmt: skip
+    monkeypatch.setattr(sweep, "_run_workers", lambda jobs, deadline: [measured])
+    import machine
+
+    monkeypatch.setattr(machine, "environment", lambda rev: {"git_revision": rev})
+    out = tmp_path / "tune.json"
+    args = argparse.Namespace(
+        plot=None, tune=True, sweep=False, before=False, shapes="2048,7168", sweep_tokens=[1],
+        deadline_s=60.0, rounds=1, out=str(out), git_rev="def5678", write_table=None,
+        tune_base=str(tmp_path / "base.json"), workers=1, lock=None, gate=None,
+        no_stream_k=False,
+    )  # fmt: skip
+    sweep.main(args)
+    shapes = {(s["n"], s["k"]): s["points"] for s in json.loads(out.read_text())["shapes"]}
+    assert set(shapes) == {(2048, 7168), (7168, 43008)}
+    assert shapes[(7168, 43008)][0]["measured_at"] == "abc1234"
+    assert "measured_at" not in shapes[(2048, 7168)][0]
