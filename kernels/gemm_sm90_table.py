@@ -34,38 +34,38 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (16384, "tiled 192x128 c1"),  # 16.1286 ms, 1.21x
     ),
     (4096, 12288): (
-        (1, "swap-ab"),  # 0.0210 ms, 0.69x
-        (8, "swap-ab"),  # 0.0208 ms, 0.69x
-        (16, "swap-ab"),  # 0.0207 ms, 0.75x
-        (32, "swap-ab bf16-tokens mc2"),  # 0.0240 ms, 0.82x
-        (48, "swap-ab bf16-tokens mc2"),  # 0.0354 ms, 1.17x
-        (64, "swap-ab bf16-tokens mc2"),  # 0.0357 ms, 1.13x
-        (96, "tiled 128x64 c1 stream-k s7+4"),  # 0.0438 ms, 1.31x
-        (128, "tiled 128x64 c1 stream-k s7+4"),  # 0.0440 ms, 1.32x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.0587 ms, 1.15x
-        (256, "tiled 128x128 c2 stream-k"),  # 0.0625 ms, 1.48x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.0854 ms, 1.51x
-        (512, "tiled 128x128 c2"),  # 0.0944 ms, 1.36x
-        (1024, "tiled 128x128 c2"),  # 0.1827 ms, 1.40x
+        (1, "swap-ab"),  # 0.0201 ms, 0.67x
+        (8, "swap-ab"),  # 0.0200 ms, 0.66x
+        (16, "swap-ab"),  # 0.0211 ms, 0.72x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0232 ms, 0.77x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0336 ms, 1.09x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0346 ms, 1.08x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0420 ms, 1.23x
+        (128, "tiled 128x128 c2 stream-k"),  # 0.0432 ms, 1.29x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0567 ms, 1.04x
+        (256, "tiled 128x128 c2 stream-k"),  # 0.0613 ms, 1.44x
+        (384, "tiled 128x128 c2 stream-k"),  # 0.0839 ms, 1.34x
+        (512, "tiled 128x128 c2"),  # 0.0915 ms, 1.35x
+        (1024, "tiled 128x128 c2"),  # 0.1752 ms, 1.37x
         (2048, "tiled 128x128 c2"),  # 0.3700 ms, 1.42x
         (4096, "tiled 128x128 c2"),  # 0.7671 ms, 1.36x
         (8192, "tiled 192x128 c1"),  # 1.4158 ms, 1.22x
         (16384, "tiled 192x128 c1"),  # 2.8991 ms, 1.23x
     ),
     (7168, 14336): (
-        (1, "swap-ab bf16-tokens"),  # 0.0335 ms, 0.65x
-        (8, "swap-ab bf16-tokens"),  # 0.0334 ms, 0.62x
-        (16, "swap-ab bf16-tokens"),  # 0.0339 ms, 0.60x
-        (32, "swap-ab bf16-tokens mc2"),  # 0.0364 ms, 0.66x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.0480 ms, 0.85x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.0487 ms, 0.88x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.0658 ms, 1.10x
-        (128, "tiled 128x128 c2 stream-k"),  # 0.0682 ms, 1.13x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.0940 ms, 1.35x
-        (256, "tiled 128x128 c2"),  # 0.1032 ms, 1.38x
-        (384, "tiled 192x128 c1"),  # 0.1417 ms, 1.30x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.2027 ms, 1.42x
-        (1024, "tiled 128x128 c2 stream-k"),  # 0.4075 ms, 1.39x
+        (1, "swap-ab"),  # 0.0333 ms, 0.62x
+        (8, "swap-ab"),  # 0.0330 ms, 0.60x
+        (16, "swap-ab bf16-tokens mc2"),  # 0.0333 ms, 0.58x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0359 ms, 0.64x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0465 ms, 0.81x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0474 ms, 0.84x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0638 ms, 1.06x
+        (128, "tiled 128x128 c2 stream-k"),  # 0.0660 ms, 1.07x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0921 ms, 1.30x
+        (256, "tiled 128x128 c2"),  # 0.1030 ms, 1.36x
+        (384, "tiled 192x128 c1"),  # 0.1413 ms, 1.34x
+        (512, "tiled 128x128 c2 stream-k"),  # 0.1985 ms, 1.43x
+        (1024, "tiled 128x128 c2 stream-k"),  # 0.3990 ms, 1.37x
         (2048, "tiled 192x128 c1"),  # 0.7359 ms, 1.30x
         (4096, "tiled 192x128 c1"),  # 1.4538 ms, 1.28x
         (8192, "tiled 192x128 c1"),  # 2.8109 ms, 1.21x
@@ -91,38 +91,38 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (16384, "tiled 192x128 c1"),  # 7.5219 ms, 1.25x
     ),
     (18432, 7168): (
-        (1, "swap-ab bf16-tokens"),  # 0.0397 ms, 0.57x
-        (8, "swap-ab bf16-tokens"),  # 0.0397 ms, 0.58x
-        (16, "swap-ab bf16-tokens"),  # 0.0403 ms, 0.58x
-        (32, "swap-ab bf16-tokens"),  # 0.0435 ms, 0.63x
-        (48, "swap-ab w128 bf16-tokens"),  # 0.0523 ms, 0.75x
-        (64, "swap-ab w128 bf16-tokens"),  # 0.0530 ms, 0.84x
-        (96, "tiled 128x128 c2 stream-k"),  # 0.0752 ms, 1.14x
-        (128, "swap-ab w128 bf16-tokens mc2"),  # 0.0774 ms, 1.17x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.1152 ms, 1.29x
-        (256, "tiled 128x128 c2 stream-k"),  # 0.1419 ms, 1.51x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.2031 ms, 1.43x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.2646 ms, 1.41x
-        (1024, "tiled 192x128 c1"),  # 0.5083 ms, 1.39x
+        (1, "swap-ab"),  # 0.0404 ms, 0.58x
+        (8, "swap-ab"),  # 0.0404 ms, 0.58x
+        (16, "swap-ab bf16-tokens mc2"),  # 0.0400 ms, 0.56x
+        (32, "swap-ab bf16-tokens mc2"),  # 0.0430 ms, 0.61x
+        (48, "swap-ab w128 bf16-tokens"),  # 0.0518 ms, 0.73x
+        (64, "swap-ab w128 bf16-tokens"),  # 0.0523 ms, 0.81x
+        (96, "tiled 128x128 c2 stream-k"),  # 0.0760 ms, 1.13x
+        (128, "swap-ab w128 bf16-tokens"),  # 0.0784 ms, 1.16x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.1158 ms, 1.27x
+        (256, "tiled 128x128 c2 stream-k"),  # 0.1424 ms, 1.50x
+        (384, "tiled 128x128 c2 stream-k"),  # 0.1995 ms, 1.45x
+        (512, "tiled 128x128 c2 stream-k"),  # 0.2589 ms, 1.42x
+        (1024, "tiled 192x128 c1"),  # 0.5064 ms, 1.41x
         (2048, "tiled 192x128 c1"),  # 0.9424 ms, 1.27x
         (4096, "tiled 192x128 c1"),  # 1.8912 ms, 1.29x
         (8192, "tiled 192x128 c1"),  # 3.7760 ms, 1.25x
         (16384, "tiled 192x128 c1"),  # 7.8803 ms, 1.39x
     ),
     (2048, 7168): (
-        (1, "swap-ab"),  # 0.0132 ms, 1.06x
-        (8, "swap-ab"),  # 0.0132 ms, 1.07x
-        (16, "swap-ab"),  # 0.0140 ms, 1.11x
-        (32, "swap-ab"),  # 0.0172 ms, 1.33x
-        (48, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0235 ms, 1.77x
-        (64, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0237 ms, 1.78x
-        (96, "tiled 128x64 c1 stream-k"),  # 0.0269 ms, 2.01x
-        (128, "tiled 128x64 c1 stream-k"),  # 0.0273 ms, 1.82x
-        (192, "tiled 128x64 c1 stream-k"),  # 0.0331 ms, 2.26x
-        (256, "tiled 128x64 c1 stream-k"),  # 0.0317 ms, 2.17x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.0417 ms, 1.71x
-        (512, "tiled 128x64 c1"),  # 0.0430 ms, 1.83x
-        (1024, "tiled 128x128 c2"),  # 0.0601 ms, 1.49x
+        (1, "swap-ab"),  # 0.0107 ms, 0.86x
+        (8, "swap-ab"),  # 0.0108 ms, 0.87x
+        (16, "swap-ab"),  # 0.0114 ms, 0.90x
+        (32, "swap-ab"),  # 0.0141 ms, 1.10x
+        (48, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0207 ms, 1.57x
+        (64, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0199 ms, 1.60x
+        (96, "tiled 128x64 c1 stream-k"),  # 0.0238 ms, 1.76x
+        (128, "tiled 128x64 c1 stream-k"),  # 0.0239 ms, 1.62x
+        (192, "tiled 128x64 c1 stream-k"),  # 0.0320 ms, 2.17x
+        (256, "tiled 128x64 c1 stream-k"),  # 0.0316 ms, 2.14x
+        (384, "tiled 128x128 c2 stream-k"),  # 0.0385 ms, 1.54x
+        (512, "tiled 128x128 c2 stream-k"),  # 0.0441 ms, 1.89x
+        (1024, "tiled 128x128 c2"),  # 0.0589 ms, 1.50x
         (2048, "tiled 128x128 c2"),  # 0.1132 ms, 1.49x
         (4096, "tiled 128x128 c2"),  # 0.2208 ms, 1.46x
         (8192, "tiled 128x128 c2 stream-k"),  # 0.4390 ms, 1.41x
