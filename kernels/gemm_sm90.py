@@ -164,6 +164,9 @@ _HEURISTIC_SWAP_AB_TOKENS = 32
 # 32 tokens 0.61-0.69 of cuBLAS BF16's time on five measured shapes against 0.73-0.80 when
 # every CTA converts them (docs/gemm_log.md, variant 38)
 _HEURISTIC_BF16_TOKENS = 17
+# ... on CTA pairs sharing each stage's token tile (cluster 2, where the SM count is even): at
+# 32 tokens it won on five of six measured shapes by 1-5% (0.58-0.78 of cuBLAS BF16's time;
+# docs/gemm_log.md, variant 40)
 # 33-64 tokens on weights of at least this many rows take swap-AB with tile_w 128: 0.69-0.84
 # of cuBLAS BF16's time at 48-64 tokens on the four measured shapes with N >= 7168, against
 # 0.75-0.97 for the tiled kernel; it lost on N 4096 and 2048 (docs/gemm_log.md, variant 39)
@@ -353,7 +356,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     rules follow what won in the measured table's shapes (gemm_sm90_table, docs/gemm_log.md).
 
     Up to 32 tokens the swap-AB kernel (it streams the weight once), from 17 tokens on with
-    the tokens converted once before the GEMM; up to 64 tokens on weights of 7168 rows or
+    the tokens converted once before the GEMM and on CTA pairs; up to 64 tokens on weights of 7168 rows or
     more, with two consumers sharing 128-row weight stages (``tile_w`` 128). Otherwise the
     tiled kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
     are split over all CTAs (stream-K), in 192-row tiles where they pad fewer rows than
@@ -362,7 +365,9 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     model favours them.
     """
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
-        return swap_ab_config(tokens, num_sms, bf16_tokens=int(tokens >= _HEURISTIC_BF16_TOKENS))
+        if tokens < _HEURISTIC_BF16_TOKENS:
+            return swap_ab_config(tokens, num_sms)
+        return swap_ab_config(tokens, num_sms, bf16_tokens=1, cluster=2 - num_sms % 2)
     if tokens <= SWAP_AB_MAX_TOKENS and n >= _HEURISTIC_W128_MIN_N:
         return config_from_spec(f"{SWAP_AB} {_W128} {_BF16_TOKENS}", tokens, num_sms)
     if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:

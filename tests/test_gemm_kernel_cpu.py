@@ -225,9 +225,11 @@ def test_heuristic_swaps_operands_for_few_tokens():
 
     for tokens in (1, 8, 9, 16):
         assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
-    for tokens in (17, 32):  # the tokens converted once, before the GEMM
-        want = g.swap_ab_config(tokens, bf16_tokens=1)
+    for tokens in (17, 32):  # the tokens converted once, before the GEMM, on CTA pairs
+        want = g.swap_ab_config(tokens, bf16_tokens=1, cluster=2)
         assert g.heuristic_config(tokens, 7168, 43008) == want
+        # pairs need an even CTA count
+        assert g.heuristic_config(tokens, 7168, 43008, 131).cluster == 1
     for tokens in (33, 64):  # weights of 7168 rows or more: 128-row stages, two consumers
         want = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
         assert g.heuristic_config(tokens, 7168, 43008) == want
