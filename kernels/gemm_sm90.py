@@ -21,7 +21,8 @@ docs/gemm_log.md.)
   ``bf16_tokens`` (measured faster at 32 tokens on five of six shapes; the heuristic takes it
   from 17 tokens on) a launch before it converts the tokens to BF16 once
   (gemm_sm90_tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
-  consumer warpgroups share each stage's token tile, on 64 weight rows each.
+  consumer warpgroups share each stage's token tile, on 64 weight rows each; with
+  ``cluster`` 2 CTA pairs share it through TMA multicast.
 
 Which kernel and tile serve a call comes from a table measured on the H200 per (tokens, N,
 K) (gemm_sm90_table, written by ``benchmarks/gemm.py --tune``), else from a heuristic.
@@ -226,8 +227,9 @@ def swap_ab_config(
 
 def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``;
-    ``"swap-ab cC"`` with C consumer warpgroups, ``" bf16-tokens"`` with ``bf16_tokens``)
-    or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an optional ``" sF+H"`` and an
+    ``"swap-ab cC"`` with C consumer warpgroups, ``" bf16-tokens"`` with ``bf16_tokens``;
+    ``"swap-ab w128 bf16-tokens"`` with ``tile_w`` 128; after bf16-tokens an optional
+    ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an optional ``" sF+H"`` and an
     optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
     default the standard split of that tile; M 64 is the k-split tile, two consumer
     warpgroups on alternate K halves of the same 64 rows; bf16: every tile on the BF16 path,

@@ -14,7 +14,9 @@ tile it touches. A whole tile is stored directly; a tile split across CTAs is fi
 the CTA holding its tail: the lower CTAs publish their head or middle parts to a global
 workspace and raise a flag (st.release), the tail's CTA waits for them (ld.acquire) after
 its own range and adds the parts in K order, so results do not depend on timing. A CTA
-waits only on lower CTAs, which never wait on it and start no later.
+waits only on lower CTAs, which never wait on it and start no later. It awaits their flags
+together and loads their parts several at a time before adding them in order: one part at a
+time, each an L2 round trip, had cost the last CTA 4.2 us at N 2048, K 7168.
 
 Each CTA has 1 + C warpgroups:
 
@@ -39,6 +41,14 @@ read the stage's one token tile, so the tokens cross L2 once per 128 weight rows
 per 64. Each consumer finishes its own rows (its own stream-K slot and flag; no reduction).
 At 48-64 tokens that measured 0.69-0.71 of cuBLAS BF16's time at N 7168, K 43008 against
 0.75 for the tiled kernel (docs/gemm_log.md, variant 39).
+
+With ``cluster`` 2 (``bf16_tokens``) the CTAs run in pairs: the units are (pair of adjacent
+weight tiles, K stage), a pair's two CTAs take its two tiles over the same stages, and each
+loads one K half of the stage's token tile into both CTAs (TMA multicast), so every CTA's
+stage still holds the whole tile while the tokens cross L2 half as often. A stage is free
+once the consumers of both CTAs have released it (each consumer warp arrives on both CTAs'
+barriers). 1-5% faster at 16-64 tokens in the 64-row kernel, no gain with 128-row stages:
+the tokens' L2 traffic is a small part of the cost (docs/gemm_log.md, variant 40).
 
 K order inside each 32-element scale group is permuted, identically for both operands, so
 that every thread loads its weight bytes with two 8-byte loads per group and row: thread
