@@ -219,29 +219,40 @@ def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-def test_swap_ab_w128_tiles_agree_repeat_and_graph_replay():
-    """Every token tile of ``tile_w`` 128 gives the same bytes (the same split and K order
-    per output), launches repeat bitwise, a captured launch replays with new tokens, and
-    launches on two streams at once keep their own workspaces."""
+@pytest.mark.parametrize(
+    "spec,tiles,seed,stream_tokens",
+    [
+        ("swap-ab w128 bf16-tokens", (8, 16, 32, 64, 128, 128), 41, 100),
+        ("swap-ab bf16-tokens mc2", (8, 16, 32, 64, 64), 51, 60),
+        ("swap-ab w128 bf16-tokens mc2", (8, 16, 32, 64, 64, 128), 51, 60),
+    ],
+)
+def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
+    spec, tiles, seed, stream_tokens
+):
+    """Schedules that share a stage's token tile (two consumers of a 128-row stage
+    ``tile_w`` 128, CTA pairs ``cluster`` 2): every token tile gives the same bytes (the same
+    split and K order per output), launches repeat bitwise, a captured launch replays with
+    new tokens, and launches on two streams at once keep their own workspaces."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     tokens, n, k = 7, 1000, 6144
-    a, sa = random_operand(tokens, k, seed=41)
-    b, sb = random_operand(n, k, seed=42)
+    a, sa = random_operand(tokens, k, seed=seed)
+    b, sb = random_operand(n, k, seed=seed + 1)
     outs = []
-    for tile in (8, 16, 32, 64, 128, 128):
+    for tile in tiles:
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.config_from_spec("swap-ab w128 bf16-tokens", tile))
+        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tile))
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
     out = outs[0]
-    cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+    cfg = g.config_from_spec(spec, tokens)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         g.run(a, sa, b, sb, None, out, config=cfg)
-    a2, sa2 = random_operand(tokens, k, seed=43)
+    a2, sa2 = random_operand(tokens, k, seed=seed + 2)
     a.copy_(a2)
     sa.copy_(sa2)
     graph.replay()
@@ -249,7 +260,7 @@ def test_swap_ab_w128_tiles_agree_repeat_and_graph_replay():
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
     check_close(out, ref, a, sa, b, sb)
-    check_two_streams(g.config_from_spec("swap-ab w128 bf16-tokens", 100), 100, 2048, 8192, 44)
+    check_two_streams(g.config_from_spec(spec, stream_tokens), stream_tokens, 2048, 8192, seed + 3)
 
 
 MULTICAST_SHAPES = [  # (spec, tokens, N, K): a lone CTA pair (one unit, one tile past N),
@@ -281,41 +292,6 @@ def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
     check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens + 3 * k, n + 5))
-
-
-@pytest.mark.gpu
-@requires_cutlass
-@requires_sm90
-@pytest.mark.parametrize("spec", ["swap-ab bf16-tokens mc2", "swap-ab w128 bf16-tokens mc2"])
-def test_swap_ab_multicast_repeat_graph_replay_and_streams(spec):
-    """CTA pairs: every token tile gives the same bytes, launches repeat bitwise, a captured
-    launch replays with new tokens, launches on two streams keep their own buffers."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
-    tokens, n, k = 7, 1000, 6144
-    a, sa = random_operand(tokens, k, seed=51)
-    b, sb = random_operand(n, k, seed=52)
-    outs = []
-    for tile in (8, 16, 32, 64, 64) + ((128,) if "w128" in spec else ()):
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tile))
-        outs.append(out)
-    for other in outs[1:]:
-        assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
-    out = outs[0]
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tokens))
-    a2, sa2 = random_operand(tokens, k, seed=53)
-    a.copy_(a2)
-    sa.copy_(sa2)
-    graph.replay()
-    ref = torch.empty_like(out)
-    reference.mm_into(a, sa, b, sb, None, ref)
-    torch.cuda.synchronize()
-    check_close(out, ref, a, sa, b, sb)
-    check_two_streams(g.config_from_spec(spec, 60), 60, 2048, 8192, 54)
 
 
 @pytest.mark.gpu
