@@ -201,6 +201,26 @@ def parts_in_flight(floats_per_part: int) -> int:
     return max(1, min(8, FIXUP_FLOATS // floats_per_part))
 
 
+@cute.jit
+def add_parts(acc, first, last, part):
+    """``acc[i] += part(c)[i]`` for the parts c = first .. last - 1, in that order (the sum
+    order does not depend on timing), loading :func:`parts_in_flight` of them at a time.
+    ``part(c)``: this thread's values of part c (a tensor of ``acc``'s size)."""
+    size = cute.size(acc)
+    batch = parts_in_flight(size)
+    for c0 in range(first, last, batch):
+        loaded = [cute.make_rmem_tensor((size,), cutlass.Float32) for _ in range(batch)]
+        for j in cutlass.range_constexpr(batch):
+            if c0 + j < last:
+                values = part(c0 + j)
+                for i in cutlass.range_constexpr(size):
+                    loaded[j][i] = values[i]
+        for j in cutlass.range_constexpr(batch):
+            if c0 + j < last:
+                for i in cutlass.range_constexpr(size):
+                    acc[i] = acc[i] + loaded[j][i]
+
+
 def load_gmem_word(addr):
     """One 32-bit word from global byte address ``addr``."""
     ptr = cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=4)

@@ -73,6 +73,7 @@ from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, ceil_div, row_blocks
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
     Sm90Gemm,
+    add_parts,
     chunk_slots,
     chunk_views,
     chunk_word,
@@ -83,7 +84,6 @@ from .gemm_sm90_common import (
     load_fragment_bytes,
     load_smem_words,
     mul_bf16x2,
-    parts_in_flight,
     rs_tiled_mma,
     scale_factors,
     smem_layout,
@@ -576,21 +576,12 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             wait_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw))
         cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
         cute.arch.fence_acq_rel_gpu()
-        size = cute.size(acc)
-        batch = parts_in_flight(size)
         acc.fill(0.0)
-        for c0 in range(first, group, batch):
-            parts = [cute.make_rmem_tensor((size,), cutlass.Float32) for _ in range(batch)]
-            for j in cutlass.range_constexpr(batch):
-                if c0 + j < group:
-                    peer = self._slot(self._cta_of(c0 + j, rank), cw)
-                    for i in cutlass.range_constexpr(size):
-                        parts[j][i] = mPartials[i, ct, 0, peer]
-            for j in cutlass.range_constexpr(batch):
-                if c0 + j < group:
-                    for i in cutlass.range_constexpr(size):
-                        acc[i] = acc[i] + parts[j][i]
-        for i in cutlass.range_constexpr(size):
+        add_parts(
+            acc, first, group,
+            lambda c: mPartials[None, ct, 0, self._slot(self._cta_of(c, rank), cw)],
+        )  # fmt: skip
+        for i in cutlass.range_constexpr(cute.size(acc)):
             acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
         self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
         # every thread has read the parts: re-arm the flags for the next launch

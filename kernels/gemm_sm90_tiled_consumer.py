@@ -21,10 +21,10 @@ from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
 from .constants import TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
+    add_parts,
     convert_fragment,
     load_fragment_bytes,
     load_smem_words,
-    parts_in_flight,
     store_flag,
     wait_flag,
 )
@@ -207,20 +207,9 @@ class ConsumerRole:
             wait_flag(flags + self.row_blocks * c)
         cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
         cute.arch.fence_acq_rel_gpu()
-        size = cute.size(acc)
-        batch = parts_in_flight(size)
         acc.fill(0.0)
-        for c0 in range(first, cta, batch):
-            parts = [cute.make_rmem_tensor((size,), cutlass.Float32) for _ in range(batch)]
-            for j in cutlass.range_constexpr(batch):
-                if c0 + j < cta:
-                    for i in cutlass.range_constexpr(size):
-                        parts[j][i] = mPartials[i, ct, 0, cwg, c0 + j]
-            for j in cutlass.range_constexpr(batch):
-                if c0 + j < cta:
-                    for i in cutlass.range_constexpr(size):
-                        acc[i] = acc[i] + parts[j][i]
-        for i in cutlass.range_constexpr(size):
+        add_parts(acc, first, cta, lambda c: mPartials[None, ct, 0, cwg, c])
+        for i in cutlass.range_constexpr(cute.size(acc)):
             acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
         tm, tn = self._tile_mn(tile, m)
         row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)

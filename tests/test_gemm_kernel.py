@@ -157,6 +157,15 @@ def test_tile_configs_agree(tokens):
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
 
 
+def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):
+    """:func:`check_config_run` with a bias and scale bytes that exercise the swap-AB
+    kernel's conversion: 97-157 for BF16 output (both conversion factors), 115-123 for FP16
+    output (its narrower range)."""
+    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
+    bias = torch.randn(n, device="cuda", dtype=out_dtype)
+    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds)
+
+
 SWAP_AB_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
     (1, 7168, 4096),
     (3, 200, 4160),
@@ -182,10 +191,7 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype, bf16_tokens):
 
     # the swap-AB kernel itself, whichever kernel the measured table picks for this shape
     cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
-    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
-    bias = torch.randn(n, device="cuda", dtype=out_dtype)
-    seeds = (tokens + 7 * k, n + 1)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds)
+    check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + 7 * k, n + 1))
 
 
 W128_SHAPES = [  # (tokens, N, K): one unit, N past a 128-row stage, every token tile
@@ -211,9 +217,7 @@ def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
-    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
-    bias = torch.randn(n, device="cuda", dtype=out_dtype)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n + 3))
+    check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + k, n + 3))
 
 
 @pytest.mark.gpu
@@ -289,9 +293,7 @@ def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     cfg = g.config_from_spec(spec, tokens)
-    spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
-    bias = torch.randn(n, device="cuda", dtype=out_dtype)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens + 3 * k, n + 5))
+    check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + 3 * k, n + 5))
 
 
 @pytest.mark.gpu
