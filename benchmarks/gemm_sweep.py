@@ -82,12 +82,11 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
     if tokens <= g.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-    if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
-        specs.append("swap-ab w128 bf16-tokens")  # and shared by two 64-row consumers
     if 8 < tokens <= g.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
     if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
-        specs.append("swap-ab w128 bf16-tokens mc2")
+        # shared by two 64-row consumers, alone and on CTA pairs
+        specs += ["swap-ab w128 bf16-tokens", "swap-ab w128 bf16-tokens mc2"]
     specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
