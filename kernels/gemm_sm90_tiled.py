@@ -68,6 +68,7 @@ from .gemm_sm90_common import (
 )
 from .gemm_sm90_tiled_consumer import ConsumerRole
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
+from .ptx import store_globaltimer
 
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
 # accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
@@ -97,9 +98,22 @@ CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, ru
 # BF16).
 SCAN_THREADS = 32
 
+# In-kernel timing (benchmarks/gemm_diag_stamps.py): with MXFP8TiledGemmSm90.stamps_addr set
+# to a device buffer of STAMPED_TILES * len(TILE_STAMPS) int64 per CTA before the compile,
+# each CTA writes the GPU clock at these points of each of its first STAMPED_TILES segments
+# (the producer's, the first converter thread's and consumer 0's). 0, the default, compiles
+# none of it (the PTX is the same as without these lines).
+TILE_STAMPS = (
+    "producer_first_stage", "converter_first_stage", "converter_done", "consumer_start",
+    "consumer_refs", "consumer_first_stage", "consumer_mainloop_done", "consumer_done",
+)  # fmt: skip
+STAMPED_TILES = 32
+
 
 class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
+
+    stamps_addr = 0  # see TILE_STAMPS
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
@@ -346,6 +360,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             a_chunk0 = ((tm * self.tile_m) // ROW_BLOCK) * k_tiles
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
+                if cutlass.const_expr(self.stamps_addr != 0):
+                    if kt == k0:
+                        self._stamp(_t, m, "producer_first_stage")
                 bar = load_pipe.producer_get_barrier(ps)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
@@ -364,6 +381,23 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 ps.advance()
             u = seg_end + skip
         load_pipe.producer_tail(ps)
+
+    @cute.jit
+    def _stamp(self, t, m, name: str):
+        """The GPU clock at point ``name`` of TILE_STAMPS of this CTA's segment on tile ``t``
+        into stamps_addr (segments past STAMPED_TILES are not stamped)."""
+        if cutlass.const_expr(self.stamps_addr != 0):
+            cta, _, _ = cute.arch.block_idx()
+            grid, _, _ = cute.arch.grid_dim()
+            # persistent: tiles cta, cta + G, ...; stream-K: consecutive tiles from the first
+            j = (t - cta) // grid
+            if cutlass.const_expr(self.stream_k):
+                start, _stop, _skip = self._my_units(m)
+                j = t - start // self.k_tiles
+            if j < STAMPED_TILES:
+                slot = (cutlass.Int64(cta) * STAMPED_TILES + j) * len(TILE_STAMPS)
+                slot = slot + TILE_STAMPS.index(name)
+                store_globaltimer(cutlass.Int64(self.stamps_addr) + slot * 8)
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""

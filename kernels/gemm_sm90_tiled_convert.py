@@ -45,7 +45,7 @@ class WeightConverterRole:
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         rows = self._converter_rows(ct)
         while u < stop:
-            _t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
+            t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
             b_row0 = (tn * self.tile_n) % ROW_BLOCK  # tile_n 64: the tile's rows in its chunk
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
@@ -57,6 +57,10 @@ class WeightConverterRole:
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
+            if cutlass.const_expr(self.stamps_addr != 0):
+                if ct == 0:
+                    load_pipe.consumer_wait(ls)
+                    self._stamp(t, m, "converter_first_stage")
             if mode != 0:
                 ls, cs = self._convert_tile(
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
@@ -65,6 +69,9 @@ class WeightConverterRole:
                 ls, cs = self._convert_tile(
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0
                 )
+            if cutlass.const_expr(self.stamps_addr != 0):
+                if ct == 0:
+                    self._stamp(t, m, "converter_done")
             u = seg_end + skip
 
     def _converter_rows(self, ct):
