@@ -221,6 +221,23 @@ def add_parts(acc, first, last, part):
                     acc[i] = acc[i] + loaded[j][i]
 
 
+@cute.jit
+def quad_transpose(words, t):
+    """The 4 x 4 transpose of 32-bit words across the four threads of a quad: thread ``t``
+    (``lane % 4``) holds ``words[s]`` and gets back word ``t`` of quad thread s, s = 0..3.
+    Two butterfly rounds of two shuffles each; every thread of the warp takes part."""
+    a = list(words)
+    for mask in (1, 2):
+        high = (t & mask) != 0
+        for lo in (s for s in range(4) if not s & mask):
+            hi = lo | mask
+            # a thread sends the word its partner needs and keeps the one the partner sends
+            got = cute.arch.shuffle_sync_bfly(cutlass.select_(high, a[lo], a[hi]), offset=mask)
+            a[lo] = cutlass.select_(high, got, a[lo])
+            a[hi] = cutlass.select_(high, a[hi], got)
+    return a
+
+
 def load_gmem_word(addr):
     """One 32-bit word from global byte address ``addr``."""
     ptr = cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=4)

@@ -25,6 +25,7 @@ from .gemm_sm90_common import (
     convert_fragment,
     load_fragment_bytes,
     load_smem_words,
+    quad_transpose,
     store_flag,
     wait_flag,
 )
@@ -306,11 +307,51 @@ class ConsumerRole:
 
     @cute.jit
     def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):
-        """Bias in FP32, round once, stores of rows < M and columns < N (64-row sub-tile)."""
+        """Bias in FP32, round once, stores of rows < M and columns < N (64-row sub-tile).
+
+        The accumulator gives a thread two adjacent columns per row and n8 block: stored as
+        they lie, a warp's store touches eight rows at 4-byte steps, and a 192 x 128 tile's
+        epilogue took as long as five K stages (gemm_diag_tile_stamps). So the rounded pairs
+        are transposed across each quad first (quad_transpose): a thread then holds 8
+        consecutive columns of a row and stores them as 16 bytes (gemm_sm90 serves only
+        outputs whose address and row stride are 16-byte aligned). Where a row or its 8
+        columns pass M or N, they are stored one by one."""
         coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
+        size = cute.size(acc)
+        # the m64 x tile_n accumulator's register order: (column pair, row half, n8 block)
+        assert size == 64 * self.tile_n // WG_THREADS
+        dtype = mD.element_type
+        vals = cute.make_rmem_tensor((size,), dtype)
+        for i in cutlass.range_constexpr(size):
+            v = acc[i]
+            if cutlass.const_expr(self.has_bias):
+                _r, c = coords[i]
+                col = cutlass.min(tn * self.tile_n + c, self.n - 1)  # past N: discarded
+                v = v + mBias[col].to(cutlass.Float32)
+            vals[i] = v.to(dtype)
+        words = cute.recast_tensor(vals, Int32)  # word 2 j + h: row half h of n8 block j
+        base = mD.iterator.toint()
+        t = cute.arch.lane_idx() % 4
+        for h in cutlass.range_constexpr(2):
+            r, _c = coords[2 * h]
             row = row0 + r
-            col = tn * self.tile_n + c
-            if row < m and col < self.n:
-                self.store_output(mD, mBias, row, col, acc[i])
+            for q in cutlass.range_constexpr(self.tile_n // 32):
+                got = quad_transpose([words[2 * (4 * q + s) + h] for s in range(4)], t)
+                eight = cute.make_rmem_tensor((4,), Int32)
+                for s in cutlass.range_constexpr(4):
+                    eight[s] = got[s]
+                col0 = tn * self.tile_n + 32 * q + 8 * t
+                if (row < m) & (col0 + 8 <= self.n):
+                    addr = base + (cutlass.Int64(row) * self.ld_out + col0) * (dtype.width // 8)
+                    cute.autovec_copy(
+                        eight,
+                        cute.make_tensor(
+                            cute.make_ptr(Int32, addr, cute.AddressSpace.gmem, assumed_align=16),
+                            cute.make_layout(4),
+                        ),
+                    )
+                else:
+                    halves = cute.recast_tensor(eight, dtype)
+                    for e in cutlass.range_constexpr(8):
+                        if row < m and col0 + e < self.n:
+                            mD[row, col0 + e] = halves[e]

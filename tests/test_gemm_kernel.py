@@ -157,6 +157,40 @@ def test_tile_configs_agree(tokens):
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
 
 
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize(
+    "spec", ["tiled 128x64 c1", "tiled 192x128 c1", "tiled 128x128 c2 stream-k",
+             "tiled 64x128 c2 stream-k"],
+)  # fmt: skip
+@pytest.mark.parametrize("n", [200, 203])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_tiled_epilogue_column_edges(spec, n, out_dtype):
+    """The epilogue stores 8 columns of a row at once where they lie inside M and N: N 200
+    ends a column tile mid-way on a group of 8, N 203 inside one (stored one by one), into an
+    ``out`` whose rows are 208 wide; with a bias. Rows past M and the padding columns stay
+    untouched."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    tokens, k = 77, 1056
+    spread, center = (20, 127) if out_dtype == torch.bfloat16 else (4, 119)
+    a_full, sa = random_operand(tokens, k, tokens + 5, spread, center, seed=41)
+    b, sb = random_operand(n, k, None, spread, center, seed=42)
+    a = a_full[:tokens]
+    bias = (torch.randn(n, device="cuda") * 4).to(out_dtype)
+    full = torch.full((tokens + 5, 208), 1234.0, device="cuda", dtype=out_dtype)
+    poison = full.clone()
+    out = full[:, :n]
+    g.run(a, sa, b, sb, bias, out, config=g.config_from_spec(spec, tokens))
+    ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
+    reference.mm_into(a, sa, b, sb, bias, ref)
+    torch.cuda.synchronize()
+    assert torch.equal(full[tokens:].view(torch.int16), poison[tokens:].view(torch.int16))
+    assert torch.equal(full[:, n:].view(torch.int16), poison[:, n:].view(torch.int16))
+    check_close(out[:tokens], ref, a, sa, b, sb)
+
+
 def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):
     """:func:`check_config_run` with a bias and scale bytes that exercise the swap-AB
     kernel's conversion: 97-157 for BF16 output (both conversion factors), 115-123 for FP16
