@@ -47,26 +47,35 @@ def summarize(launches):
     return out
 
 
+def stamped_launches(buf, spec, tokens, n, k, num_sms, copies, launches, read):
+    """``read(buf)`` after each of ``launches`` eager launches of ``spec`` on random operands
+    (the weight rotating over ``copies`` copies, each launched once before), with ``buf``
+    zeroed before each launch."""
+    cfg = g.config_from_spec(spec, tokens, num_sms)
+    a, sa = random_operand(tokens, k, seed=1)
+    weights = [random_operand(n, k, seed=2 + i) for i in range(copies)]
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    for b, sb in weights:
+        g.run(a, sa, b, sb, None, out, config=cfg)
+    results = []
+    for i in range(launches):
+        b, sb = weights[i % copies]
+        buf.zero_()
+        torch.cuda.synchronize()
+        g.run(a, sa, b, sb, None, out, config=cfg)
+        torch.cuda.synchronize()
+        results.append(read(buf))
+    return results
+
+
 def main():
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(num_sms * len(STAMPS), dtype=torch.int64, device="cuda")
     MXFP8SwapABGemmSm90.stamps_addr = buf.data_ptr()  # before the first compile
     res = {}
     for spec, tokens, n, k in CASES:
-        cfg = g.config_from_spec(spec, tokens, num_sms)
-        a, sa = random_operand(tokens, k, seed=1)
-        copies = [random_operand(n, k, seed=2 + i) for i in range(4)]
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        for b, sb in copies:
-            g.run(a, sa, b, sb, None, out, config=cfg)
-        launches = []
-        for i in range(12):
-            b, sb = copies[i % 4]
-            buf.zero_()
-            torch.cuda.synchronize()
-            g.run(a, sa, b, sb, None, out, config=cfg)
-            torch.cuda.synchronize()
-            launches.append(stamps_of(buf, num_sms))
+        read = lambda b: stamps_of(b, num_sms)  # noqa: E731
+        launches = stamped_launches(buf, spec, tokens, n, k, num_sms, 4, 12, read)
         key = f"{spec} t{tokens} N{n} K{k}"
         res[key] = summarize(launches)
         print(key, json.dumps(res[key]), flush=True)

@@ -20,13 +20,9 @@ in docs/gemm_log.md)."""
 import json
 import os
 import statistics
-import sys
 
 import torch
-
-sys.path.insert(0, "tests")
-from gemm_helpers import random_operand
-from mxfp8_fusion.kernels import gemm_sm90 as g
+from gemm_diag_stamps import stamped_launches
 from mxfp8_fusion.kernels.gemm_sm90_tiled import STAMPED_TILES, TILE_STAMPS, MXFP8TiledGemmSm90
 
 CASES = [  # (spec, tokens, N, K)
@@ -102,26 +98,13 @@ def main():
         "cases": {},
     }
     for spec, tokens, n, k in CASES:
-        cfg = g.config_from_spec(spec, tokens, num_sms)
-        a, sa = random_operand(tokens, k, seed=1)
-        copies = [random_operand(n, k, seed=2 + i) for i in range(2)]
-        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        for b, sb in copies:
-            g.run(a, sa, b, sb, None, out, config=cfg)
-        launches = []
-        for i in range(6):
-            b, sb = copies[i % 2]
-            buf.zero_()
-            torch.cuda.synchronize()
-            g.run(a, sa, b, sb, None, out, config=cfg)
-            torch.cuda.synchronize()
-            launches.append(launch_stamps(buf, num_sms))
+        read = lambda b: launch_stamps(b, num_sms)  # noqa: E731
+        launches = stamped_launches(buf, spec, tokens, n, k, num_sms, 2, 6, read)
         # whole-tile segments: every stage of the tile (stream-K segments vary; the median
         # per-stage figure then uses the full count and reads low)
         key = f"{spec} t{tokens} N{n} K{k}"
         res["cases"][key] = summarize(launches, k // 128)
         print(key, json.dumps({x: y for x, y in res["cases"][key].items() if x != "per_tile_us"}))
-        del a, sa, copies, out
         torch.cuda.empty_cache()
     path = os.path.join(os.environ.get("OUT", "/tmp"), "gemm_diag_tile_stamps.json")
     with open(path, "w") as f:
