@@ -6,6 +6,10 @@ copies, after a warm-up), microseconds:
 
 * ``per_tile``: for segment j of each CTA, every stamp relative to the earliest stamp of
   the launch;
+* ``waits_share``: over segments 1.., the share of consumer 0's mainloop (its first thread)
+  spent waiting for A (the FP8 stage), for B (the 16-bit stage) and for its own wgmmas, and
+  the share of the first converter thread's segment spent waiting for the FP8 stage and for
+  a free 16-bit slot (SM cycles, gemm_sm90_tiled.TILE_WAITS);
 * ``phases``: over segments 1.. (the first one also waits for the pipelines to fill):
   ``gap`` (consumer 0 done with segment j - 1 until its first 16-bit stage of segment j),
   ``mainloop`` (first stage until its last wgmma of the segment has finished), ``per_stage``
@@ -23,26 +27,46 @@ import statistics
 
 import torch
 from gemm_diag_stamps import stamped_launches
-from mxfp8_fusion.kernels.gemm_sm90_tiled import STAMPED_TILES, TILE_STAMPS, MXFP8TiledGemmSm90
+from mxfp8_fusion.kernels.gemm_sm90_tiled import (
+    STAMP_WORDS,
+    STAMPED_TILES,
+    TILE_STAMPS,
+    TILE_WAITS,
+    MXFP8TiledGemmSm90,
+)
 
 CASES = [  # (spec, tokens, N, K)
     ("tiled 192x128 c1", 4096, 18432, 7168),
     ("tiled 192x128 c1", 4096, 7168, 14336),
     ("tiled 192x128 c1", 2048, 7168, 43008),
     ("tiled 128x128 c2", 4096, 2048, 7168),
+    ("tiled 128x64 c1 stream-k", 96, 2048, 7168),
     ("tiled 128x64 c1 stream-k", 256, 2048, 7168),
+    ("tiled 128x128 c2 stream-k", 512, 2048, 7168),
     ("tiled 128x128 c2 stream-k", 128, 7168, 43008),
 ]
 POINTS = {name: i for i, name in enumerate(TILE_STAMPS)}
+WAITS = {name: len(TILE_STAMPS) + i for i, name in enumerate(TILE_WAITS)}
+SHARES = {  # wait: the total it is a share of
+    "consumer_a_wait": "consumer_mainloop",
+    "consumer_b_wait": "consumer_mainloop",
+    "consumer_wgmma_wait": "consumer_mainloop",
+    "converter_a_wait": "converter_tile",
+    "converter_slot_wait": "converter_tile",
+}
 
 
 def launch_stamps(buf, ctas):
-    """[cta][segment] -> {point: us since the launch's earliest stamp} (stamped ones)."""
-    raw = buf.view(ctas, STAMPED_TILES, len(TILE_STAMPS)).cpu().tolist()
-    t0 = min(x for cta in raw for seg in cta for x in seg if x)
+    """[cta][segment] -> ({point: us since the launch's earliest stamp} (stamped ones),
+    {wait: SM cycles})."""
+    raw = buf.view(ctas, STAMPED_TILES, STAMP_WORDS).cpu().tolist()
+    t0 = min(x for cta in raw for seg in cta for x in seg[: len(TILE_STAMPS)] if x)
     return [
         [
-            {name: (seg[i] - t0) / 1000 for name, i in POINTS.items() if seg[i]}
+            (
+                {name: (seg[i] - t0) / 1000 for name, i in POINTS.items() if seg[i]},
+                {name: seg[i] for name, i in WAITS.items()},
+            )
             for seg in cta
             if seg[POINTS["consumer_start"]]
         ]
@@ -54,7 +78,15 @@ def med(values):
     return round(statistics.median(values), 3) if values else None
 
 
-def summarize(launches, k_stages):
+def summarize(stamped, k_stages):
+    launches = [[[seg for seg, _w in cta] for cta in rel] for rel in stamped]
+    shares = {wait: [] for wait in SHARES}
+    for rel in stamped:
+        for cta in rel:
+            for _seg, waits in cta[1:]:
+                for wait, total in SHARES.items():
+                    if waits[total]:
+                        shares[wait].append(waits[wait] / waits[total])
     per_tile = {}
     for j in range(STAMPED_TILES):
         segs = [cta[j] for rel in launches for cta in rel if len(cta) > j]
@@ -80,6 +112,7 @@ def summarize(launches, k_stages):
     return {
         "segments_per_cta": max(len(cta) for cta in launches[0]),
         "last_consumer_done_us": med(ends),
+        "waits_share": {k: med(v) for k, v in shares.items()},
         "phases_us": {k: med(v) for k, v in phases.items()},
         "per_tile_us": per_tile,
     }
@@ -87,7 +120,7 @@ def summarize(launches, k_stages):
 
 def main():
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    buf = torch.zeros(num_sms * STAMPED_TILES * len(TILE_STAMPS), dtype=torch.int64, device="cuda")
+    buf = torch.zeros(num_sms * STAMPED_TILES * STAMP_WORDS, dtype=torch.int64, device="cuda")
     MXFP8TiledGemmSm90.stamps_addr = buf.data_ptr()  # before the first compile
     res = {
         "what": "tiled GEMM: per-CTA %globaltimer stamps per segment inside one launch "

@@ -87,8 +87,10 @@ class ConsumerRole:
                     for rr in range(2)
                 ]
                 args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
+                stamp = (t, m, (cwg == 0) & (ct == 0)) if cutlass.const_expr(stamping) else None
                 if cutlass.const_expr(stamping):
-                    args = (*args, (t, m, (cwg == 0) & (ct == 0)))
+                    args = (*args, stamp)
+                since = self._clock(stamp)
                 if cutlass.const_expr(self.k_split):
                     if cwg == 0:
                         ls, rs, rel = self._mainloops(
@@ -103,6 +105,7 @@ class ConsumerRole:
                         mode, mmas, sBs, ls, rs, rel, row_lows, None, args
                     )
                 warpgroup.wait_group(0)
+                self._waited(stamp, "consumer_mainloop", since)
                 if cutlass.const_expr(stamping):
                     if cwg == 0 and ct == 0:
                         self._stamp(t, m, "consumer_mainloop_done")
@@ -257,9 +260,13 @@ class ConsumerRole:
         halves = [h for h in range(HALVES) if k_half is None or h == k_half]
         stride = self._stride16()
         for _kt in range(k_stages):
+            since = self._clock(stamp)
             load_pipe.consumer_wait(ls)
+            self._waited(stamp, "consumer_a_wait", since)
             for h in halves:
+                since = self._clock(stamp)
                 conv_pipe.consumer_wait(rs)
+                self._waited(stamp, "consumer_b_wait", since)
                 if cutlass.const_expr(stamp is not None and h == halves[0]):
                     if (_kt == 0) & stamp[2]:
                         self._stamp(stamp[0], stamp[1], "consumer_first_stage")
@@ -269,7 +276,9 @@ class ConsumerRole:
                     sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
                 )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
+                since = self._clock(stamp)
                 warpgroup.wait_group(0)
+                self._waited(stamp, "consumer_wgmma_wait", since)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
                     for _s in cutlass.range_constexpr(stride):

@@ -61,14 +61,17 @@ class WeightConverterRole:
                 if ct == 0:
                     load_pipe.consumer_wait(ls)
                     self._stamp(t, m, "converter_first_stage")
+            stamp = (t, m, ct == 0) if cutlass.const_expr(self.stamps_addr != 0) else None
+            since = self._clock(stamp)
             if mode != 0:
                 ls, cs = self._convert_tile(
-                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0, stamp
                 )
             else:
                 ls, cs = self._convert_tile(
-                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0, stamp
                 )
+            self._waited(stamp, "converter_tile", since)
             if cutlass.const_expr(self.stamps_addr != 0):
                 if ct == 0:
                     self._stamp(t, m, "converter_done")
@@ -80,18 +83,25 @@ class WeightConverterRole:
         return [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
 
     @cute.jit
-    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k_stages):
-        """One segment's ``k_stages`` B stages (FP16 with ``row_lows``, else BF16)."""
+    def _convert_tile(
+        self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k_stages, stamp=None
+    ):
+        """One segment's ``k_stages`` B stages (FP16 with ``row_lows``, else BF16). ``stamp``
+        (stamps_addr set): (tile, m, stamping thread), whose waits are added up."""
         b8 = st.sB8.data_ptr().toint()
         b16 = st.sB16.data_ptr().toint()
         sb = st.sSB.data_ptr().toint()
         for _kt in range(k_stages):
+            since = self._clock(stamp)
             load_pipe.consumer_wait(ls)
+            self._waited(stamp, "converter_a_wait", since)
             first = cs.clone()
             for h in cutlass.range_constexpr(HALVES):
                 if cutlass.const_expr(h > 0):
                     cs.advance()
+                since = self._clock(stamp)
                 conv_pipe.producer_acquire(cs)
+                self._waited(stamp, "converter_slot_wait", since)
                 self._convert_b(
                     ct,
                     h,
