@@ -48,9 +48,6 @@ from . import gemm_sm90_buffers as buffers
 from .constants import TILE_K8, TILE_K16
 from .launcher import compile_for_scalars, launch, raw_stream
 
-_TILE_M = 128  # the tiled kernel's default: two consumer warpgroups x 64 rows (one wgmma M)
-
-
 # The two kernels, by the name their table specs and ``GemmConfig.kernel`` give them.
 SWAP_AB = "swap-ab"
 TILED = "tiled"
@@ -156,8 +153,14 @@ SWAP_AB_MAX_TOKENS = 64
 # ... and with tile_w 128 (two consumers sharing each stage's BF16 token tile)
 SWAP_AB_WIDE_MAX_TOKENS = _SWAP_AB_TILES[-1]
 _SMEM_BYTES = 227 * 1024
-# Fewer 128 x 128 tiles than this many rounds of the SMs take stream-K (heuristic_config).
-_STREAM_K_ROUNDS = 2
+# heuristic_config's model of the tiled schedules: stream-K's units cost this much more than
+# whole tiles' (the fixups, a segment's start and end). Fitted to the measured table's six
+# shapes (benchmarks/results/gemm_tune.json): over the 64 points the model decides, its
+# choice takes 1.005 of the fastest measured config's time (geometric mean), at most 1.065,
+# for any value from 1.2 to 1.35; the rule it replaced (stream-K below two rounds of 128 x
+# 128 tiles) took 1.027, at most 1.38 (192 tokens at N 18432, K 7168). Fitted on five shapes,
+# each sixth one held out did as well.
+_STREAM_K_COST = 1.25
 # heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
 # beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
 _HEURISTIC_SWAP_AB_TOKENS = 32
@@ -358,13 +361,11 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     rules follow what won in the measured table's shapes (gemm_sm90_table, docs/gemm_log.md).
 
     Up to 32 tokens the swap-AB kernel (it streams the weight once), from 17 tokens on with
-    the tokens converted once before the GEMM and on CTA pairs; up to 64 tokens on weights of 7168 rows or
-    more, with two consumers sharing 128-row weight stages (``tile_w`` 128). Otherwise the
-    tiled kernel. With fewer 128 x 128 tiles than two rounds of the SMs, the (tile, K stage) units
-    are split over all CTAs (stream-K), in 192-row tiles where they pad fewer rows than
-    128-row ones, in 128 x 64 tiles for narrow weights (fewer than 24 column tiles of 128)
-    up to 256 tokens. More tiles take whole tiles per CTA, 192 rows where the round-robin
-    model favours them.
+    the tokens converted once before the GEMM and on CTA pairs; up to 64 tokens on weights of
+    7168 rows or more, with two consumers sharing 128-row weight stages (``tile_w`` 128).
+    Otherwise the tiled kernel: on narrow weights (fewer than 24 column tiles of 128) up to 256
+    tokens in 128 x 64 tiles whose (tile, K stage) units are split over all CTAs (stream-K);
+    else the schedule :func:`_tiled_schedule` models as fastest.
     """
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
         if tokens < _HEURISTIC_BF16_TOKENS:
@@ -372,23 +373,33 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
         return swap_ab_config(tokens, num_sms, bf16_tokens=1, cluster=2 - num_sms % 2)
     if tokens <= SWAP_AB_MAX_TOKENS and n >= _HEURISTIC_W128_MIN_N:
         return config_from_spec(f"{SWAP_AB} {_W128} {_BF16_TOKENS}", tokens, num_sms)
-    if ceil_div(tokens, _TILE_M) * ceil_div(n, 128) < _STREAM_K_ROUNDS * num_sms:
-        if ceil_div(n, 128) < 24 and tokens <= 256:
-            return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
-        if ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128:
-            return config_from_spec("tiled 192x128 c1 stream-k", tokens, num_sms)
-        return config_from_spec("tiled 128x128 c2 stream-k", tokens, num_sms)
-    if _tiled_time(tokens, n, 192, num_sms) < _tiled_time(tokens, n, 128, num_sms):
-        return config_from_spec("tiled 192x128 c1", tokens, num_sms)
-    # a second B-converter warpgroup: 3% faster at 512 tokens (docs/gemm_log.md)
-    return config_from_spec("tiled 128x128 c2", tokens, num_sms)
+    if ceil_div(n, 128) < 24 and tokens <= 256:
+        return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
+    return config_from_spec(_tiled_schedule(tokens, n, num_sms), tokens, num_sms)
 
 
-def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
-    """The busiest CTA's work, in 128 x 128 tile times, when ``num_sms`` persistent CTAs
-    take the tiles round-robin in the tiled kernel's order: full row tiles first, the partial
-    one last. A partial tile is charged a third (its B conversion) plus two thirds times its
-    share of live consumer warpgroups: an estimate, not a measurement."""
+def _tiled_schedule(tokens: int, n: int, num_sms: int) -> str:
+    """The tiled schedule with the least modeled time, in 128 x 128 tile times: whole tiles
+    per CTA in 128-row tiles (with a second B-converter warpgroup: 3% faster at 512 tokens,
+    docs/gemm_log.md) or 192-row ones, where the busiest CTA sets the time
+    (:func:`_tiled_time`); or stream-K, where every CTA streams an equal share of the units,
+    each _STREAM_K_COST times a whole tile's, in 192-row tiles where they pad fewer rows than
+    128-row ones (192 tokens)."""
+    rows_192 = ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128
+    stream_k = "tiled 192x128 c1 stream-k" if rows_192 else "tiled 128x128 c2 stream-k"
+    times = {
+        "tiled 128x128 c2": _tiled_time(tokens, n, 128, num_sms),
+        "tiled 192x128 c1": _tiled_time(tokens, n, 192, num_sms),
+        stream_k: _STREAM_K_COST * sum(_tile_costs(tokens, n, 128)) / num_sms,
+    }
+    return min(times, key=times.get)
+
+
+def _tile_costs(tokens: int, n: int, tile_m: int) -> list[float]:
+    """Each output tile's work in 128 x 128 tile times, in the tiled kernel's order: full row
+    tiles first, the partial one last. A partial tile is charged a third (its B conversion)
+    plus two thirds times its share of live consumer warpgroups: an estimate, not a
+    measurement."""
     n_tiles = ceil_div(n, 128)
     full_m, rest = divmod(tokens, tile_m)
     cost = _TALL_TILE_COST if tile_m == 192 else 1.0
@@ -396,6 +407,13 @@ def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     if rest:
         live = ceil_div(rest, 64) * 64 / tile_m
         costs += [cost * (1 + 2 * live) / 3] * n_tiles
+    return costs
+
+
+def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
+    """The busiest CTA's work, in 128 x 128 tile times, when ``num_sms`` persistent CTAs
+    take the tiles round-robin (:func:`_tile_costs`)."""
+    costs = _tile_costs(tokens, n, tile_m)
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
 
