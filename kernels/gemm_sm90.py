@@ -171,6 +171,10 @@ _HEURISTIC_BF16_TOKENS = 17
 # ... on CTA pairs sharing each stage's token tile (cluster 2, where the SM count is even): at
 # 32 tokens it won on five of six measured shapes by 1-5% (0.58-0.78 of cuBLAS BF16's time;
 # docs/gemm_log.md, variant 40)
+# With pairs (an even SM count) from 9 tokens (a 16-token tile) on weights of at least this
+# many rows: at 16 tokens 1.002-1.082x as fast as plain swap-AB on the five measured shapes
+# with N >= 4096 (tied at N 4096), 0.90x at N 2048 (benchmarks/results/gemm_tune.json)
+_HEURISTIC_PAIRS_16_MIN_N = 4096
 # 33-64 tokens on weights of at least this many rows take swap-AB with tile_w 128: 0.69-0.84
 # of cuBLAS BF16's time at 48-64 tokens on the four measured shapes with N >= 7168, against
 # 0.75-0.97 for the tiled kernel; it lost on N 4096 and 2048 (docs/gemm_log.md, variant 39)
@@ -361,14 +365,16 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
     rules follow what won in the measured table's shapes (gemm_sm90_table, docs/gemm_log.md).
 
     Up to 32 tokens the swap-AB kernel (it streams the weight once), from 17 tokens on with
-    the tokens converted once before the GEMM and on CTA pairs; up to 64 tokens on weights of
+    the tokens converted once before the GEMM and on CTA pairs (from 9 tokens on weights of
+    4096 rows or more, where the SM count allows pairs); up to 64 tokens on weights of
     7168 rows or more, with two consumers sharing 128-row weight stages (``tile_w`` 128).
     Otherwise the tiled kernel: on narrow weights (fewer than 24 column tiles of 128) up to 256
     tokens in 128 x 64 tiles whose (tile, K stage) units are split over all CTAs (stream-K);
     else the schedule :func:`_tiled_schedule` models as fastest.
     """
     if tokens <= _HEURISTIC_SWAP_AB_TOKENS:
-        if tokens < _HEURISTIC_BF16_TOKENS:
+        pairs_16 = tokens > 8 and n >= _HEURISTIC_PAIRS_16_MIN_N and num_sms % 2 == 0
+        if tokens < _HEURISTIC_BF16_TOKENS and not pairs_16:
             return swap_ab_config(tokens, num_sms)
         return swap_ab_config(tokens, num_sms, bf16_tokens=1, cluster=2 - num_sms % 2)
     if tokens <= SWAP_AB_MAX_TOKENS and n >= _HEURISTIC_W128_MIN_N:

@@ -223,11 +223,18 @@ def test_config_names_its_kernel():
 def test_heuristic_swaps_operands_for_few_tokens():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    for tokens in (1, 8, 9, 16):
+    for tokens in (1, 8):
         assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
+    for tokens in (9, 16):  # pairs from a 16-token tile on weights of 4096 rows or more
+        want = g.swap_ab_config(tokens, bf16_tokens=1, cluster=2)
+        assert g.heuristic_config(tokens, 7168, 43008) == want
+        assert g.heuristic_config(tokens, 4096, 12288) == want
+        assert g.heuristic_config(tokens, 2048, 7168) == g.swap_ab_config(tokens)
+        assert g.heuristic_config(tokens, 7168, 43008, 131) == g.swap_ab_config(tokens, 131)
     for tokens in (17, 32):  # the tokens converted once, before the GEMM, on CTA pairs
         want = g.swap_ab_config(tokens, bf16_tokens=1, cluster=2)
         assert g.heuristic_config(tokens, 7168, 43008) == want
+        assert g.heuristic_config(tokens, 2048, 7168) == want
         # pairs need an even CTA count
         assert g.heuristic_config(tokens, 7168, 43008, 131).cluster == 1
     for tokens in (33, 64):  # weights of 7168 rows or more: 128-row stages, two consumers
