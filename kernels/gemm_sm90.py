@@ -190,8 +190,8 @@ def swap_ab_config(
     cluster: int = 1,
 ) -> GemmConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
-    with ``tile_w`` 128): wgmma N = the next power
-    of two >= tokens (at least 8), as many FP8 stages (up to 16) as shared memory holds.
+    with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
+    FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
@@ -236,8 +236,8 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``;
     ``"swap-ab cC"`` with C consumer warpgroups, ``" bf16-tokens"`` with ``bf16_tokens``;
     ``"swap-ab w128 bf16-tokens"`` with ``tile_w`` 128; after bf16-tokens an optional
-    ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an optional ``" sF+H"`` and an
-    optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
+    ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an
+    optional ``" sF+H"`` and an optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
     default the standard split of that tile; M 64 is the k-split tile, two consumer
     warpgroups on alternate K halves of the same 64 rows; bf16: every tile on the BF16 path,
     no reference scan).
@@ -393,10 +393,11 @@ def _tiled_schedule(tokens: int, n: int, num_sms: int) -> str:
     128-row ones (192 tokens)."""
     rows_192 = ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128
     stream_k = "tiled 192x128 c1 stream-k" if rows_192 else "tiled 128x128 c2 stream-k"
+    costs_128 = _tile_costs(tokens, n, 128)
     times = {
-        "tiled 128x128 c2": _tiled_time(tokens, n, 128, num_sms),
+        "tiled 128x128 c2": _busiest(costs_128, num_sms),
         "tiled 192x128 c1": _tiled_time(tokens, n, 192, num_sms),
-        stream_k: _STREAM_K_COST * sum(_tile_costs(tokens, n, 128)) / num_sms,
+        stream_k: _STREAM_K_COST * sum(costs_128) / num_sms,
     }
     return min(times, key=times.get)
 
@@ -419,7 +420,11 @@ def _tile_costs(tokens: int, n: int, tile_m: int) -> list[float]:
 def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
     """The busiest CTA's work, in 128 x 128 tile times, when ``num_sms`` persistent CTAs
     take the tiles round-robin (:func:`_tile_costs`)."""
-    costs = _tile_costs(tokens, n, tile_m)
+    return _busiest(_tile_costs(tokens, n, tile_m), num_sms)
+
+
+def _busiest(costs: list[float], num_sms: int) -> float:
+    """The largest sum of the ``costs`` that one of ``num_sms`` CTAs takes round-robin."""
     return max(sum(costs[c::num_sms]) for c in range(min(num_sms, len(costs))))
 
 

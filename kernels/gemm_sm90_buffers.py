@@ -42,8 +42,9 @@ def compiled_refs(k: int):
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
 # (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
 # kernel's: per finishing consumer of a CTA (consumer 0; each with tile_w 128) two slots of
-# up to 32 values per thread (64 with a 128-token tile), and a flag. The tiled kernel's: two slots per CTA and consumer warpgroup of 64 x tile N values, one flag
-# per CTA and consumer warpgroup. And the tiled kernel's per-row FP16 references
+# up to 32 values per thread (64 with a 128-token tile), and a flag. The tiled kernel's: two
+# slots per CTA and consumer warpgroup of 64 x tile N values, one flag per CTA and consumer
+# warpgroup. And the tiled kernel's per-row FP16 references
 # (rewritten by the scan launch before each GEMM).
 # Launches on one stream never overlap, so one set serves every later launch there. Under
 # CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).

@@ -408,6 +408,18 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             if j < STAMPED_TILES:
                 add_global_u64(addr, cycles)
 
+    def _stamper(self, t, m, thread):
+        """With stamps_addr set, a segment's stamp context: (tile ``t``, ``m``, whether this
+        thread stamps); else None, and the stamp helpers compile to nothing."""
+        return (t, m, thread) if self.stamps_addr != 0 else None
+
+    @cute.jit
+    def _mark(self, stamp, name: str):
+        """``stamp`` given: its stamping thread writes the clock at point ``name``."""
+        if cutlass.const_expr(stamp is not None):
+            if stamp[2]:
+                self._stamp(stamp[0], stamp[1], name)
+
     def _clock(self, stamp):
         """``stamp`` given (stamps_addr set; tile, m, stamping thread): the SM's clock, else
         0 (nothing compiled)."""

@@ -66,16 +66,13 @@ class ConsumerRole:
             rel = pipeline.PipelineState(n16, cwg, cwg % n16, (cwg // n16) % 2)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         owned = Int32(-1)  # stream-K: the tile whose tail this CTA holds for the final fixup
-        stamping = self.stamps_addr != 0  # in-kernel timing (gemm_sm90_tiled.TILE_STAMPS)
         while u < stop:
             t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            if cutlass.const_expr(stamping):
-                if cwg == 0 and ct == 0:
-                    self._stamp(t, m, "consumer_start")
+            # in-kernel timing (gemm_sm90_tiled.TILE_STAMPS): consumer 0's first thread
+            stamp = self._stamper(t, m, (cwg == 0) & (ct == 0))
+            self._mark(stamp, "consumer_start")
             ref_pipe.consumer_wait(rfs)
-            if cutlass.const_expr(stamping):
-                if cwg == 0 and ct == 0:
-                    self._stamp(t, m, "consumer_refs")
+            self._mark(stamp, "consumer_refs")
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             scale_row0 = (tm * self.tile_m) % ROW_BLOCK  # tile row 0 within its first chunk
@@ -86,10 +83,7 @@ class ConsumerRole:
                     Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + RING_TO_LOW
                     for rr in range(2)
                 ]
-                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
-                stamp = (t, m, (cwg == 0) & (ct == 0)) if cutlass.const_expr(stamping) else None
-                if cutlass.const_expr(stamping):
-                    args = (*args, stamp)
+                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0, stamp)
                 since = self._clock(stamp)
                 if cutlass.const_expr(self.k_split):
                     if cwg == 0:
@@ -106,9 +100,7 @@ class ConsumerRole:
                     )
                 warpgroup.wait_group(0)
                 self._waited(stamp, "consumer_mainloop", since)
-                if cutlass.const_expr(stamping):
-                    if cwg == 0 and ct == 0:
-                        self._stamp(t, m, "consumer_mainloop_done")
+                self._mark(stamp, "consumer_mainloop_done")
                 conv_pipe.consumer_release(rel)
                 for _s in cutlass.range_constexpr(self._stride16()):
                     rel.advance()
@@ -131,9 +123,7 @@ class ConsumerRole:
                             rel.advance()
                     load_pipe.consumer_release(ls)
                     ls.advance()
-            if cutlass.const_expr(stamping):
-                if cwg == 0 and ct == 0:
-                    self._stamp(t, m, "consumer_done")
+            self._mark(stamp, "consumer_done")
             ref_pipe.consumer_release(rfs)
             rfs.advance()
             u = seg_end + skip
@@ -148,8 +138,7 @@ class ConsumerRole:
     @cute.jit
     def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
         """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
-        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args[:8]
-        stamp = args[8] if len(args) > 8 else None  # stamps_addr set: (tile, m, stamper)
+        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages, stamp = args
         if mode != 0:
             ls, rs, rel = self._mainloop(
                 ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
@@ -268,8 +257,8 @@ class ConsumerRole:
                 conv_pipe.consumer_wait(rs)
                 self._waited(stamp, "consumer_b_wait", since)
                 if cutlass.const_expr(stamp is not None and h == halves[0]):
-                    if (_kt == 0) & stamp[2]:
-                        self._stamp(stamp[0], stamp[1], "consumer_first_stage")
+                    if _kt == 0:
+                        self._mark(stamp, "consumer_first_stage")
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 words, scales = load_fragment_bytes(
                     a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,

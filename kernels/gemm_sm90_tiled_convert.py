@@ -57,11 +57,12 @@ class WeightConverterRole:
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            if cutlass.const_expr(self.stamps_addr != 0):
+            # in-kernel timing (gemm_sm90_tiled.TILE_STAMPS): the first converter thread
+            stamp = self._stamper(t, m, ct == 0)
+            if cutlass.const_expr(stamp is not None):
                 if ct == 0:
                     load_pipe.consumer_wait(ls)
-                    self._stamp(t, m, "converter_first_stage")
-            stamp = (t, m, ct == 0) if cutlass.const_expr(self.stamps_addr != 0) else None
+                    self._mark(stamp, "converter_first_stage")
             since = self._clock(stamp)
             if mode != 0:
                 ls, cs = self._convert_tile(
@@ -72,9 +73,7 @@ class WeightConverterRole:
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0, stamp
                 )
             self._waited(stamp, "converter_tile", since)
-            if cutlass.const_expr(self.stamps_addr != 0):
-                if ct == 0:
-                    self._stamp(t, m, "converter_done")
+            self._mark(stamp, "converter_done")
             u = seg_end + skip
 
     def _converter_rows(self, ct):
