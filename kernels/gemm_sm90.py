@@ -379,9 +379,15 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
         return swap_ab_config(tokens, num_sms, bf16_tokens=1, cluster=2 - num_sms % 2)
     if tokens <= SWAP_AB_MAX_TOKENS and n >= _HEURISTIC_W128_MIN_N:
         return config_from_spec(f"{SWAP_AB} {_W128} {_BF16_TOKENS}", tokens, num_sms)
-    if ceil_div(n, 128) < 24 and tokens <= 256:
+    if _narrow(tokens, n):
         return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
     return config_from_spec(_tiled_schedule(tokens, n, num_sms), tokens, num_sms)
+
+
+def _narrow(tokens: int, n: int) -> bool:
+    """The heuristic's narrow-weight rule: fewer than 24 column tiles of 128, at most 256
+    tokens (128 x 64 tiles, stream-K)."""
+    return ceil_div(n, 128) < 24 and tokens <= 256
 
 
 def _tiled_schedule(tokens: int, n: int, num_sms: int) -> str:

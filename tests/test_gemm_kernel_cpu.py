@@ -283,8 +283,6 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
 
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    from mxfp8_fusion.format import ceil_div
-
     receipt = Path(__file__).resolve().parent.parent / "benchmarks/results/gemm_tune.json"
     ratios = []
     for shape in json.loads(receipt.read_text())["shapes"]:
@@ -292,7 +290,7 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
         for point in shape["points"]:
             tokens = point["tokens"]
             cfg = g.heuristic_config(tokens, n, k, 132)
-            if cfg.kernel != g.TILED or (ceil_div(n, 128) < 24 and tokens <= 256):
+            if cfg.kernel != g.TILED or g._narrow(tokens, n):
                 continue
             times = {
                 c["spec"]: c["ms"]
