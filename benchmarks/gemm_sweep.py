@@ -75,7 +75,8 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     from 9 tokens on; the pre-table heuristic's; the others where they won
     anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
     stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
-    tokens); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
+    tokens); whole waves with a stream-K tail from 192 tokens on (128 x 64 tiles up to
+    1024); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
     reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
@@ -93,6 +94,11 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     if 256 <= tokens <= 512:
         specs.append("tiled 128x64 c1")
     specs.append("tiled 128x128 c2 stream-k")
+    if tokens >= 192:
+        # whole waves and a stream-K tail (below a wave of tiles the same as stream-K)
+        specs += ["tiled 128x128 c2 stream-k-tail", "tiled 192x128 c1 stream-k-tail"]
+    if 192 <= tokens <= 1024:
+        specs.append("tiled 128x64 c1 stream-k-tail")
     if g.SWAP_AB_MAX_TOKENS < tokens <= 1024:
         specs.append("tiled 192x128 c1 stream-k")
     if tokens <= 256:
@@ -106,7 +112,7 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         if tokens <= 128:
             specs.append("tiled 64x64 c1 stream-k s11+4")
         # every tile on the BF16 path, no reference scan before the GEMM (variant 37)
-        specs += [s + " bf16" for s in specs if s.startswith("tiled") and "stream-k" in s]
+        specs += [s + " bf16" for s in specs if s.startswith("tiled") and s.endswith("stream-k")]
     specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 

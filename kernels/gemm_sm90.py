@@ -66,7 +66,9 @@ class GemmConfig:
     ``tile_n`` (128 or 64), ``stages`` FP8 stages of K 128, ``stages16`` 16-bit (BF16 or
     FP16) weight stages of K 64, and the persistent CTA count. ``converters``: its
     B-converter warpgroups (2 needs tile N 128). ``stream_k`` 1: it splits the (output
-    tile, K stage) units evenly over its CTAs instead of giving each CTA whole tiles.
+    tile, K stage) units evenly over its CTAs instead of giving each CTA whole tiles; 2
+    (tile M 128 or 192): whole tiles for the full waves over its CTAs, and the units of the
+    last, partial wave split evenly (a thin last wave takes one full wave along).
     ``f16`` 1: tiles whose rows' scales allow it take the FP16 path, found by a scan launch
     before the GEMM (gemm_sm90_refs); 0: every tile takes the BF16 path and nothing runs
     before the GEMM.
@@ -118,6 +120,11 @@ class GemmConfig:
                  self.tile_w)  # fmt: skip
         if self.bf16_tokens not in (0, 1) or (self.bf16_tokens and self.kernel != SWAP_AB):
             fail(ValueError, "bf16_tokens", "0, or 1 with the swap-AB kernel", self.bf16_tokens)
+        if self.stream_k not in (0, 1, 2) or (self.stream_k and self.kernel != TILED) or (
+            self.stream_k == 2 and self.tile_m == 64
+        ):  # fmt: skip
+            fail(ValueError, "stream_k", "0, 1 or 2 with the tiled kernel (2: tile_m 128 or 192)",
+                 self.stream_k)  # fmt: skip
         if self.f16 not in (0, 1) or (self.f16 == 0 and self.kernel != TILED):
             fail(ValueError, "f16", "1, or 0 with the tiled kernel", self.f16)
         if self.kernel == SWAP_AB:
@@ -236,11 +243,12 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry names: ``"swap-ab"`` (:func:`swap_ab_config` for ``tokens``;
     ``"swap-ab cC"`` with C consumer warpgroups, ``" bf16-tokens"`` with ``bf16_tokens``;
     ``"swap-ab w128 bf16-tokens"`` with ``tile_w`` 128; after bf16-tokens an optional
-    ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``, an
-    optional ``" sF+H"`` and an optional ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by
-    default the standard split of that tile; M 64 is the k-split tile, two consumer
-    warpgroups on alternate K halves of the same 64 rows; bf16: every tile on the BF16 path,
-    no reference scan).
+    ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``
+    (``stream_k`` 1) or ``" stream-k-tail"`` (2), an optional ``" sF+H"`` and an optional
+    ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default
+    the standard split of that tile; M 64 is the k-split tile, two consumer warpgroups on
+    alternate K halves of the same 64 rows; bf16: every tile on the BF16 path, no reference
+    scan).
 
     Raises:
         ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
@@ -253,16 +261,17 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         parts.pop()
         f16 = 0
     stage_split = None
-    if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] != "stream-k":
+    if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] not in _STREAM_K_WORDS:
         counts = parts.pop()[1:].split("+")
         if len(counts) != 2 or not all(c.isdigit() for c in counts):
             raise ValueError(f"spec: stages as sF+H, got {spec!r}")
         stage_split = (int(counts[0]), int(counts[1]))
-    ok = len(parts) in (3, 4) and parts[0] == TILED and parts[3:] in ([], ["stream-k"])
+    ok = len(parts) in (3, 4) and parts[0] == TILED and all(w in _STREAM_K_WORDS for w in parts[3:])
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
         raise ValueError(
-            f"spec: 'swap-ab' or 'tiled MxN cC [stream-k] [sF+H] [bf16]', got {spec!r}"
+            f"spec: 'swap-ab' or 'tiled MxN cC [stream-k|stream-k-tail] [sF+H] [bf16]', "
+            f"got {spec!r}"
         )
     tile_m, tile_n = int(dims[0]), int(dims[1])
     stages, stages16 = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
@@ -276,12 +285,13 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         stages=stages,
         stages16=stages16,
         num_ctas=num_sms,
-        stream_k=int(len(parts) == 4),
+        stream_k=_STREAM_K_WORDS.index(parts[3]) + 1 if len(parts) == 4 else 0,
         f16=f16,
     )
 
 
 _BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
+_STREAM_K_WORDS = ("stream-k", "stream-k-tail")  # the tiled spec words for stream_k 1 and 2
 _W128 = "w128"  # the swap-AB spec word for tile_w 128 (two consumers, bf16_tokens)
 _MC2 = "mc2"  # the swap-AB spec word for cluster 2 (the token tile multicast to CTA pairs)
 
@@ -326,7 +336,7 @@ def spec_of(cfg: GemmConfig) -> str:
             return f"{SWAP_AB} {_W128} {_BF16_TOKENS}{mc}"
         spec = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
         return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "") + mc
-    sk = " stream-k" if cfg.stream_k else ""
+    sk = f" {_STREAM_K_WORDS[cfg.stream_k - 1]}" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
     standard = config_from_spec(spec, 1, cfg.num_ctas)
     if (standard.stages, standard.stages16) != (cfg.stages, cfg.stages16):

@@ -169,6 +169,10 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         self.n_tiles = ceil_div(n, self.tile_n)
         self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
+        # stream_k 2: whole tiles for the full waves, stream-K over the rest (_waves)
+        self.sk_tail = cfg.stream_k == 2
+        if self.sk_tail and self.k_split:
+            raise ValueError(f"stream_k 2 needs tile_m 128 or 192, got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
         # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
         # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
@@ -386,7 +390,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 )
                 load_pipe.producer_commit(ps)
                 ps.advance()
-            u = seg_end + skip
+            u = self._next_unit(seg_end, skip, m)
         load_pipe.producer_tail(ps)
 
     @cute.jit
@@ -439,7 +443,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         grid, _, _ = cute.arch.grid_dim()
         # persistent: tiles cta, cta + G, ...; stream-K: consecutive tiles from the first
         j = (t - cta) // grid
-        if cutlass.const_expr(self.stream_k):
+        if cutlass.const_expr(self.sk_tail):
+            whole = self._waves(m)[0]
+            sk_start, _stop = self._sk_range(m, cta, grid)
+            j = cutlass.select_(t < whole, j, whole // grid + t - sk_start // self.k_tiles)
+        elif cutlass.const_expr(self.stream_k):
             start, _stop, _skip = self._my_units(m)
             j = t - start // self.k_tiles
         slot = (cutlass.Int64(cta) * STAMPED_TILES + j) * STAMP_WORDS + word
@@ -451,21 +459,68 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
 
     @cute.jit
     def _my_units(self, m):
-        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, skip)``, where a
-        segment ending at ``e`` is followed by the one starting at ``e + skip``. Persistent:
-        whole tiles cta, cta + G, ...; stream-K: units [cta U / G, (cta + 1) U / G)."""
+        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, skip)``, where the
+        segment after one ending at ``e`` starts at ``_next_unit(e, skip, m)``. Persistent:
+        whole tiles cta, cta + G, ...; stream-K: units [cta U / G, (cta + 1) U / G);
+        ``sk_tail``: whole tiles cta, cta + G, ... below ``_waves``' first tile, then this
+        CTA's share of the units past it, split as in stream-K."""
         cta, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         units = self._tiles(m) * self.k_tiles
         start = cta * self.k_tiles
         stop = units
         skip = (grid - 1) * self.k_tiles
-        if cutlass.const_expr(self.stream_k):
+        if cutlass.const_expr(self.sk_tail):
+            sk_start, stop = self._sk_range(m, cta, grid)
+            # a CTA below the whole tiles' count starts on its first whole tile
+            start = cutlass.select_(self._waves(m)[0] > cta, start, sk_start)
+        elif cutlass.const_expr(self.stream_k):
             # in 64 bits: cta * U passes 2**31 past ~16M units
             start = Int32((cutlass.Int64(cta) * units) // grid)
             stop = Int32((cutlass.Int64(cta + 1) * units) // grid)
             skip = Int32(0)
         return start, stop, skip
+
+    @cute.jit
+    def _waves(self, m):
+        """``sk_tail``: (tiles run whole, the units left for stream-K). The whole tiles fill
+        the full waves of the grid, in tile order (M fastest: a wave's CTAs share B tiles in
+        L2, which stream-K's scattered K offsets lose); the rest is split evenly. A thin rest
+        takes the last full wave along: under an eighth of a wave it would split each of its
+        tiles over many CTAs (one long fixup), and with fewer units than CTAs some would hold
+        none, while the fixup waits for every CTA between a tile's first and last."""
+        grid, _, _ = cute.arch.grid_dim()
+        tiles = self._tiles(m)
+        waves = tiles // grid
+        rest = tiles - waves * grid
+        thin = (rest * 8 < grid) | (rest * self.k_tiles < grid)
+        waves = cutlass.select_((waves > 0) & thin, waves - 1, waves)
+        whole = waves * grid
+        return whole, (tiles - whole) * self.k_tiles
+
+    @cute.jit
+    def _sk_range(self, m, cta, grid):
+        """``sk_tail``: this CTA's stream-K units ``[start, stop)``, past the whole tiles."""
+        whole, sk_units = self._waves(m)
+        base = whole * self.k_tiles
+        # in 64 bits: cta * U passes 2**31 past ~16M units
+        start = base + Int32((cutlass.Int64(cta) * sk_units) // grid)
+        stop = base + Int32((cutlass.Int64(cta + 1) * sk_units) // grid)
+        return start, stop
+
+    @cute.jit
+    def _next_unit(self, seg_end, skip, m):
+        """The unit after a segment ending at ``seg_end`` (see _my_units)."""
+        nxt = seg_end + skip
+        if cutlass.const_expr(self.sk_tail):
+            cta, _, _ = cute.arch.block_idx()
+            grid, _, _ = cute.arch.grid_dim()
+            whole_end = self._waves(m)[0] * self.k_tiles
+            sk_start, _stop = self._sk_range(m, cta, grid)
+            # a whole tile ends at or before whole_end, a stream-K segment past it
+            whole = seg_end <= whole_end
+            nxt = cutlass.select_(whole, cutlass.select_(nxt < whole_end, nxt, sk_start), seg_end)
+        return nxt
 
     @cute.jit
     def _segment(self, u, stop, m):
@@ -526,5 +581,5 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)
             ps.advance()
-            u = seg_end + skip
+            u = self._next_unit(seg_end, skip, m)
         ref_pipe.producer_tail(ps)

@@ -126,7 +126,7 @@ class ConsumerRole:
             self._mark(stamp, "consumer_done")
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            u = seg_end + skip
+            u = self._next_unit(seg_end, skip, m)
         if cutlass.const_expr(self.stream_k):
             if owned >= 0:
                 self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
@@ -207,8 +207,13 @@ class ConsumerRole:
         wait ends."""
         grid, _, _ = cute.arch.grid_dim()
         units = self._tiles(m) * self.k_tiles
+        unit0 = tile * self.k_tiles
+        if cutlass.const_expr(self.sk_tail):
+            # only tiles past the whole ones are split, over the units past them
+            whole, units = self._waves(m)
+            unit0 = unit0 - whole * self.k_tiles
         # the CTA holding the tile's first unit (as _my_units splits them)
-        first = Int32(((cutlass.Int64(tile * self.k_tiles) + 1) * grid - 1) // units)
+        first = Int32(((cutlass.Int64(unit0) + 1) * grid - 1) // units)
         flags = mFlags.iterator + cwg
         # the lower parts' flags awaited together (a thread each), then the parts loaded
         # several at a time (parts_in_flight) and added in order

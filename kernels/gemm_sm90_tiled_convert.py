@@ -74,7 +74,7 @@ class WeightConverterRole:
                 )
             self._waited(stamp, "converter_tile", since)
             self._mark(stamp, "converter_done")
-            u = seg_end + skip
+            u = self._next_unit(seg_end, skip, m)
 
     def _converter_rows(self, ct):
         """The B rows of converter thread ``ct``'s units (see _convert_b)."""

@@ -45,6 +45,9 @@ def test_compiles_for_sm90a_without_gpu():
              torch.bfloat16),
             (g.config_from_spec("tiled 64x128 c2 stream-k", 64), 640, 4160, torch.bfloat16,
              None),
+            # whole waves and a stream-K tail
+            (g.config_from_spec("tiled 192x128 c1 stream-k-tail", 300), 640, 4160,
+             torch.float16, torch.float32),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
@@ -124,6 +127,55 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
     for tile, segs in parts.items():
         assert [s for s, _ in segs] == sorted(s for s, _ in segs)
         assert finished[tile] == [c for _, c in segs]  # every part, K order, owner last
+
+
+@pytest.mark.parametrize(
+    "tiles,k_tiles,ctas",
+    [(224, 336, 132), (448, 336, 132), (136, 4, 132), (264, 1, 132), (25, 33, 8), (40, 33, 8),
+     (10, 33, 8), (5, 33, 8), (133, 56, 132), (150, 2, 132)],
+)  # fmt: skip
+def test_stream_k_tail_split_model(tiles, k_tiles, ctas):
+    """CPU model of the tiled kernel's stream_k 2 schedule (the integer formulas of
+    gemm_sm90_tiled._waves, _sk_range, _my_units and _next_unit, and the fixup's first CTA):
+    every (tile, stage) unit is computed once; whole tiles come in full waves, one per CTA;
+    every CTA holds some of the stream-K units; each split tile is finished by the CTA
+    holding its tail, from the parts of exactly the lower CTAs that touched it, each of
+    which publishes one part."""
+    units = tiles * k_tiles
+    g = min(ctas, units)
+    waves = tiles // g
+    rest = tiles - waves * g
+    if waves > 0 and (rest * 8 < g or rest * k_tiles < g):
+        waves -= 1
+    whole_end = waves * g * k_tiles
+    sk_units = units - whole_end
+    owners = {}  # unit -> cta
+    for cta in range(g):
+        sk_start = whole_end + cta * sk_units // g
+        stop = whole_end + (cta + 1) * sk_units // g
+        assert stop > sk_start  # no CTA without stream-K units
+        u = cta * k_tiles if waves * g > cta else sk_start
+        tails = published = 0
+        while u < stop:
+            tile = u // k_tiles
+            seg_end = min(stop, (tile + 1) * k_tiles)
+            for x in range(u, seg_end):
+                assert owners.setdefault(x, cta) == cta
+            whole = u == tile * k_tiles and seg_end == (tile + 1) * k_tiles
+            if seg_end <= whole_end:
+                assert whole
+            elif not whole and seg_end == (tile + 1) * k_tiles:
+                tails += 1
+                first = (((tile * k_tiles - whole_end) + 1) * g - 1) // sk_units  # as in _fixup
+                assert owners[tile * k_tiles] == first
+                lower = {owners[x] for x in range(tile * k_tiles, (tile + 1) * k_tiles)} - {cta}
+                assert lower == set(range(first, cta))
+            elif not whole:
+                published += 1
+            nxt = seg_end + (g - 1) * k_tiles  # as in _next_unit
+            u = (nxt if nxt < whole_end else sk_start) if seg_end <= whole_end else seg_end
+        assert tails <= 1 and published <= 1
+    assert sorted(owners) == list(range(units))
 
 
 def _finite_e4m3() -> torch.Tensor:
@@ -340,6 +392,8 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x64 c1 stream-k",
         "tiled 192x128 c1",
         "tiled 192x128 c1 stream-k",
+        "tiled 128x128 c2 stream-k-tail",
+        "tiled 192x128 c1 stream-k-tail s3+5 bf16",
     ):
         cfg = g.config_from_spec(spec, 300)
         assert g.spec_of(cfg) == spec and cfg.kernel == g.TILED and cfg.num_ctas == 132
@@ -388,6 +442,8 @@ def test_config_specs_round_trip_and_reject_others():
         "swap-ab mc2",  # the pairs multicast the tokens converted once
         "swap-ab w128 mc2 bf16-tokens",
         "tiled 128x128 c2 mc2",
+        "tiled 128x128 c2 stream-k stream-k-tail",
+        "tiled 128x128 c2 tail",
     ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
@@ -447,6 +503,13 @@ def test_config_fields_are_validated():
         g.GemmConfig(bf16_tokens=1)  # the tiled kernel converts its own tokens
     with pytest.raises(ValueError, match="f16"):
         g.GemmConfig(f16=2)
+    for bad in [
+        dict(stream_k=3),
+        dict(stream_k=2, tile_m=64),  # the k-split tiles have only the one stream-K form
+        dict(kernel=g.SWAP_AB, tokens_tile=8, stream_k=1),  # the swap-AB kernel always splits
+    ]:
+        with pytest.raises(ValueError, match="^stream_k:"):
+            g.GemmConfig(**bad)
     with pytest.raises(ValueError, match="f16"):  # the swap-AB kernel has no FP16 path
         g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=8, f16=0)
     with pytest.raises(ValueError, match="consumers"):

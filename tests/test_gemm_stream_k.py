@@ -1,6 +1,7 @@
 """The tiled SM90 GEMM's stream-K schedules (every tile shape, the K split, fewer units than
-CTAs, repeats, graph replay, two streams) and the configs the measured table picks, on an
-sm_90 GPU against reference.mm_into (tolerance: gemm_helpers.py)."""
+CTAs, whole waves with a stream-K tail, repeats, graph replay, two streams) and the configs
+the measured table picks, on an sm_90 GPU against reference.mm_into (tolerance:
+gemm_helpers.py)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,60 @@ def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bia
     check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
 
 
+# stream_k 2: whole tiles for the full waves, stream-K over the rest
+TAIL_SPECS = [
+    "tiled 128x128 c2 stream-k-tail",
+    "tiled 192x128 c1 stream-k-tail",
+    "tiled 128x64 c1 stream-k-tail",
+]
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec", TAIL_SPECS)
+# on 8 CTAs, N 640: 5 (10 at tile N 64) column tiles per row tile. 128 x 128 tiles: 1 token
+# is under one wave (all stream-K); 200 one wave and 2 tiles (a partial row tile); 300 one
+# wave and 7; 640 three waves and one tile split over all 8 CTAs; 1024 five whole waves, of
+# which the last is split (nothing would be left). 192 x 128 and 128 x 64 tiles cut them
+# into other waves and rests, partial row tiles among them
+@pytest.mark.parametrize("tokens", [1, 200, 300, 640, 1024])
+@pytest.mark.parametrize(
+    "out_dtype,spread,center,bias_dtype",
+    [
+        (torch.bfloat16, 10, 127, None),  # the FP16 path
+        (torch.bfloat16, 20, 127, torch.float32),  # the BF16 path, bias
+        (torch.float16, 4, 119, torch.float16),
+    ],
+)
+def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
+    """The schedule of whole waves and a stream-K tail, on few CTAs so that small launches
+    run several waves: K 4160 (33 stages, the last one partial), N 640."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    n, k = 640, 4160
+    bias = None
+    if bias_dtype is not None:
+        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
+    cfg = g.config_from_spec(spec, tokens, num_sms=8)
+    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
+@pytest.mark.parametrize("spec", TAIL_SPECS)
+# N 4096 on all 132 SMs: 600 tokens are 160 tiles of 128 x 128 (one wave and 28), 1100 are
+# 288 (two waves and 24); in 192-row tiles 520 and 600 tokens are under one wave, 1100 one
+# wave and 60; in 128 x 64 tiles 520 tokens are two waves and 56
+@pytest.mark.parametrize("tokens", [1, 520, 600, 1100])
+def test_stream_k_tail_on_every_sm(spec, tokens):
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec(spec, tokens)
+    check_config_run(cfg, tokens, 4096, 4160, torch.bfloat16, None, 10, 127, (tokens, 11))
+
+
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
@@ -87,13 +142,20 @@ def test_stream_k_with_fewer_units_than_ctas():
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", ["tiled 128x128 c2 stream-k", "tiled 64x128 c2 stream-k"])
-def test_stream_k_repeats_bitwise_and_graph_replays(spec):
+@pytest.mark.parametrize(
+    "spec,num_sms",
+    [
+        ("tiled 128x128 c2 stream-k", 132),
+        ("tiled 64x128 c2 stream-k", 132),
+        ("tiled 128x128 c2 stream-k-tail", 8),  # one whole wave, 7 tiles split over 8 CTAs
+    ],
+)
+def test_stream_k_repeats_bitwise_and_graph_replays(spec, num_sms):
     """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
     the next launch; a captured launch (its own workspace) replays with new tokens."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec(spec, 300)
+    cfg = g.config_from_spec(spec, 300, num_sms)
     tokens, n, k = 300, 640, 4160
     a, sa, b, sb, out = check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (8, 9))
     first = out[:tokens].clone()
