@@ -80,16 +80,18 @@ from .ptx import add_global_u64, clock64, store_globaltimer
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
 # launch are fewer than an m64n128 wgmma needs.)
 # Stream-K's segment bookkeeping lives in the converters too: at 48 (two converters) and 64
-# (three consumers) ptxas spilled 56 and 36 bytes there. The splits below spill 8 bytes
-# (two converters; none with consumers at 176, where the converters spill) and none (three
-# consumers, which fit 120 without spills). Keyed by (converters, consumers, stream-K).
+# (three consumers) ptxas spills 56 and 36 bytes there. Two converters take 56 / 168, which
+# spills 8 bytes (none with consumers at 176, where the converters spill). Three consumers
+# keep 128 and let the converter spill: at 72 / 120 (no spills) the 192-row stream-K kernel
+# ran 8-14% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
+# consumers, stream-K).
 REGS = {
     (1, 2, False): (40, 120, 176),
     (2, 2, False): (32, 48, 176),
     (1, 3, False): (32, 64, 128),
     (1, 2, True): (40, 120, 176),
     (2, 2, True): (32, 56, 168),
-    (1, 3, True): (32, 72, 120),
+    (1, 3, True): (32, 64, 128),
 }
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
 # Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
