@@ -161,13 +161,14 @@ SWAP_AB_MAX_TOKENS = 64
 SWAP_AB_WIDE_MAX_TOKENS = _SWAP_AB_TILES[-1]
 _SMEM_BYTES = 227 * 1024
 # heuristic_config's model of the tiled schedules: stream-K's units cost this much more than
-# whole tiles' (the fixups, a segment's start and end). Fitted to the measured table's six
-# shapes (benchmarks/results/gemm_tune.json): over the 64 points the model decides, its
-# choice takes 1.005 of the fastest measured config's time (geometric mean), at most 1.065,
-# for any value from 1.2 to 1.35; the rule it replaced (stream-K below two rounds of 128 x
-# 128 tiles) took 1.027, at most 1.38 (192 tokens at N 18432, K 7168). Fitted on five shapes,
-# each sixth one held out did as well.
-_STREAM_K_COST = 1.25
+# whole tiles' (the fixups, a segment's start and end), and the units of a stream-K tail
+# after whole waves (stream_k 2) _TAIL_COST. Fitted to the measured table's six shapes
+# (benchmarks/results/gemm_tune.json, with the tail and the 192-row stream-K kernel at its
+# whole-tile register split): over the 64 points the model decides, its choice takes 1.005
+# of the fastest measured config's time (geometric mean), at most 1.061. Without the tail
+# candidates the same receipt scores 1.019, at most 1.12.
+_STREAM_K_COST = 1.15
+_TAIL_COST = 1.4
 # heuristic_config's swap-AB range: at 48 and 64 tokens the tiled kernel's stream-K schedule
 # beat it on every measured shape (0.75 vs 1.11 of cuBLAS BF16's time at N 7168, K 43008)
 _HEURISTIC_SWAP_AB_TOKENS = 32
@@ -391,7 +392,7 @@ def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmCon
         return config_from_spec(f"{SWAP_AB} {_W128} {_BF16_TOKENS}", tokens, num_sms)
     if _narrow(tokens, n):
         return config_from_spec("tiled 128x64 c1 stream-k", tokens, num_sms)
-    return config_from_spec(_tiled_schedule(tokens, n, num_sms), tokens, num_sms)
+    return config_from_spec(_tiled_schedule(tokens, n, k, num_sms), tokens, num_sms)
 
 
 def _narrow(tokens: int, n: int) -> bool:
@@ -400,22 +401,32 @@ def _narrow(tokens: int, n: int) -> bool:
     return ceil_div(n, 128) < 24 and tokens <= 256
 
 
-def _tiled_schedule(tokens: int, n: int, num_sms: int) -> str:
-    """The tiled schedule with the least modeled time, in 128 x 128 tile times: whole tiles
-    per CTA in 128-row tiles (with a second B-converter warpgroup: 3% faster at 512 tokens,
-    docs/gemm_log.md) or 192-row ones, where the busiest CTA sets the time
-    (:func:`_tiled_time`); or stream-K, where every CTA streams an equal share of the units,
-    each _STREAM_K_COST times a whole tile's, in 192-row tiles where they pad fewer rows than
-    128-row ones (192 tokens)."""
-    rows_192 = ceil_div(tokens, 192) * 192 < ceil_div(tokens, 128) * 128
-    stream_k = "tiled 192x128 c1 stream-k" if rows_192 else "tiled 128x128 c2 stream-k"
-    costs_128 = _tile_costs(tokens, n, 128)
-    times = {
-        "tiled 128x128 c2": _busiest(costs_128, num_sms),
-        "tiled 192x128 c1": _tiled_time(tokens, n, 192, num_sms),
-        stream_k: _STREAM_K_COST * sum(costs_128) / num_sms,
-    }
+def _tiled_schedule(tokens: int, n: int, k: int, num_sms: int) -> str:
+    """The tiled schedule with the least modeled time, in 128 x 128 tile times, over 128-row
+    tiles (two B-converter warpgroups: 3% faster at 512 tokens, docs/gemm_log.md) and
+    192-row ones: whole tiles per CTA, where the busiest CTA sets the time
+    (:func:`_busiest`); stream-K, where every CTA streams an equal share of the units, each
+    _STREAM_K_COST times a whole tile's (in 192-row tiles only where they pad no more rows
+    than 128-row ones); or whole waves and a stream-K tail, _TAIL_COST per unit (where there
+    is a whole wave)."""
+    times = {}
+    for tile_m, spec in ((128, "tiled 128x128 c2"), (192, "tiled 192x128 c1")):
+        costs = _tile_costs(tokens, n, tile_m)
+        times[spec] = _busiest(costs, num_sms)
+        if tile_m == 128 or ceil_div(tokens, 192) * 192 <= ceil_div(tokens, 128) * 128:
+            times[f"{spec} stream-k"] = _STREAM_K_COST * sum(costs) / num_sms
+        whole = _whole_waves(len(costs), ceil_div(k, 128), num_sms) * num_sms
+        if whole:
+            tail = _TAIL_COST * sum(costs[whole:]) / num_sms
+            times[f"{spec} stream-k-tail"] = _busiest(costs[:whole], num_sms) + tail
     return min(times, key=times.get)
+
+
+def _whole_waves(tiles: int, k_tiles: int, num_sms: int) -> int:
+    """The full waves a stream_k 2 launch runs as whole tiles (gemm_sm90_tiled._waves)."""
+    grid = min(tiles * k_tiles, num_sms)
+    waves, rest = divmod(tiles, grid)
+    return waves - 1 if waves and (rest * 8 < grid or rest * k_tiles < grid) else waves
 
 
 def _tile_costs(tokens: int, n: int, tile_m: int) -> list[float]:
@@ -431,12 +442,6 @@ def _tile_costs(tokens: int, n: int, tile_m: int) -> list[float]:
         live = ceil_div(rest, 64) * 64 / tile_m
         costs += [cost * (1 + 2 * live) / 3] * n_tiles
     return costs
-
-
-def _tiled_time(tokens: int, n: int, tile_m: int, num_sms: int) -> float:
-    """The busiest CTA's work, in 128 x 128 tile times, when ``num_sms`` persistent CTAs
-    take the tiles round-robin (:func:`_tile_costs`)."""
-    return _busiest(_tile_costs(tokens, n, tile_m), num_sms)
 
 
 def _busiest(costs: list[float], num_sms: int) -> float:

@@ -23,15 +23,15 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "swap-ab w128 bf16-tokens"),  # 0.1118 ms, 0.69x
         (96, "tiled 128x128 c2 stream-k"),  # 0.1458 ms, 0.90x
         (128, "tiled 128x128 c2 stream-k"),  # 0.1492 ms, 0.88x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.2143 ms, 1.12x
-        (256, "tiled 128x128 c2"),  # 0.2764 ms, 1.21x
-        (384, "tiled 192x128 c1"),  # 0.4093 ms, 1.28x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.6069 ms, 1.37x
-        (1024, "tiled 128x128 c2"),  # 1.1819 ms, 1.26x
-        (2048, "tiled 192x128 c1"),  # 2.0610 ms, 1.19x
-        (4096, "tiled 192x128 c1"),  # 4.0954 ms, 1.19x
-        (8192, "tiled 192x128 c1"),  # 7.9183 ms, 1.12x
-        (16384, "tiled 192x128 c1"),  # 16.2238 ms, 1.24x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.1938 ms, 1.04x
+        (256, "tiled 128x128 c2 stream-k"),  # 0.2736 ms, 1.25x
+        (384, "tiled 192x128 c1 stream-k"),  # 0.3730 ms, 1.20x
+        (512, "tiled 192x128 c1 stream-k-tail"),  # 0.5296 ms, 1.26x
+        (1024, "tiled 192x128 c1 stream-k-tail"),  # 1.0750 ms, 1.16x
+        (2048, "tiled 192x128 c1 stream-k-tail"),  # 1.9654 ms, 1.20x
+        (4096, "tiled 192x128 c1 stream-k-tail"),  # 3.8715 ms, 1.21x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 7.6959 ms, 1.21x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 15.2316 ms, 1.21x
     ),
     (4096, 12288): (
         (1, "swap-ab"),  # 0.0201 ms, 0.67x
@@ -42,15 +42,15 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "tiled 128x128 c2 stream-k"),  # 0.0335 ms, 1.04x
         (96, "tiled 128x128 c2 stream-k"),  # 0.0399 ms, 1.19x
         (128, "tiled 128x128 c2 stream-k"),  # 0.0399 ms, 1.19x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.0522 ms, 1.14x
-        (256, "tiled 128x128 c2 stream-k"),  # 0.0581 ms, 1.35x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.0791 ms, 1.39x
-        (512, "tiled 128x128 c2"),  # 0.0842 ms, 1.23x
-        (1024, "tiled 128x128 c2"),  # 0.1621 ms, 1.26x
-        (2048, "tiled 128x128 c2"),  # 0.3465 ms, 1.34x
-        (4096, "tiled 128x128 c2"),  # 0.7163 ms, 1.29x
-        (8192, "tiled 192x128 c1"),  # 1.3671 ms, 1.21x
-        (16384, "tiled 192x128 c1"),  # 2.7941 ms, 1.21x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0490 ms, 0.99x
+        (256, "tiled 128x128 c2 stream-k-tail"),  # 0.0580 ms, 1.37x
+        (384, "tiled 192x128 c1 stream-k"),  # 0.0746 ms, 1.21x
+        (512, "tiled 128x128 c2"),  # 0.0839 ms, 1.25x
+        (1024, "tiled 128x128 c2"),  # 0.1609 ms, 1.26x
+        (2048, "tiled 192x128 c1 stream-k-tail"),  # 0.3267 ms, 1.29x
+        (4096, "tiled 192x128 c1 stream-k-tail"),  # 0.6592 ms, 1.24x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 1.2952 ms, 1.18x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 2.7309 ms, 1.20x
     ),
     (7168, 14336): (
         (1, "swap-ab"),  # 0.0333 ms, 0.62x
@@ -61,15 +61,15 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "swap-ab w128 bf16-tokens"),  # 0.0474 ms, 0.83x
         (96, "tiled 128x128 c2 stream-k"),  # 0.0604 ms, 0.97x
         (128, "tiled 128x128 c2 stream-k"),  # 0.0608 ms, 0.97x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.0845 ms, 1.18x
-        (256, "tiled 128x128 c2"),  # 0.0960 ms, 1.25x
-        (384, "tiled 192x128 c1"),  # 0.1318 ms, 1.24x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.1904 ms, 1.35x
-        (1024, "tiled 128x128 c2 stream-k"),  # 0.3890 ms, 1.32x
-        (2048, "tiled 192x128 c1"),  # 0.6934 ms, 1.18x
-        (4096, "tiled 192x128 c1"),  # 1.3826 ms, 1.19x
-        (8192, "tiled 192x128 c1"),  # 2.7131 ms, 1.16x
-        (16384, "tiled 192x128 c1"),  # 5.6372 ms, 1.18x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0771 ms, 1.13x
+        (256, "tiled 128x128 c2"),  # 0.0948 ms, 1.29x
+        (384, "tiled 192x128 c1"),  # 0.1312 ms, 1.26x
+        (512, "tiled 192x128 c1 stream-k-tail"),  # 0.1807 ms, 1.32x
+        (1024, "tiled 192x128 c1 stream-k-tail"),  # 0.3643 ms, 1.25x
+        (2048, "tiled 192x128 c1 stream-k-tail"),  # 0.6716 ms, 1.23x
+        (4096, "tiled 192x128 c1 stream-k-tail"),  # 1.3182 ms, 1.20x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 2.6266 ms, 1.19x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 5.3984 ms, 1.21x
     ),
     (7168, 18432): (
         (1, "swap-ab"),  # 0.0405 ms, 0.60x
@@ -80,15 +80,15 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "swap-ab w128 bf16-tokens"),  # 0.0556 ms, 0.74x
         (96, "tiled 128x128 c2 stream-k"),  # 0.0721 ms, 0.94x
         (128, "tiled 128x128 c2 stream-k"),  # 0.0727 ms, 0.94x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.1029 ms, 1.14x
-        (256, "tiled 128x128 c2"),  # 0.1219 ms, 1.24x
-        (384, "tiled 192x128 c1"),  # 0.1692 ms, 1.24x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.2421 ms, 1.34x
-        (1024, "tiled 128x128 c2 stream-k"),  # 0.5159 ms, 1.33x
-        (2048, "tiled 192x128 c1"),  # 0.9138 ms, 1.23x
-        (4096, "tiled 192x128 c1"),  # 1.7536 ms, 1.16x
-        (8192, "tiled 192x128 c1"),  # 3.5115 ms, 1.14x
-        (16384, "tiled 192x128 c1"),  # 7.4520 ms, 1.23x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0940 ms, 1.10x
+        (256, "tiled 128x128 c2"),  # 0.1209 ms, 1.28x
+        (384, "tiled 192x128 c1 stream-k"),  # 0.1659 ms, 1.25x
+        (512, "tiled 192x128 c1 stream-k-tail"),  # 0.2296 ms, 1.30x
+        (1024, "tiled 192x128 c1 stream-k-tail"),  # 0.4659 ms, 1.22x
+        (2048, "tiled 192x128 c1 stream-k-tail"),  # 0.8529 ms, 1.22x
+        (4096, "tiled 192x128 c1 stream-k-tail"),  # 1.6916 ms, 1.20x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 3.3669 ms, 1.19x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 6.8817 ms, 1.22x
     ),
     (18432, 7168): (
         (1, "swap-ab"),  # 0.0404 ms, 0.58x
@@ -99,15 +99,15 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "swap-ab w128 bf16-tokens"),  # 0.0522 ms, 0.80x
         (96, "tiled 128x128 c2 stream-k"),  # 0.0706 ms, 1.04x
         (128, "tiled 128x128 c2 stream-k"),  # 0.0699 ms, 1.02x
-        (192, "tiled 192x128 c1 stream-k"),  # 0.1007 ms, 1.10x
-        (256, "tiled 128x128 c2 stream-k"),  # 0.1292 ms, 1.34x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.1842 ms, 1.32x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.2416 ms, 1.31x
-        (1024, "tiled 192x128 c1"),  # 0.4683 ms, 1.28x
-        (2048, "tiled 192x128 c1"),  # 0.8695 ms, 1.15x
-        (4096, "tiled 192x128 c1"),  # 1.7572 ms, 1.15x
-        (8192, "tiled 192x128 c1"),  # 3.5569 ms, 1.16x
-        (16384, "tiled 192x128 c1"),  # 7.3681 ms, 1.26x
+        (192, "tiled 192x128 c1 stream-k"),  # 0.0927 ms, 1.04x
+        (256, "tiled 128x128 c2 stream-k"),  # 0.1272 ms, 1.38x
+        (384, "tiled 192x128 c1 stream-k-tail"),  # 0.1692 ms, 1.25x
+        (512, "tiled 192x128 c1 stream-k-tail"),  # 0.2373 ms, 1.32x
+        (1024, "tiled 192x128 c1 stream-k-tail"),  # 0.4556 ms, 1.29x
+        (2048, "tiled 192x128 c1 stream-k-tail"),  # 0.8484 ms, 1.18x
+        (4096, "tiled 192x128 c1 stream-k-tail"),  # 1.7096 ms, 1.20x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 3.4209 ms, 1.19x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 7.0439 ms, 1.24x
     ),
     (2048, 7168): (
         (1, "swap-ab"),  # 0.0107 ms, 0.86x
@@ -118,14 +118,14 @@ TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {
         (64, "tiled 64x64 c1 stream-k s11+4 bf16"),  # 0.0199 ms, 1.54x
         (96, "tiled 128x64 c1 stream-k bf16"),  # 0.0225 ms, 1.69x
         (128, "tiled 128x64 c1 stream-k bf16"),  # 0.0226 ms, 1.52x
-        (192, "tiled 128x64 c1 stream-k"),  # 0.0296 ms, 2.01x
-        (256, "tiled 128x64 c1 stream-k"),  # 0.0300 ms, 1.78x
-        (384, "tiled 128x128 c2 stream-k"),  # 0.0363 ms, 1.53x
-        (512, "tiled 128x128 c2 stream-k"),  # 0.0409 ms, 1.66x
-        (1024, "tiled 128x128 c2"),  # 0.0517 ms, 1.30x
-        (2048, "tiled 128x128 c2"),  # 0.0970 ms, 1.30x
-        (4096, "tiled 128x128 c2"),  # 0.1953 ms, 1.31x
-        (8192, "tiled 128x128 c2"),  # 0.4172 ms, 1.36x
-        (16384, "tiled 192x128 c1"),  # 0.8380 ms, 1.27x
+        (192, "tiled 128x64 c1 stream-k"),  # 0.0302 ms, 2.05x
+        (256, "tiled 128x64 c1 stream-k"),  # 0.0299 ms, 2.03x
+        (384, "tiled 128x128 c2 stream-k"),  # 0.0366 ms, 1.51x
+        (512, "tiled 128x128 c2 stream-k"),  # 0.0411 ms, 1.76x
+        (1024, "tiled 128x128 c2"),  # 0.0521 ms, 1.33x
+        (2048, "tiled 128x128 c2"),  # 0.0970 ms, 1.31x
+        (4096, "tiled 128x128 c2"),  # 0.1900 ms, 1.29x
+        (8192, "tiled 192x128 c1 stream-k-tail"),  # 0.3879 ms, 1.29x
+        (16384, "tiled 192x128 c1 stream-k-tail"),  # 0.8089 ms, 1.26x
     ),
 }

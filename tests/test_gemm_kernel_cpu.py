@@ -298,11 +298,11 @@ def test_heuristic_swaps_operands_for_few_tokens():
 
 
 def test_heuristic_splits_few_tiles_over_k():
-    """Stream-K (every SM streams an equal share of the units, each charged 1.25 whole-tile
-    units) where it beats the busiest CTA's whole tiles: 192-row tiles where they pad fewer
-    rows, 128 x 64 ones for narrow weights up to 256 tokens. Whole tiles where the rounds come
-    out nearly even. The measured points: 192 tokens at N 18432 took 1.38x as long in whole
-    tiles (288 of 128 rows), 1024 tokens at N 2048 took 1.22x as long split (128 tiles)."""
+    """Stream-K (every SM streams an equal share of the units, each charged 1.15 whole-tile
+    units) where it beats the busiest CTA's whole tiles and whole waves with a stream-K tail
+    (charged 1.4 per unit): 192-row tiles where they pad no more rows, 128 x 64 ones for
+    narrow weights up to 256 tokens. Whole tiles where the rounds come out nearly even
+    (1024 tokens at N 2048 took 1.22x as long split, 128 tiles)."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, n, spec in [
@@ -310,18 +310,31 @@ def test_heuristic_splits_few_tiles_over_k():
         (65, 7168, "tiled 128x128 c2 stream-k"),
         (192, 7168, "tiled 192x128 c1 stream-k"),
         (192, 18432, "tiled 192x128 c1 stream-k"),
-        (256, 18432, "tiled 128x128 c2 stream-k"),  # 288 tiles: 2.2 rounds
-        (300, 2048, "tiled 128x128 c2 stream-k"),
-        (640, 7168, "tiled 128x128 c2 stream-k"),  # 280 tiles: 2.1 rounds
+        (384, 7168, "tiled 192x128 c1 stream-k"),  # 112 tiles of 192 rows
+        (256, 7168, "tiled 128x128 c2 stream-k"),  # 112 tiles: one round
         (100, 2048, "tiled 128x64 c1 stream-k"),
         (256, 256, "tiled 128x64 c1 stream-k"),
-        (256, 7168, "tiled 128x128 c2"),  # 112 tiles: one round
-        (512, 7168, "tiled 128x128 c2"),  # 224 tiles: two rounds
         (1024, 2048, "tiled 128x128 c2"),  # 128 tiles
         (1024, 4096, "tiled 128x128 c2"),  # 256 tiles
         (4096, 512, "tiled 128x128 c2"),
     ]:
         assert g.spec_of(g.heuristic_config(tokens, n, 43008)) == spec, (tokens, n)
+
+
+def test_heuristic_takes_whole_waves_and_a_stream_k_tail_past_a_wave():
+    """Whole waves and a stream-K tail where the last wave is ragged: 512 tokens at N 7168
+    are 168 tiles of 192 rows (one wave and 36), 4096 tokens 1232 (nine waves and 44); the
+    tail's whole waves follow the kernel's rule (a thin rest takes the last wave along)."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    for tokens in (512, 4096, 16384):
+        cfg = g.heuristic_config(tokens, 7168, 43008)
+        assert (cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k) == (192, 128, 1, 2)
+    assert g._whole_waves(1232, 336, 132) == 9
+    assert g._whole_waves(264, 336, 132) == 1  # nothing left: the last wave is split
+    assert g._whole_waves(136, 336, 132) == 0  # 4 left: under an eighth of a wave
+    assert g._whole_waves(150, 2, 132) == 0  # 18 x 2 units left: fewer than the CTAs
+    assert g._whole_waves(100, 336, 132) == 0
 
 
 def test_heuristic_tiled_choices_against_the_tune_receipt():
@@ -356,20 +369,16 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
 
 
 def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
-    """Past stream-K the tile-height choice follows the round-robin model: from about 2500
-    tokens on the 192-row tiles win (at 512 tokens four 128-row tiles per column made two
-    even rounds and three 192-row tiles an uneven pair, measured 0.557 vs 0.690 ms)."""
+    """The tile-height choice follows the round-robin model: at 512 tokens four 128-row
+    tiles per column made two even rounds and three 192-row tiles an uneven pair (measured
+    0.557 vs 0.690 ms); 4096 tokens in 192-row tiles are 21 full row tiles x 56 and then 56
+    tiles with one live warpgroup."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    assert g.heuristic_config(1024, 7168, 43008).tile_m == 128
-    # two 192-row tiles per column in one round: measured fastest on the three N 7168 shapes
-    assert g.spec_of(g.heuristic_config(384, 7168, 43008)) == "tiled 192x128 c1"
-    for tokens in (4096, 16384):
-        cfg = g.heuristic_config(tokens, 7168, 43008)
-        assert (cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k) == (192, 128, 1, 0)
-    assert g._tiled_time(4096, 7168, 128, 132) == 14  # 1792 tiles: 13.6 rounds
-    # 21 full row tiles x 56, then 56 tiles with one live warpgroup: 9 full + 1 partial
-    assert abs(g._tiled_time(4096, 7168, 192, 132) - (9 * 1.4 + 1.4 * 5 / 9)) < 1e-9
+    assert g._busiest(g._tile_costs(4096, 7168, 128), 132) == 14  # 1792 tiles: 13.6 rounds
+    tall = g._busiest(g._tile_costs(4096, 7168, 192), 132)
+    assert abs(tall - (9 * 1.4 + 1.4 * 5 / 9)) < 1e-9  # 9 full + 1 partial
+    assert g.heuristic_config(4096, 7168, 43008).tile_m == 192
 
 
 @requires_cutlass
