@@ -63,7 +63,8 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
         return g.swap_ab_config(tokens, num_sms)
     if -(-tokens // 128) * -(-n // 128) < num_sms:
         return g.config_from_spec("tiled 128x64 c1", tokens, num_sms)
-    if g._tiled_time(tokens, n, 192, num_sms) < g._tiled_time(tokens, n, 128, num_sms):
+    busiest = {m: g._busiest(g._tile_costs(tokens, n, m), num_sms) for m in (128, 192)}
+    if busiest[192] < busiest[128]:
         return g.config_from_spec("tiled 192x128 c1", tokens, num_sms)
     return g.config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
