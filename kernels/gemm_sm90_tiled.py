@@ -83,7 +83,7 @@ from .ptx import add_global_u64, clock64, store_globaltimer
 # (three consumers) ptxas spills 56 and 36 bytes there. Two converters take 56 / 168, which
 # spills 8 bytes (none with consumers at 176, where the converters spill). Three consumers
 # keep 128 and let the converter spill: at 72 / 120 (no spills) the 192-row stream-K kernel
-# ran 8-14% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
+# ran 8-12% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
 # consumers, stream-K).
 REGS = {
     (1, 2, False): (40, 120, 176),
