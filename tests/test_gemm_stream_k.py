@@ -27,6 +27,24 @@ STREAM_K_SPECS = [
     "tiled 128x64 c1 stream-k",
     "tiled 64x128 c2 stream-k",  # k-split: two consumer warpgroups on alternate K halves
 ]
+OUTPUT_CASES = [  # (output dtype, scale spread, scale center, bias dtype)
+    (torch.bfloat16, 10, 127, None),  # the FP16 path
+    (torch.bfloat16, 20, 127, torch.float32),  # the BF16 path, bias
+    (torch.float16, 4, 119, torch.float16),
+]
+
+
+def _check_spec(spec, tokens, num_sms, out_dtype, spread, center, bias_dtype):
+    """``spec`` on ``num_sms`` CTAs at N 640, K 4160 (33 stages, the last one partial)
+    against the reference."""
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    n, k = 640, 4160
+    bias = None
+    if bias_dtype is not None:
+        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
+    cfg = g.config_from_spec(spec, tokens, num_sms)
+    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
 
 
 @pytest.mark.gpu
@@ -36,26 +54,12 @@ STREAM_K_SPECS = [
 # one token; one row tile's worth (one live consumer warpgroup of 64 rows); just past it;
 # partial row tiles of 128 and 192 rows; each tile split over up to ~9 CTAs (495 units)
 @pytest.mark.parametrize("tokens", [1, 64, 65, 200, 300])
-@pytest.mark.parametrize(
-    "out_dtype,spread,center,bias_dtype",
-    [
-        (torch.bfloat16, 10, 127, None),  # the FP16 path
-        (torch.bfloat16, 20, 127, torch.float32),  # the BF16 path, bias
-        (torch.float16, 4, 119, torch.float16),
-    ],
-)
+@pytest.mark.parametrize("out_dtype,spread,center,bias_dtype", OUTPUT_CASES)
 def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
     """The tiled kernel's stream-K schedule: K 4160 (33 stages, the last one partial), N 640
     (5 or 10 column tiles), tiles split across CTAs as heads, middles and tails; 64-row
     tiles start at row 64 of a scale chunk every other tile."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
-    n, k = 640, 4160
-    bias = None
-    if bias_dtype is not None:
-        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
-    cfg = g.config_from_spec(spec, tokens)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
+    _check_spec(spec, tokens, 132, out_dtype, spread, center, bias_dtype)
 
 
 # stream_k 2: whole tiles for the full waves, stream-K over the rest
@@ -76,25 +80,11 @@ TAIL_SPECS = [
 # which the last is split (nothing would be left). 192 x 128 and 128 x 64 tiles cut them
 # into other waves and rests, partial row tiles among them
 @pytest.mark.parametrize("tokens", [1, 200, 300, 640, 1024])
-@pytest.mark.parametrize(
-    "out_dtype,spread,center,bias_dtype",
-    [
-        (torch.bfloat16, 10, 127, None),  # the FP16 path
-        (torch.bfloat16, 20, 127, torch.float32),  # the BF16 path, bias
-        (torch.float16, 4, 119, torch.float16),
-    ],
-)
+@pytest.mark.parametrize("out_dtype,spread,center,bias_dtype", OUTPUT_CASES)
 def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
     """The schedule of whole waves and a stream-K tail, on few CTAs so that small launches
     run several waves: K 4160 (33 stages, the last one partial), N 640."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
-    n, k = 640, 4160
-    bias = None
-    if bias_dtype is not None:
-        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
-    cfg = g.config_from_spec(spec, tokens, num_sms=8)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
+    _check_spec(spec, tokens, 8, out_dtype, spread, center, bias_dtype)
 
 
 @pytest.mark.gpu
