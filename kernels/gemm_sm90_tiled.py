@@ -21,7 +21,9 @@ With ``stream_k`` the (output tile, K stage) units are instead split evenly over
 split across CTAs is finished by the CTA holding its tail, which adds the parts published by
 the lower CTAs in K order (no atomics: every call sums alike). With few output tiles (fewer
 than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
-keeps all of them streaming. Roles:
+keeps all of them streaming. ``stream_k`` 2 runs the full waves as whole tiles and splits
+only the rest's units that way, which keeps the whole tiles' L2 sharing and evens out the
+last round. Roles:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
