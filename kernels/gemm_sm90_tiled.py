@@ -173,10 +173,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         self.n_tiles = ceil_div(n, self.tile_n)
         self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
-        # stream_k 2: whole tiles for the full waves, stream-K over the rest (_waves)
+        # stream_k 2: whole tiles for the full waves, stream-K over the rest (_waves); not
+        # with k-split tiles (GemmConfig refuses it)
         self.sk_tail = cfg.stream_k == 2
-        if self.sk_tail and self.k_split:
-            raise ValueError(f"stream_k 2 needs tile_m 128 or 192, got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
         # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
         # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
