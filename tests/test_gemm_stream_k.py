@@ -90,6 +90,21 @@ def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
+# on 8 CTAs, N 640, 128 x 128 tiles. K 256 (2 stages): 640 tokens are 25 tiles, three waves
+# and one tile of 2 units, fewer than the CTAs, so the last wave joins the split (9 tiles,
+# 18 units); 1024 tokens five waves and nothing left (the fifth is split). K 128 (1 stage):
+# 300 tokens are one wave and 7 tiles of one unit each, so the wave joins the split too
+@pytest.mark.parametrize("tokens,k", [(640, 256), (1024, 256), (300, 128), (1, 128)])
+def test_stream_k_tail_with_few_k_stages(tokens, k):
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+
+    cfg = g.config_from_spec("tiled 128x128 c2 stream-k-tail", tokens, 8)
+    check_config_run(cfg, tokens, 640, k, torch.bfloat16, None, 10, 127, (tokens, 13))
+
+
+@pytest.mark.gpu
+@requires_cutlass
+@requires_sm90
 @pytest.mark.parametrize("spec", TAIL_SPECS)
 # N 4096 on all 132 SMs: 600 tokens are 160 tiles of 128 x 128 (one wave and 28), 1100 are
 # 288 (two waves and 24); in 192-row tiles 520 and 600 tokens are under one wave, 1100 one
