@@ -366,7 +366,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
         k_tiles = self.k_tiles
-        u, stop, skip = self._my_units(m)
+        u, stop, hop = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages8)
         while u < stop:
             _t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
@@ -393,7 +393,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 )
                 load_pipe.producer_commit(ps)
                 ps.advance()
-            u = self._next_unit(seg_end, skip, m)
+            u = self._next_unit(seg_end, hop)
         load_pipe.producer_tail(ps)
 
     @cute.jit
@@ -447,11 +447,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         # persistent: tiles cta, cta + G, ...; stream-K: consecutive tiles from the first
         j = (t - cta) // grid
         if cutlass.const_expr(self.sk_tail):
-            whole = self._waves(m)[0]
-            sk_start, _stop = self._sk_range(m, cta, grid)
+            _start, _stop, (_skip, whole_end, sk_start) = self._my_units(m)
+            whole = whole_end // self.k_tiles
             j = cutlass.select_(t < whole, j, whole // grid + t - sk_start // self.k_tiles)
         elif cutlass.const_expr(self.stream_k):
-            start, _stop, _skip = self._my_units(m)
+            start, _stop, _hop = self._my_units(m)
             j = t - start // self.k_tiles
         slot = (cutlass.Int64(cta) * STAMPED_TILES + j) * STAMP_WORDS + word
         return j, cutlass.Int64(self.stamps_addr) + slot * 8
@@ -462,8 +462,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
 
     @cute.jit
     def _my_units(self, m):
-        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, skip)``, where the
-        segment after one ending at ``e`` starts at ``_next_unit(e, skip, m)``. Persistent:
+        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, hop)``, where the
+        segment after one ending at ``e`` starts at ``_next_unit(e, hop)``. Persistent:
         whole tiles cta, cta + G, ...; stream-K: units [cta U / G, (cta + 1) U / G);
         ``sk_tail``: whole tiles cta, cta + G, ... below ``_waves``' first tile, then this
         CTA's share of the units past it, split as in stream-K."""
@@ -472,17 +472,22 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         units = self._tiles(m) * self.k_tiles
         start = cta * self.k_tiles
         stop = units
-        skip = (grid - 1) * self.k_tiles
+        hop = (grid - 1) * self.k_tiles  # from a whole tile's end to the next one's start
         if cutlass.const_expr(self.sk_tail):
-            sk_start, stop = self._sk_range(m, cta, grid)
+            whole, sk_units = self._waves(m)
+            whole_end = whole * self.k_tiles
+            # in 64 bits: cta * U passes 2**31 past ~16M units
+            sk_start = whole_end + Int32((cutlass.Int64(cta) * sk_units) // grid)
+            stop = whole_end + Int32((cutlass.Int64(cta + 1) * sk_units) // grid)
             # a CTA below the whole tiles' count starts on its first whole tile
-            start = cutlass.select_(self._waves(m)[0] > cta, start, sk_start)
+            start = cutlass.select_(whole > cta, start, sk_start)
+            hop = (hop, whole_end, sk_start)
         elif cutlass.const_expr(self.stream_k):
             # in 64 bits: cta * U passes 2**31 past ~16M units
             start = Int32((cutlass.Int64(cta) * units) // grid)
             stop = Int32((cutlass.Int64(cta + 1) * units) // grid)
-            skip = Int32(0)
-        return start, stop, skip
+            hop = Int32(0)
+        return start, stop, hop
 
     @cute.jit
     def _waves(self, m):
@@ -502,27 +507,16 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         return whole, (tiles - whole) * self.k_tiles
 
     @cute.jit
-    def _sk_range(self, m, cta, grid):
-        """``sk_tail``: this CTA's stream-K units ``[start, stop)``, past the whole tiles."""
-        whole, sk_units = self._waves(m)
-        base = whole * self.k_tiles
-        # in 64 bits: cta * U passes 2**31 past ~16M units
-        start = base + Int32((cutlass.Int64(cta) * sk_units) // grid)
-        stop = base + Int32((cutlass.Int64(cta + 1) * sk_units) // grid)
-        return start, stop
-
-    @cute.jit
-    def _next_unit(self, seg_end, skip, m):
-        """The unit after a segment ending at ``seg_end`` (see _my_units)."""
-        nxt = seg_end + skip
+    def _next_unit(self, seg_end, hop):
+        """The unit after a segment ending at ``seg_end`` (``hop`` from _my_units)."""
         if cutlass.const_expr(self.sk_tail):
-            cta, _, _ = cute.arch.block_idx()
-            grid, _, _ = cute.arch.grid_dim()
-            whole_end = self._waves(m)[0] * self.k_tiles
-            sk_start, _stop = self._sk_range(m, cta, grid)
+            skip, whole_end, sk_start = hop
+            nxt = seg_end + skip
             # a whole tile ends at or before whole_end, a stream-K segment past it
             whole = seg_end <= whole_end
             nxt = cutlass.select_(whole, cutlass.select_(nxt < whole_end, nxt, sk_start), seg_end)
+        else:
+            nxt = seg_end + hop
         return nxt
 
     @cute.jit
@@ -558,7 +552,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90_refs)
         into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
         refs = st.refs.data_ptr().toint()
-        u, stop, skip = self._my_units(m)
+        u, stop, hop = self._my_units(m)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, REF_STAGES)
         b_parts = self.tile_n // 32
         while u < stop:
@@ -584,5 +578,5 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 store_smem_word(buf + self.mode_word * 4, cutlass.select_(mode, Int32(1), Int32(0)))
             ref_pipe.producer_commit(ps)
             ps.advance()
-            u = self._next_unit(seg_end, skip, m)
+            u = self._next_unit(seg_end, hop)
         ref_pipe.producer_tail(ps)

@@ -55,7 +55,7 @@ class ConsumerRole:
         row0 = wg_row + (ct // 32) * 16 + lane // 4  # rows row0, row0 + 8 of the A tile
         cta, _, _ = cute.arch.block_idx()
 
-        u, stop, skip = self._my_units(m)
+        u, stop, hop = self._my_units(m)
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         rs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
         rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages16)
@@ -126,7 +126,7 @@ class ConsumerRole:
             self._mark(stamp, "consumer_done")
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            u = self._next_unit(seg_end, skip, m)
+            u = self._next_unit(seg_end, hop)
         if cutlass.const_expr(self.stream_k):
             if owned >= 0:
                 self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)

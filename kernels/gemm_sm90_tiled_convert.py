@@ -39,7 +39,7 @@ class WeightConverterRole:
         """B half of each FP8 stage -> one scaled BF16 (or FP16) stage of K 64, K permuted
         per group."""
         refs = st.refs.data_ptr().toint()
-        u, stop, skip = self._my_units(m)
+        u, stop, hop = self._my_units(m)
         ls = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages8)
         cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages16)
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
@@ -74,7 +74,7 @@ class WeightConverterRole:
                 )
             self._waited(stamp, "converter_tile", since)
             self._mark(stamp, "converter_done")
-            u = self._next_unit(seg_end, skip, m)
+            u = self._next_unit(seg_end, hop)
 
     def _converter_rows(self, ct):
         """The B rows of converter thread ``ct``'s units (see _convert_b)."""

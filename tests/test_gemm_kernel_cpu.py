@@ -136,7 +136,7 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
 )  # fmt: skip
 def test_stream_k_tail_split_model(tiles, k_tiles, ctas):
     """CPU model of the tiled kernel's stream_k 2 schedule (the integer formulas of
-    gemm_sm90_tiled._waves, _sk_range, _my_units and _next_unit, and the fixup's first CTA):
+    gemm_sm90_tiled._waves, _my_units and _next_unit, and the fixup's first CTA):
     every (tile, stage) unit is computed once; whole tiles come in full waves, one per CTA;
     every CTA holds some of the stream-K units; each split tile is finished by the CTA
     holding its tail, from the parts of exactly the lower CTAs that touched it, each of
