@@ -262,7 +262,7 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         parts.pop()
         f16 = 0
     stage_split = None
-    if len(parts) > 3 and parts[-1].startswith("s") and parts[-1] not in _STREAM_K_WORDS:
+    if len(parts) > 3 and parts[-1][:1] == "s" and parts[-1][1:2].isdigit():
         counts = parts.pop()[1:].split("+")
         if len(counts) != 2 or not all(c.isdigit() for c in counts):
             raise ValueError(f"spec: stages as sF+H, got {spec!r}")
