@@ -32,6 +32,10 @@ from .gemm_sm90_common import (
 from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES
 
+# Diagnostic only (wrong results on purpose): consumers neither load nor convert A, so a
+# launch times the rest of the chain (an optimistic bound for taking A's conversion off them).
+NO_A_DIAG = False
+
 
 class ConsumerRole:
     """Mixin of MXFP8TiledGemmSm90: the consumer warpgroups' methods. Uses the kernel's
@@ -253,6 +257,8 @@ class ConsumerRole:
         t = ct % 4
         halves = [h for h in range(HALVES) if k_half is None or h == k_half]
         stride = self._stride16()
+        if cutlass.const_expr(NO_A_DIAG):
+            frag.fill(0.0)
         for _kt in range(k_stages):
             since = self._clock(stamp)
             load_pipe.consumer_wait(ls)
@@ -265,10 +271,11 @@ class ConsumerRole:
                     if _kt == 0:
                         self._mark(stamp, "consumer_first_stage")
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                words, scales = load_fragment_bytes(
-                    a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                    sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
-                )  # fmt: skip
+                if cutlass.const_expr(not NO_A_DIAG):
+                    words, scales = load_fragment_bytes(
+                        a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
+                        sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
+                    )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
                 since = self._clock(stamp)
                 warpgroup.wait_group(0)
@@ -277,7 +284,8 @@ class ConsumerRole:
                     conv_pipe.consumer_release(rel)
                     for _s in cutlass.range_constexpr(stride):
                         rel.advance()
-                convert_fragment(words, scales, groups, frag_words, row_lows)
+                if cutlass.const_expr(not NO_A_DIAG):
+                    convert_fragment(words, scales, groups, frag_words, row_lows)
                 if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)
                 warpgroup.fence()

@@ -27,6 +27,8 @@ from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
 
 HALVES = TILE_K8 // TILE_K16
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
+# Diagnostic only (wrong results on purpose): the converter skips B's conversion and stores.
+NO_B_DIAG = False
 
 
 class WeightConverterRole:
@@ -101,15 +103,16 @@ class WeightConverterRole:
                 since = self._clock(stamp)
                 conv_pipe.producer_acquire(cs)
                 self._waited(stamp, "converter_slot_wait", since)
-                self._convert_b(
-                    ct,
-                    h,
-                    b_row0,
-                    b8 + ls.index * (self.tile_n * TILE_K8),
-                    sb + ls.index * CHUNK_BYTES,
-                    b16 + cs.index * (self.tile_n * TILE_K16 * 2),
-                    row_lows,
-                )
+                if cutlass.const_expr(not NO_B_DIAG):
+                    self._convert_b(
+                        ct,
+                        h,
+                        b_row0,
+                        b8 + ls.index * (self.tile_n * TILE_K8),
+                        sb + ls.index * CHUNK_BYTES,
+                        b16 + cs.index * (self.tile_n * TILE_K16 * 2),
+                        row_lows,
+                    )
             # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
             cute.arch.fence_proxy("async.shared", space="cta")
             conv_pipe.producer_commit(first)
