@@ -4,9 +4,9 @@ beside cuBLAS BF16 in the same process (CUDA Graph replay, interleaved, medians 
 ratios are ours / cuBLAS BF16 time):
 
 * ``00``: the kernel as shipped;
-* ``10``: the consumers neither load nor convert A (gemm_sm90_tiled_consumer.NO_A_DIAG): an
+* ``10``: the consumers neither load nor convert A (``MXFP8TiledGemmSm90.no_a_diag``): an
   optimistic bound for any design that takes A's conversion off them;
-* ``01``: the converter neither converts nor stores B (gemm_sm90_tiled_convert.NO_B_DIAG);
+* ``01``: the converter neither converts nor stores B (``no_b_diag``);
 * ``11``: both, the TMA + wgmma pipeline and its schedule alone.
 
 With both flags off (the default) the kernels' PTX is unchanged.
@@ -77,11 +77,10 @@ def _case(t: int, n: int, k: int) -> dict:
 def measure(flags: str) -> None:
     """One process: every case with ``flags`` set, one JSON line per case."""
     import torch
-    from mxfp8_fusion.kernels import gemm_sm90_tiled_consumer as consumer
-    from mxfp8_fusion.kernels import gemm_sm90_tiled_convert as convert
+    from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel
 
-    consumer.NO_A_DIAG = flags[0] == "1"  # before the first compile of this process
-    convert.NO_B_DIAG = flags[1] == "1"
+    kernel.no_a_diag = flags[0] == "1"  # before the first compile of this process
+    kernel.no_b_diag = flags[1] == "1"
     for case in CASES:
         print(json.dumps(_case(*case)), flush=True)
         torch.cuda.empty_cache()

@@ -125,6 +125,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
 
     stamps_addr = 0  # see TILE_STAMPS
+    # Diagnostics (benchmarks/gemm_diag_no_convert.py), set before the compile; wrong results
+    # on purpose: the consumers neither load nor convert A (an optimistic bound for taking
+    # A's conversion off them), the converter neither converts nor stores B. Off, the
+    # default, they compile to nothing.
+    no_a_diag = False
+    no_b_diag = False
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)

@@ -32,10 +32,6 @@ from .gemm_sm90_common import (
 from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES
 
-# Diagnostic only (wrong results on purpose): consumers neither load nor convert A, so a
-# launch times the rest of the chain (an optimistic bound for taking A's conversion off them).
-NO_A_DIAG = False
-
 
 class ConsumerRole:
     """Mixin of MXFP8TiledGemmSm90: the consumer warpgroups' methods. Uses the kernel's
@@ -257,7 +253,7 @@ class ConsumerRole:
         t = ct % 4
         halves = [h for h in range(HALVES) if k_half is None or h == k_half]
         stride = self._stride16()
-        if cutlass.const_expr(NO_A_DIAG):
+        if cutlass.const_expr(self.no_a_diag):
             frag.fill(0.0)
         for _kt in range(k_stages):
             since = self._clock(stamp)
@@ -271,7 +267,7 @@ class ConsumerRole:
                     if _kt == 0:
                         self._mark(stamp, "consumer_first_stage")
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                if cutlass.const_expr(not NO_A_DIAG):
+                if cutlass.const_expr(not self.no_a_diag):
                     words, scales = load_fragment_bytes(
                         a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
                         sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
@@ -284,7 +280,7 @@ class ConsumerRole:
                     conv_pipe.consumer_release(rel)
                     for _s in cutlass.range_constexpr(stride):
                         rel.advance()
-                if cutlass.const_expr(not NO_A_DIAG):
+                if cutlass.const_expr(not self.no_a_diag):
                     convert_fragment(words, scales, groups, frag_words, row_lows)
                 if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)

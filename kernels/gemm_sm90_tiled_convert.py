@@ -27,8 +27,6 @@ from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
 
 HALVES = TILE_K8 // TILE_K16
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
-# Diagnostic only (wrong results on purpose): the converter skips B's conversion and stores.
-NO_B_DIAG = False
 
 
 class WeightConverterRole:
@@ -103,7 +101,7 @@ class WeightConverterRole:
                 since = self._clock(stamp)
                 conv_pipe.producer_acquire(cs)
                 self._waited(stamp, "converter_slot_wait", since)
-                if cutlass.const_expr(not NO_B_DIAG):
+                if cutlass.const_expr(not self.no_b_diag):
                     self._convert_b(
                         ct,
                         h,
