@@ -77,8 +77,10 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
     stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
     tokens); whole waves with a stream-K tail from 192 tokens on (128 x 64 tiles up to
-    1024); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
-    reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
+    1024); up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
+    reference scan (``bf16``); and at 65-512 tokens the tiled kernel with the tokens
+    converted once (``bf16-tokens``). Specs containing a string of ``leave_out`` are
+    dropped."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
@@ -114,6 +116,12 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
             specs.append("tiled 64x64 c1 stream-k s11+4")
         # every tile on the BF16 path, no reference scan before the GEMM (variant 37)
         specs += [s + " bf16" for s in specs if s.startswith("tiled") and s.endswith("stream-k")]
+    if g.SWAP_AB_MAX_TOKENS < tokens <= 512:
+        # the tokens converted once and read by SS wgmmas (variant 49); its BF16 token buffer
+        # (tokens x K x 2 bytes per stream, 44 MB at 512 tokens and K 43008) caps the count
+        specs += ["tiled 128x128 c2 stream-k bf16-tokens", "tiled 128x64 c1 stream-k bf16-tokens"]
+        if tokens >= 192:
+            specs += ["tiled 128x128 c2 stream-k-tail bf16-tokens", "tiled 128x128 c2 bf16-tokens"]
     specs = [s for s in specs if not any(part in s for part in leave_out)]
     return list(dict.fromkeys(specs))
 

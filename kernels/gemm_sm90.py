@@ -71,7 +71,9 @@ class GemmConfig:
     last, partial wave split evenly (a thin last wave takes one full wave along).
     ``f16`` 1: tiles whose rows' scales allow it take the FP16 path, found by a scan launch
     before the GEMM (gemm_sm90_refs); 0: every tile takes the BF16 path and nothing runs
-    before the GEMM.
+    before the GEMM. ``bf16_tokens`` 1 (``f16`` 0, tile 128 x 128): a launch before the GEMM
+    converts the tokens to BF16 once (gemm_sm90_tokens), the kernel TMAs them into shared
+    memory and its consumers read them there (SS wgmma) instead of converting them.
 
     ``kernel`` ``"swap-ab"`` (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
     32 or 64; 0 for the tiled kernel): ``num_ctas`` CTAs sharing the (64-row weight tile, K
@@ -118,8 +120,13 @@ class GemmConfig:
         ):  # fmt: skip
             fail(ValueError, "tile_w", "64, or 128 with swap-AB, bf16_tokens and 2 consumers",
                  self.tile_w)  # fmt: skip
-        if self.bf16_tokens not in (0, 1) or (self.bf16_tokens and self.kernel != SWAP_AB):
-            fail(ValueError, "bf16_tokens", "0, or 1 with the swap-AB kernel", self.bf16_tokens)
+        tiled_tokens = self.kernel == TILED and self.f16 == 0 and self.tile_m == 128
+        if self.bf16_tokens not in (0, 1) or (
+            self.bf16_tokens and self.kernel != SWAP_AB and not tiled_tokens
+        ):  # fmt: skip
+            fail(ValueError, "bf16_tokens",
+                 "0, or 1 with the swap-AB kernel or the tiled one at f16 0 and tile_m 128",
+                 self.bf16_tokens)  # fmt: skip
         if self.stream_k not in (0, 1, 2) or (self.stream_k and self.kernel != TILED) or (
             self.stream_k == 2 and self.tile_m == 64
         ):  # fmt: skip
@@ -144,6 +151,8 @@ class GemmConfig:
 # 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
 # was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
+# bf16_tokens (128 x 128 only): a stage's A is 32 KB of BF16, so 3 + 4 stages fit
+_TOKENS16_STAGES = (3, 4)
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
 # (3.73 ms at 4096 tokens; docs/gemm_log.md)
 _TALL_STAGES = (3, 4)
@@ -246,10 +255,10 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     ``"swap-ab w128 bf16-tokens"`` with ``tile_w`` 128; after bf16-tokens an optional
     ``" mc2"`` for ``cluster`` 2) or ``"tiled MxN cC"`` with an optional ``" stream-k"``
     (``stream_k`` 1) or ``" stream-k-tail"`` (2), an optional ``" sF+H"`` and an optional
-    ``" bf16"`` (tile M x N, C B-converter warpgroups, F FP8 and H 16-bit stages, by default
-    the standard split of that tile; M 64 is the k-split tile, two consumer warpgroups on
-    alternate K halves of the same 64 rows; bf16: every tile on the BF16 path, no reference
-    scan).
+    ``" bf16"`` or ``" bf16-tokens"`` (tile M x N, C B-converter warpgroups, F FP8 and H
+    16-bit stages, by default the standard split of that tile; M 64 is the k-split tile, two
+    consumer warpgroups on alternate K halves of the same 64 rows; bf16: every tile on the
+    BF16 path, no reference scan; bf16-tokens: that, and ``bf16_tokens``).
 
     Raises:
         ValueError: on a spec of neither form, or swap-AB above SWAP_AB_MAX_TOKENS.
@@ -257,9 +266,10 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     parts = spec.split()
     if parts[:1] == [SWAP_AB]:
         return _swap_ab_spec(spec, parts[1:], tokens, num_sms)
-    f16 = 1
-    if len(parts) > 3 and parts[-1] == "bf16":
-        parts.pop()
+    f16, bf16_tokens = 1, 0
+    if len(parts) > 3 and parts[-1] in ("bf16", _BF16_TOKENS):
+        # BF16 tokens need the BF16 path: an SS wgmma's operands share one type
+        bf16_tokens = int(parts.pop() == _BF16_TOKENS)
         f16 = 0
     stage_split = None
     if len(parts) > 3 and parts[-1][:1] == "s" and parts[-1][1:2].isdigit():
@@ -271,11 +281,13 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
     dims = parts[1].split("x") if ok else []
     if not (ok and len(dims) == 2 and all(d.isdigit() for d in dims) and parts[2][1:].isdigit()):
         raise ValueError(
-            f"spec: 'swap-ab' or 'tiled MxN cC [stream-k|stream-k-tail] [sF+H] [bf16]', "
-            f"got {spec!r}"
+            f"spec: 'swap-ab' or 'tiled MxN cC [stream-k|stream-k-tail] [sF+H] "
+            f"[bf16|{_BF16_TOKENS}]', got {spec!r}"
         )
     tile_m, tile_n = int(dims[0]), int(dims[1])
     stages, stages16 = _TALL_STAGES if tile_m == 192 else _TILED_STAGES.get(tile_n, (4, 4))
+    if bf16_tokens:
+        stages, stages16 = _TOKENS16_STAGES
     if stage_split is not None:
         stages, stages16 = stage_split
     return GemmConfig(
@@ -288,10 +300,11 @@ def config_from_spec(spec: str, tokens: int, num_sms: int = 132) -> GemmConfig:
         num_ctas=num_sms,
         stream_k=_STREAM_K_WORDS.index(parts[3]) + 1 if len(parts) == 4 else 0,
         f16=f16,
+        bf16_tokens=bf16_tokens,
     )
 
 
-_BF16_TOKENS = "bf16-tokens"  # the swap-AB spec word for bf16_tokens
+_BF16_TOKENS = "bf16-tokens"  # the spec word for bf16_tokens (swap-AB and tiled)
 _STREAM_K_WORDS = ("stream-k", "stream-k-tail")  # the tiled spec words for stream_k 1 and 2
 _W128 = "w128"  # the swap-AB spec word for tile_w 128 (two consumers, bf16_tokens)
 _MC2 = "mc2"  # the swap-AB spec word for cluster 2 (the token tile multicast to CTA pairs)
@@ -339,10 +352,11 @@ def spec_of(cfg: GemmConfig) -> str:
         return spec + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "") + mc
     sk = f" {_STREAM_K_WORDS[cfg.stream_k - 1]}" if cfg.stream_k else ""
     spec = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"
-    standard = config_from_spec(spec, 1, cfg.num_ctas)
+    path = f" {_BF16_TOKENS}" if cfg.bf16_tokens else "" if cfg.f16 else " bf16"
+    standard = config_from_spec(spec + path, 1, cfg.num_ctas)
     if (standard.stages, standard.stages16) != (cfg.stages, cfg.stages16):
         spec += f" s{cfg.stages}+{cfg.stages16}"
-    return spec + ("" if cfg.f16 else " bf16")
+    return spec + path
 
 
 def table_spec(tokens: int, n: int, k: int, num_sms: int = 132) -> str | None:
@@ -507,8 +521,9 @@ def kinds(cfg: GemmConfig) -> str:
 
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
     """The config ``cfg``'s kernel is compiled for: ``f16`` only decides what the host runs
-    before the launch, so both values share one compile (no new config on the common path)."""
-    return cfg if cfg.f16 else replace(cfg, f16=1)
+    before the launch, so both values share one compile (no new config on the common path;
+    ``bf16_tokens`` tiled configs, always f16 0, compile as they are)."""
+    return cfg if cfg.f16 or cfg.bf16_tokens else replace(cfg, f16=1)
 
 
 @functools.cache
@@ -587,10 +602,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         a_scales.numel() // CHUNK_BYTES,
     )
     stream = raw_stream(dev)
+    if cfg.bf16_tokens:
+        tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
+        args = (tokens.data_ptr(), *args[1:])
     if cfg.kernel == SWAP_AB:
-        if cfg.bf16_tokens:
-            tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
-            args = (tokens.data_ptr(), *args[1:])
         partials, flags = buffers.stream_buffers(
             "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
             lambda slots: buffers.fresh_workspace(device, slots),

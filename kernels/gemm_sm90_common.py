@@ -332,6 +332,20 @@ def rs_tiled_mma(dtype, tile_mn):
     )
 
 
+def ss_tiled_mma(dtype, tile_mn):
+    """:func:`rs_tiled_mma` with the A operand read from shared memory (SS)."""
+    return sm90_utils.make_trivial_tiled_mma(
+        dtype,
+        dtype,
+        cute.nvgpu.OperandMajorMode.K,
+        cute.nvgpu.OperandMajorMode.K,
+        cutlass.Float32,
+        (1, 1, 1),
+        tiler_mn=tile_mn,
+        a_source=warpgroup.OperandSource.SMEM,
+    )
+
+
 def smem_layout(dtype, rows: int, k: int, stages: int):
     """K-major 128-byte-swizzled stages: byte (r, c) of a stage at r*128 + (c ^ (r%8)*16)."""
     atom = warpgroup.make_smem_layout_atom(

@@ -63,6 +63,7 @@ from .gemm_sm90_common import (
     load_gmem_word,
     rs_tiled_mma,
     smem_layout,
+    ss_tiled_mma,
     store_smem_word,
     tma_load,
     tma_load_chunks,
@@ -151,6 +152,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             raise ValueError(f"64-row tiles need stream_k, got {cfg}")
         self.row_blocks = self.tile_m // 64
         self.consumers = 2 if self.k_split else self.row_blocks
+        # bf16_tokens: A arrives as BF16 (converted once before the launch) in 64-row,
+        # K 64 boxes, read by the consumers' SS wgmmas; the BF16 path only (GemmConfig)
+        self.tokens16 = bool(cfg.bf16_tokens)
+        if self.tokens16 and self.tile_m != 128:
+            raise ValueError(f"bf16_tokens needs 128-row tiles, got {cfg}")
         # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
         # second consumer's sums (gemm_sm90.py sizes the workspace alike)
         self.ws_blocks = 2 if self.k_split else self.row_blocks
@@ -211,19 +217,37 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
 
         mmas = [rs_tiled_mma(dtype, (64, self.tile_n)) for dtype in (bf16, cutlass.Float16)]
-        a8_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = chunk_slots(self.stages8)
         sa_slots = self.stages8 * self.a_chunks
-        sa_layout = chunk_slots(sa_slots)
-        tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
-        tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
         tma_sb, gSB = tma_load_chunks(mSB, s_layout)
-        scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
-        self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
+        if cutlass.const_expr(self.tokens16):
+            # the A address holds the BF16 tokens [m, K]; per FP8 stage, box (h, r) = K half
+            # h of 64-row block r at slot (stage * HALVES + h) * row_blocks + r. The a8_layout
+            # parameter carries this ring's layout (no FP8 A stage, no A scales)
+            mA = cute.make_tensor(
+                cute.make_ptr(bf16, a_addr, cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((m, self.k), stride=(self.k, 1)),
+            )
+            a16_slots = self.stages8 * HALVES * self.row_blocks
+            a8_layout = smem_layout(bf16, 64, TILE_K16, a16_slots)
+            tma_a, gA = tma_load(mA, a8_layout, (64, TILE_K16))
+            sa_slots = 1
+            sa_layout = s_layout  # unused
+            tma_sa, gSA = tma_sb, gSB  # unused
+            mmas = [ss_tiled_mma(bf16, (64, self.tile_n))] * 2
+            self.tx_bytes = self.tile_m * TILE_K8 * 2 + self.tile_n * TILE_K8 + CHUNK_BYTES
+        else:
+            a8_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
+            sa_layout = chunk_slots(sa_slots)
+            tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
+            tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
+            scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
+            self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
+        a_dtype = bf16 if self.tokens16 else fp8
 
         # persistent: one CTA per tile up to the cap; stream-K: one per unit up to the cap
         work = self._tiles(m)
@@ -254,7 +278,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             conv_bar: cute.struct.MemRange[cutlass.Int64, stages16 * 2]
             ref_bar: cute.struct.MemRange[cutlass.Int64, REF_STAGES * 2]
             refs: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, ref_words * REF_STAGES], 16]
-            sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
+            sA8: cute.struct.Align[cute.struct.MemRange[a_dtype, cute.cosize(a8_layout)], 1024]
             sB8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(b8_layout)], 1024]
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
             sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * sa_slots], 128]
@@ -337,6 +361,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
             if warp == 0:
+                # bf16_tokens: the BF16 A ring (its dtype comes with the storage field)
                 sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
                 sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
                 sSA = st.sSA.get_tensor(sa_layout)
@@ -357,8 +382,11 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             sB16h = st.sB16.get_tensor(
                 b16_layout.outer, swizzle=b16_layout.inner, dtype=cutlass.Float16
             )
+            sBs = (sB16, sB16h)
+            if cutlass.const_expr(self.tokens16):
+                sBs = (sB16, st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner))
             self._consumer(
-                wg - self.consumer_wg0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, (sB16, sB16h),
+                wg - self.consumer_wg0, tidx % WG_THREADS, (mma_bf16, mma_f16), st, sBs,
                 mD, mBias, m, load_pipe, conv_pipe, ref_pipe, mPartials, mFlags,
             )  # fmt: skip
 
@@ -367,7 +395,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
         sA8, sB8, sSA, sSB, load_pipe, m,
     ):  # fmt: skip
-        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
+        a_box = (64, TILE_K16) if self.tokens16 else (self.tile_m, TILE_K8)
+        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, a_box)
         tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
         tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
@@ -384,9 +413,20 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                     if kt == k0:
                         self._stamp(_t, m, "producer_first_stage")
                 bar = load_pipe.producer_get_barrier(ps)
-                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.tokens16):
+                    # rows past M: TMA fills zeros
+                    for h in cutlass.range_constexpr(HALVES):
+                        for r in cutlass.range_constexpr(self.row_blocks):
+                            cute.copy(
+                                tma_a,
+                                tAgA[(None, tm * self.row_blocks + r, kt * HALVES + h)],
+                                tAsA[(None, (ps.index * HALVES + h) * self.row_blocks + r)],
+                                tma_bar_ptr=bar,
+                            )
+                else:
+                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
-                for c in cutlass.range_constexpr(self.a_chunks):
+                for c in cutlass.range_constexpr(0 if self.tokens16 else self.a_chunks):
                     # past the last chunk (the tile's rows past M) TMA fills zeros
                     cute.copy(
                         tma_sa,

@@ -137,9 +137,16 @@ class ConsumerRole:
 
     @cute.jit
     def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
-        """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
+        """The segment's K loop on the tile's path: BF16 (mode 1) or FP16; with bf16_tokens
+        the SS loop (BF16 only)."""
         ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages, stamp = args
-        if mode != 0:
+        if cutlass.const_expr(self.tokens16):
+            # sBs: (the BF16 B ring, the BF16 A ring); row0 // 64 is this consumer's block
+            ls, rs, rel = self._mainloop_ss(
+                ct, mmas[0], sBs[0], sBs[1], acc, row0 // 64, load_pipe, conv_pipe, ls, rs,
+                rel, k_stages, stamp,
+            )  # fmt: skip
+        elif mode != 0:
             ls, rs, rel = self._mainloop(
                 ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
                 ls, rs, rel, None, k_stages, k_half, stamp,
@@ -297,6 +304,60 @@ class ConsumerRole:
                 for _s in cutlass.range_constexpr(stride):
                     rs.advance()
             ls.advance()
+        return ls, rs, rel
+
+    @cute.jit
+    def _mainloop_ss(
+        self, ct, tiled_mma, sB16, sA16, acc, block, load_pipe, conv_pipe, ls, rs, rel, k_stages,
+        stamp=None,
+    ):  # fmt: skip
+        """bf16_tokens: one segment's K loop over ``k_stages`` FP8 stages. Per K 64, four SS
+        wgmmas of this consumer's 64-row ``block`` of the stage's BF16 A boxes against the
+        converted B stage. A stage is released once the wgmmas that read its A boxes are done
+        (at the next stage's first half, and at the end, after the last ones). Leaves the last
+        B stage unreleased, as _mainloop does."""
+        thr = tiled_mma.get_slice(ct)
+        tCrA = tiled_mma.make_fragment_A(thr.partition_A(sA16))
+        tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
+        lrel = ls.clone()  # the FP8 stage to release next, one stage behind ls
+        for _kt in range(k_stages):
+            since = self._clock(stamp)
+            load_pipe.consumer_wait(ls)
+            self._waited(stamp, "consumer_a_wait", since)
+            for h in cutlass.range_constexpr(HALVES):
+                since = self._clock(stamp)
+                conv_pipe.consumer_wait(rs)
+                self._waited(stamp, "consumer_b_wait", since)
+                if cutlass.const_expr(stamp is not None and h == 0):
+                    if _kt == 0:
+                        self._mark(stamp, "consumer_first_stage")
+                # the previous half's wgmmas have read their A boxes and B stage
+                since = self._clock(stamp)
+                warpgroup.wait_group(0)
+                self._waited(stamp, "consumer_wgmma_wait", since)
+                if rel.count < rs.count:
+                    conv_pipe.consumer_release(rel)
+                    rel.advance()
+                if cutlass.const_expr(h == 0):
+                    if lrel.count < ls.count:
+                        load_pipe.consumer_release(lrel)
+                        lrel.advance()
+                slot = (ls.index * HALVES + h) * self.row_blocks + block
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(TILE_K16 // 16):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        tCrA[(None, None, kb, slot)],
+                        tCrB[(None, None, kb, rs.index)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                rs.advance()
+            ls.advance()
+        warpgroup.wait_group(0)
+        if lrel.count < ls.count:
+            load_pipe.consumer_release(lrel)
         return ls, rs, rel
 
     @cute.jit

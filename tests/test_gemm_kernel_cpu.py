@@ -48,6 +48,11 @@ def test_compiles_for_sm90a_without_gpu():
             # whole waves and a stream-K tail
             (g.config_from_spec("tiled 192x128 c1 stream-k-tail", 300), 640, 4160,
              torch.float16, torch.float32),
+            # the tokens converted once, read by SS wgmmas
+            (g.config_from_spec("tiled 128x128 c2 stream-k bf16-tokens", 300), 640, 4160,
+             torch.float16, torch.float32),
+            (g.config_from_spec("tiled 128x64 c1 bf16-tokens", 300), 200, 512, torch.bfloat16,
+             None),
         ]:
             g._compiled(cfg, n, k, n, out, bias)
         from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
@@ -435,6 +440,16 @@ def test_config_specs_round_trip_and_reject_others():
     # f16 decides only what runs before the launch: one compile serves both
     assert g.compiled_config(bf16) == g.config_from_spec("tiled 64x64 c1 stream-k s11+4", 64)
     assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
+    # the tiled kernel with the tokens converted once: the BF16 path, 3 + 4 stages
+    for spec in ("tiled 128x128 c2 stream-k bf16-tokens", "tiled 128x64 c1 s4+4 bf16-tokens"):
+        cfg = g.config_from_spec(spec, 200)
+        assert (cfg.bf16_tokens, cfg.f16, g.spec_of(cfg)) == (1, 0, spec)
+        assert g.compiled_config(cfg) == cfg  # its own compile: the kernel differs
+    assert g.config_from_spec("tiled 128x128 c2 bf16-tokens", 200).stages == 3
+    with pytest.raises(ValueError, match="bf16_tokens"):
+        g.config_from_spec("tiled 192x128 c1 bf16-tokens", 300)
+    with pytest.raises(ValueError, match="bf16_tokens"):
+        g.GemmConfig(bf16_tokens=1)  # the FP16 path's operands would not share one type
     for bad in (
         "tiled",
         "tiled 128 c2",
@@ -453,6 +468,8 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x128 c2 mc2",
         "tiled 128x128 c2 stream-k stream-k-tail",
         "tiled 128x128 c2 tail",
+        "tiled 128x128 c2 bf16 bf16-tokens",
+        "tiled 128x128 c2 bf16-tokens stream-k",
     ):
         with pytest.raises(ValueError, match="spec"):
             g.config_from_spec(bad, 300)
