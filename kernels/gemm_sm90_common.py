@@ -320,20 +320,15 @@ def gemm_tensors(kernel, addrs, m, sa_chunks, b_chunks: int):
 def rs_tiled_mma(dtype, tile_mn):
     """One warpgroup's K-major wgmma of ``dtype`` x ``dtype`` -> FP32 on ``tile_mn``, its A
     operand in registers (RS)."""
-    return sm90_utils.make_trivial_tiled_mma(
-        dtype,
-        dtype,
-        cute.nvgpu.OperandMajorMode.K,
-        cute.nvgpu.OperandMajorMode.K,
-        cutlass.Float32,
-        (1, 1, 1),
-        tiler_mn=tile_mn,
-        a_source=warpgroup.OperandSource.RMEM,
-    )
+    return _tiled_mma(dtype, tile_mn, warpgroup.OperandSource.RMEM)
 
 
 def ss_tiled_mma(dtype, tile_mn):
     """:func:`rs_tiled_mma` with the A operand read from shared memory (SS)."""
+    return _tiled_mma(dtype, tile_mn, warpgroup.OperandSource.SMEM)
+
+
+def _tiled_mma(dtype, tile_mn, a_source):
     return sm90_utils.make_trivial_tiled_mma(
         dtype,
         dtype,
@@ -342,7 +337,7 @@ def ss_tiled_mma(dtype, tile_mn):
         cutlass.Float32,
         (1, 1, 1),
         tiler_mn=tile_mn,
-        a_source=warpgroup.OperandSource.SMEM,
+        a_source=a_source,
     )
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gemm_helpers import check_config_run, requires_cutlass, requires_sm90
-from test_gemm_stream_k import OUTPUT_CASES
+from gemm_helpers import requires_cutlass, requires_sm90
+from test_gemm_stream_k import OUTPUT_CASES, _check_spec
 
 from mxfp8_fusion import reference
 
@@ -33,14 +33,7 @@ def test_tiled_bf16_tokens_match_reference(
 ):
     """N 640, K 4160 (33 stages, the last one partial): whole tiles, stream-K heads, middles
     and tails, and the tail schedule's whole waves."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
-    n, k = 640, 4160
-    bias = None
-    if bias_dtype is not None:
-        bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
-    cfg = g.config_from_spec(spec, tokens, num_sms)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 11))
+    _check_spec(spec, tokens, num_sms, out_dtype, spread, center, bias_dtype)
 
 
 @pytest.mark.gpu
