@@ -71,7 +71,7 @@ class GemmConfig:
     last, partial wave split evenly (a thin last wave takes one full wave along).
     ``f16`` 1: tiles whose rows' scales allow it take the FP16 path, found by a scan launch
     before the GEMM (gemm_sm90_refs); 0: every tile takes the BF16 path and nothing runs
-    before the GEMM. ``bf16_tokens`` 1 (``f16`` 0, tile 128 x 128): a launch before the GEMM
+    before the GEMM. ``bf16_tokens`` 1 (``f16`` 0, tile M 128): a launch before the GEMM
     converts the tokens to BF16 once (gemm_sm90_tokens), the kernel TMAs them into shared
     memory and its consumers read them there (SS wgmma) instead of converting them.
 
@@ -151,7 +151,7 @@ class GemmConfig:
 # 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
 # was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
 _TILED_STAGES = {128: (4, 4), 64: (4, 4)}
-# bf16_tokens (128 x 128 only): a stage's A is 32 KB of BF16, so 3 + 4 stages fit
+# bf16_tokens (tile M 128): a stage's A is 32 KB of BF16, so 3 + 4 stages fit
 _TOKENS16_STAGES = (3, 4)
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
 # (3.73 ms at 4096 tokens; docs/gemm_log.md)
