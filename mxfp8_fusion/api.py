@@ -374,11 +374,12 @@ def mm_quantized_into(
     (``out`` itself when it has ``tokens`` rows).
 
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
-    device, with no two elements in the same memory (not expanded); its rows past ``tokens``
-    are not touched. Nothing is allocated, so the call can be captured in a CUDA Graph.
+    device, with no two elements in the same memory (not expanded) and none in ``bias``'s;
+    its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be captured in a CUDA Graph.
 
     Raises:
-        TypeError, ValueError: on a bad ``out``, mismatched operands or tokens above capacity.
+        TypeError, ValueError: on a bad ``out``, mismatched operands, tokens above capacity,
+        or a ``bias`` that overlaps ``out``.
     """
     _check_operands(inp, weight)
     tokens = _check_tokens(tokens, inp.capacity)
@@ -398,6 +399,10 @@ def mm_quantized_into(
             "elements in distinct memory (not expanded)",
             f"strides {out.stride()}",
         )
+    if bias is not None and not torch.compiler.is_compiling() and _share_memory(out, bias):
+        # the kernel's CTAs write out while others still read bias: the result would race.
+        # Not checked while tracing: a traced tensor has no storage to compare.
+        _fail(ValueError, "bias", "memory apart from out's", "a tensor that overlaps out")
     ops.call(
         ops.mm_into,
         grad.live_rows(inp.values, tokens),
@@ -408,6 +413,22 @@ def mm_quantized_into(
         out,
     )
     return _live_rows(out, tokens)
+
+
+def _share_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` intersect (spans, not elements: two
+    interleaved views count as sharing)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t: Tensor) -> tuple[int, int]:
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _overlaps(t: Tensor) -> bool:

@@ -179,7 +179,7 @@ def test_compiled_eager_api_matches_eager():
         mf.quantize_input_slice(a, dest, 0)
         mf.quantize_input_slice(b, dest, 256)
         y = mf.mm_quantized(dest, weight, bias=bias)
-        mf.mm_quantized_into(dest, weight, out, tokens=a.shape[0])
+        mf.mm_quantized_into(dest, weight, out, tokens=a.shape[0], bias=bias)
         return y
 
     def one_shot(a, b):
@@ -339,6 +339,23 @@ def test_out_with_overlapping_elements_is_refused_before_writing(make_out):
     with pytest.raises(ValueError, match="^out: expected"):
         mf.mm_quantized_into(_dest(), make_weight(512), out, tokens=8)
     assert torch.equal(bits(base), bits(before))
+
+
+def test_bias_overlapping_out_is_refused_before_writing():
+    """The GEMM writes ``out`` while it reads ``bias``: a bias in ``out``'s memory would race
+    on the GPU, so it is refused, naming ``bias``, and nothing is written. A bias from
+    another part of the same buffer is fine."""
+    weight = make_weight(512)  # N 128
+    buffer = torch.full((17, 128), 3.0, dtype=torch.bfloat16)
+    out, before = buffer[:16], buffer.clone()
+    straddling = buffer.view(-1)[16 * 128 - 64 : 16 * 128 + 64]  # out's last row and beyond
+    for bias in (out[0], out[3], straddling):
+        with pytest.raises(ValueError, match="^bias: expected memory apart from out's"):
+            mf.mm_quantized_into(_dest(), weight, out, tokens=8, bias=bias)
+        assert torch.equal(bits(buffer), bits(before))
+    got = mf.mm_quantized_into(_dest(), weight, out, tokens=8, bias=buffer[16])
+    want = mf.mm_quantized(_dest(), weight, tokens=8, bias=buffer[16].clone())
+    assert torch.equal(bits(got), bits(want))
 
 
 @pytest.mark.parametrize(
