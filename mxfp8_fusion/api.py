@@ -416,16 +416,19 @@ def mm_quantized_into(
 
 
 def _share_memory(a: Tensor, b: Tensor) -> bool:
-    """Whether the memory spans of ``a`` and ``b`` intersect (spans, not elements: two
-    interleaved views count as sharing)."""
+    """Whether ``a`` and ``b`` are views of one storage whose byte spans intersect (spans,
+    not elements: two interleaved views count as sharing). Storages and offsets, not
+    addresses, so meta and fake tensors (no memory) share nothing unless they are views."""
     if a.numel() == 0 or b.numel() == 0:
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
         return False
 
     def span(t: Tensor) -> tuple[int, int]:
         last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+        return t.storage_offset() * t.element_size(), (
+            t.storage_offset() + last + 1
+        ) * t.element_size()
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1

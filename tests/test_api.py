@@ -356,6 +356,14 @@ def test_bias_overlapping_out_is_refused_before_writing():
     got = mf.mm_quantized_into(_dest(), weight, out, tokens=8, bias=buffer[16])
     want = mf.mm_quantized(_dest(), weight, tokens=8, bias=buffer[16].clone())
     assert torch.equal(bits(got), bits(want))
+    # meta tensors have no memory: only views of one storage share it
+    meta_weight = mf.pack_weight(torch.empty(128, 512, dtype=torch.bfloat16, device="meta"))
+    meta_dest = mf.empty_input(16, 512, "meta")
+    meta_out = torch.empty(16, 128, dtype=torch.bfloat16, device="meta")
+    meta_bias = torch.empty(128, dtype=torch.bfloat16, device="meta")
+    assert mf.mm_quantized_into(meta_dest, meta_weight, meta_out, bias=meta_bias).shape == (16, 128)
+    with pytest.raises(ValueError, match="^bias: expected memory apart from out's"):
+        mf.mm_quantized_into(meta_dest, meta_weight, meta_out, bias=meta_out[2])
 
 
 @pytest.mark.parametrize(
