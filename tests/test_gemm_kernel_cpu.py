@@ -136,17 +136,17 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
 )  # fmt: skip
 def test_stream_k_tail_split_model(tiles, k_tiles, ctas):
     """CPU model of the tiled kernel's stream_k 2 schedule (the integer formulas of
-    gemm_sm90_tiled._waves, _my_units and _next_unit, and the fixup's first CTA):
+    gemm_sm90_tiled._my_units and _next_unit, the fixup's first CTA, and _waves as the
+    heuristic's _whole_waves states it):
     every (tile, stage) unit is computed once; whole tiles come in full waves, one per CTA;
     every CTA holds some of the stream-K units; each split tile is finished by the CTA
     holding its tail, from the parts of exactly the lower CTAs that touched it, each of
     which publishes one part."""
+    from mxfp8_fusion.kernels import gemm_sm90
+
     units = tiles * k_tiles
     g = min(ctas, units)
-    waves = tiles // g
-    rest = tiles - waves * g
-    if waves > 0 and (rest * 8 < g or rest * k_tiles < g):
-        waves -= 1
+    waves = gemm_sm90._whole_waves(tiles, k_tiles, ctas)  # the kernel's _waves, in Python
     whole_end = waves * g * k_tiles
     sk_units = units - whole_end
     owners = {}  # unit -> cta
