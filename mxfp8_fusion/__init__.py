@@ -27,6 +27,7 @@ from .stager import InputStager
 __all__ = [
     "FusionOptions",
     "FusionPass",
+    "FusionSkippedWarning",
     "InputStager",
     "MXFP8Input",
     "MXFP8Linear",
@@ -43,7 +44,7 @@ __all__ = [
     "quantize_input_slices",
 ]
 
-_PASS_EXPORTS = ("FusionOptions", "FusionPass", "explain")
+_PASS_EXPORTS = ("FusionOptions", "FusionPass", "FusionSkippedWarning", "explain")
 
 
 def __getattr__(name: str):

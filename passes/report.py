@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -19,6 +20,8 @@ class SiteReport:
         rewritten: whether the site was rewritten.
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
+        internal: the site was left unchanged by an unexpected error in the pass (logged as a
+            warning when it happened).
     """
 
     graph: int
@@ -29,6 +32,7 @@ class SiteReport:
     rewritten: bool
     reason: str | None = None
     source: str | None = None
+    internal: bool = False
 
     @classmethod
     def from_site(cls, site, graph: int, reason: str | None) -> SiteReport:
@@ -143,3 +147,33 @@ def _user_line(trace: str) -> str | None:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             return f"{where}:{line}: {code}"
     return None
+
+
+class FusionSkippedWarning(UserWarning):
+    """A candidate site was left unchanged: the BF16 concatenation is still materialized.
+
+    Issued once per site and reason in a process, at the user's line that made the cat.
+    Silence it with ``warnings.filterwarnings("ignore", category=FusionSkippedWarning)``, or
+    per compile with the pass option ``"mxfp8_fusion.warn_skipped": False``.
+    """
+
+
+_warned: set[tuple[str | None, str | None]] = set()
+
+
+def warn_skipped(report: SiteReport) -> None:
+    """Issue :class:`FusionSkippedWarning` for ``report``, once per source line and reason."""
+    key = (report.source, report.reason)
+    if key in _warned:
+        return
+    _warned.add(key)
+    message = (
+        f"mxfp8_fusion: a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s) was not "
+        f"rewritten, so its BF16 concatenation is still materialized: {report.reason}"
+    )
+    filename, lineno = "<unknown>", 0
+    if report.source:  # shown at the user's line, which the warning prints beneath it
+        where = report.source.partition(": ")[0]
+        filename, _, line = where.rpartition(":")
+        lineno = int(line) if line.isdigit() else 0
+    warnings.warn_explicit(message, FusionSkippedWarning, filename or "<unknown>", lineno)
