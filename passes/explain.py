@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..nn import why_no_mxfp8
 from .backend import inductor_patches, mxfp8_fusion_backend, split_options
 from .fusion import FusionOptions, FusionPass
 from .report import FusionReport
@@ -84,7 +85,12 @@ def explain(
         enable_autograd_cache=False, enable_remote_autograd_cache=False
     ):
         compiled(*inputs, **(kwargs or {}))
-    return FusionReport(sites=list(fusion.reports), graphs=fusion.graphs, contents=fusion.contents)
+    return FusionReport(
+        sites=list(fusion.reports),
+        graphs=fusion.graphs,
+        contents=fusion.contents,
+        model=why_no_mxfp8(model) if isinstance(model, torch.nn.Module) else None,
+    )
 
 
 def _split(options: Any) -> tuple[dict[str, Any], FusionOptions]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import hashlib
 import logging
 import numbers
@@ -120,9 +121,12 @@ class FusionOptions:
         for key, value in options.items():
             name = key.removeprefix(PREFIX) if isinstance(key, str) else None
             if name not in _CHECKS:
-                known = ", ".join(PREFIX + field for field in _CHECKS)
+                known = [PREFIX + field for field in _CHECKS]
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise TypeError(
-                    f"{argument}: unknown pass option {key!r}; the pass options are {known}"
+                    f"{argument}: unknown pass option {key!r}{hint}; the pass options are "
+                    + ", ".join(known)
                 )
             if name in values:
                 raise TypeError(f"{argument}: {spelled[name]!r} and {key!r} set the same option")

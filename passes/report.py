@@ -74,11 +74,13 @@ class FusionReport:
         graphs: how many graphs the pass ran on.
         contents: per graph, its ``torch.cat`` nodes and its MXFP8 quantize/linear nodes;
             they say why, when no site was found.
+        model: why the explained module holds no MXFP8 layer, when it holds none.
     """
 
     sites: list[SiteReport] = field(default_factory=list)
     graphs: int = 0
     contents: list[tuple[int, int]] = field(default_factory=list)
+    model: str | None = None
 
     @property
     def rewritten(self) -> list[SiteReport]:
@@ -109,7 +111,9 @@ class FusionReport:
                 "skipped the function"
             ]
         hints = []
-        if not any(mxfp8 for _, mxfp8 in self.contents):
+        if self.model is not None:
+            hints.append(self.model)
+        elif not any(mxfp8 for _, mxfp8 in self.contents):
             hints.append(
                 "no MXFP8 linear in the compiled graph(s): convert the model first with "
                 "mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass "

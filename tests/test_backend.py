@@ -200,8 +200,9 @@ def test_backend_rejects_unknown_pass_option():
         compiled(*inputs())
     assert isinstance(info.value.inner_exception, TypeError)
     assert str(info.value.inner_exception) == (
-        "options: unknown pass option 'mxfp8_fusion.max_slice'; the pass options are "
-        "mxfp8_fusion.enabled, mxfp8_fusion.max_slices"
+        "options: unknown pass option 'mxfp8_fusion.max_slice' (did you mean "
+        "'mxfp8_fusion.max_slices'?); the pass options are "
+        "mxfp8_fusion.enabled, mxfp8_fusion.max_slices, mxfp8_fusion.warn_skipped"
     )
 
 
@@ -284,7 +285,8 @@ def test_explain_lists_every_site_with_reasons(caplog):
 def test_explain_without_candidates():
     report = mf.explain(torch.nn.Linear(8, 8), torch.randn(2, 8))
     assert report.sites == [] and "0 candidate site(s)" in str(report)
-    assert "convert the model first with mxfp8_fusion.convert(model)" in str(report)
+    assert "the model is a bare nn.Linear, which convert does not swap" in str(report)
+    assert "weight dtype torch.float32 is not bfloat16 or float16" in str(report)
     assert "no torch.cat in the compiled graph(s)" in str(report)
 
 
