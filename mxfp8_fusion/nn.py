@@ -341,8 +341,9 @@ def _grouped(reasons: dict[str, str], shown: int = 3) -> str:
 
 
 def why_no_mxfp8(model: nn.Module) -> str | None:
-    """Why ``model`` holds no :class:`MXFP8Linear`, in a sentence; ``None`` when it holds
-    one (for :func:`mxfp8_fusion.explain`)."""
+    """Why ``model`` holds no :class:`MXFP8Linear` although convert was called, in a
+    sentence; ``None`` when it holds one or convert would swap one (for
+    :func:`mxfp8_fusion.explain`)."""
     if any(isinstance(m, MXFP8Linear) for m in model.modules()):
         return None
     if isinstance(model, nn.Linear):
@@ -357,10 +358,7 @@ def why_no_mxfp8(model: nn.Module) -> str | None:
         return "the model has no MXFP8Linear and no nn.Linear layer that convert could swap"
     skipped = {name: r for name, r in reasons.items() if r is not None}
     if len(skipped) < len(reasons):
-        return (
-            "the model has no MXFP8Linear: convert it first with mxfp8_fusion.convert(model) "
-            "(an nn.Linear is a BF16 GEMM, which the pass leaves alone)"
-        )
+        return None  # convert would swap some: the report's own hint says to call it
     return (
         "the model has no MXFP8Linear, and convert would leave each of its nn.Linear layers "
         "unchanged:" + _grouped(skipped)

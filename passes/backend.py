@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from .. import lowering
+from ..progress import notice
 from . import report_store
 from .fusion import PREFIX, FusionOptions, FusionPass, install, log
 
@@ -117,11 +118,14 @@ def mxfp8_fusion_backend(
     options_text = sorted((k, repr(v)) for k, v in patches.items() if "custom" not in k)
     digest = report_store.key(gm, example_inputs, repr((options_text, chain.uuid())))
     graphs, reports = fusion.graphs, len(fusion.reports)
+    notice(
+        "compiling with Inductor and the MXFP8 fusion pass (the first compile in a process "
+        "takes seconds to minutes; later calls reuse it)",
+        once="backend",
+    )
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
     if fusion.graphs > graphs:
-        new = [
-            dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]
-        ]
+        new = [dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]]
         report_store.store(digest, new, fusion.contents[graphs:])
     else:  # served from Inductor's cache: the pass did not run
         stored = report_store.load(digest)

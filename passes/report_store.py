@@ -69,9 +69,7 @@ def load(digest: str) -> tuple[list[SiteReport], list[tuple[int, int]]] | None:
     try:
         with open(_path(digest)) as f:
             data = json.load(f)
-        reports = [
-            SiteReport(**{**r, "widths": tuple(r["widths"])}) for r in data["reports"]
-        ]
+        reports = [SiteReport(**{**r, "widths": tuple(r["widths"])}) for r in data["reports"]]
         return reports, [tuple(c) for c in data["contents"]]
     except Exception:
         return None
