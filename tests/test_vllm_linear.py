@@ -152,3 +152,32 @@ def test_compiled_apply_weights_puts_the_linear_op_in_the_graph():
     compiled = torch.compile(lambda t: linear.apply_weights(layer, t), backend=backend)
     assert torch.equal(_bits(compiled(x)), _bits(linear.apply_weights(layer, x)))
     assert "mxfp8.linear.default" in seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 128, 1024, 16384])
+def test_gpu_apply_weights_equals_mm_bitwise_across_tokens(tokens):
+    values, scales = _checkpoint(1024, 3072, "cuda", seed=tokens)
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer, "model.fc")
+    x = torch.randn(tokens, 3072, device="cuda").to(torch.bfloat16)
+    got = linear.apply_weights(layer, x)
+    assert torch.equal(_bits(got), _bits(mf.mm(x, mf.pack_weight(values, scales))))
+
+
+@pytest.mark.gpu
+def test_gpu_apply_weights_replays_in_a_cuda_graph():
+    values, scales = _checkpoint(768, 1024, "cuda")
+    layer = _vllm_layer(values, scales, bias=True)
+    linear.process_weights(layer)
+    x = torch.randn(64, 1024, device="cuda").to(torch.bfloat16)
+    expected = linear.apply_weights(layer, x, layer.bias)  # warm-up: kernels compiled
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear.apply_weights(layer, x, layer.bias)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out), _bits(linear.apply_weights(layer, x, layer.bias)))
+    assert not torch.equal(_bits(out), _bits(expected))

@@ -74,7 +74,10 @@ def main(argv: list[str]) -> None:
     results = []
     for output in outputs:
         completion = output.outputs[0]
-        logprobs = [step[token].logprob for token, step in zip(completion.token_ids, completion.logprobs)]
+        logprobs = [
+            step[token].logprob
+            for token, step in zip(completion.token_ids, completion.logprobs, strict=True)
+        ]
         results.append({"token_ids": list(completion.token_ids), "logprobs": logprobs})
     stats = settings.stats
     report = {
@@ -85,6 +88,7 @@ def main(argv: list[str]) -> None:
             "layers": stats.layers,
             "linear_calls": stats.linear_calls,
             "pass_graphs": stats.pass_graphs,
+            "pass_linear_nodes": stats.pass_linear_nodes,
             "pass_rewrites": stats.pass_rewrites,
             "staged_steps": stats.staged_steps,
             "unstaged_concatenations": stats.unstaged_concatenations,

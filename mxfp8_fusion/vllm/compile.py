@@ -29,10 +29,11 @@ with open(__file__, "rb") as _source:
     _WIRING = hashlib.sha256(_source.read()).hexdigest()
 
 
-def _count(fusion: FusionPass, graph) -> None:
+def _run_counted(fusion: FusionPass, run, graph) -> None:
     before = fusion.matches
-    fusion(graph)
+    run(graph)
     settings.stats.pass_graphs += 1
+    settings.stats.pass_linear_nodes += fusion.contents[-1][1] if fusion.contents else 0
     settings.stats.pass_rewrites += fusion.matches - before
 
 
@@ -44,7 +45,7 @@ class VllmFusionPass(InductorPass):
         self.fusion = fusion if fusion is not None else FusionPass()
 
     def __call__(self, graph) -> None:
-        _count(self.fusion, graph)
+        _run_counted(self.fusion, self.fusion, graph)
 
     def uuid(self) -> str:
         return InductorPass.hash_dict({"fusion": self.fusion.uuid().hex(), "wiring": _WIRING})
@@ -58,10 +59,7 @@ class CountingFusionPass(FusionPass):
     """
 
     def __call__(self, graph) -> None:
-        settings.stats.pass_graphs += 1
-        before = self.matches
-        super().__call__(graph)
-        settings.stats.pass_rewrites += self.matches - before
+        _run_counted(self, super().__call__, graph)
 
     def uuid(self) -> str:
         return hashlib.sha256(super().uuid() + _WIRING.encode()).hexdigest()
@@ -116,7 +114,5 @@ def _wrap_init_backend(original):
 def install() -> bool:
     """Wrap the pass manager's ``configure`` and ``CompilationConfig.init_backend`` (once)."""
     configure = hooks.wrap(hooks.hook("pass", "PostGradPassManager.configure"), _wrap_configure)
-    backend = hooks.wrap(
-        hooks.hook("pass", "CompilationConfig.init_backend"), _wrap_init_backend
-    )
+    backend = hooks.wrap(hooks.hook("pass", "CompilationConfig.init_backend"), _wrap_init_backend)
     return configure or backend

