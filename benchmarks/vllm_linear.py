@@ -52,20 +52,20 @@ class Row:
     bitwise_equal_to_mm: bool
 
 
-def vllm_style_layer(n: int, k: int, seed: int = 0) -> nn.Module:
+def vllm_style_layer(n: int, k: int, seed: int = 0, device: str = "cuda") -> nn.Module:
     """Parameters as vLLM's loader leaves them: created empty, the checkpoint bytes copied in."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     layer = nn.Module()
     layer.weight = nn.Parameter(
-        torch.empty(n, k, dtype=torch.float8_e4m3fn, device="cuda"), requires_grad=False
+        torch.empty(n, k, dtype=torch.float8_e4m3fn, device=device), requires_grad=False
     )
     layer.weight_scale = nn.Parameter(
-        torch.empty(n, k // 32, dtype=torch.uint8, device="cuda"), requires_grad=False
+        torch.empty(n, k // 32, dtype=torch.uint8, device=device), requires_grad=False
     )
-    w = torch.randn(n, k, device="cuda", generator=gen) * 64 * k**-0.5
+    w = torch.randn(n, k, device=device, generator=gen) * 64 * k**-0.5
     layer.weight.data.copy_(w.clamp(-448, 448).to(torch.float8_e4m3fn))
     layer.weight_scale.data.copy_(
-        torch.randint(118, 126, (n, k // 32), device="cuda", dtype=torch.uint8, generator=gen)
+        torch.randint(118, 126, (n, k // 32), device=device, dtype=torch.uint8, generator=gen)
     )
     return layer
 

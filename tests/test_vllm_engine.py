@@ -19,6 +19,10 @@ Asserted:
   bytes, the same W8A8 numerics); logprobs within :data:`LOGPROB_TOLERANCE`;
 - with the lm_heads zeroed (every logit equal, so target and draft both pick token 0),
   every draft token is accepted.
+
+And, in this process, the hooks against the installed vLLM: every hooked name fits, the
+kernel is selected for MXFP8 layers, online ``quantization="mxfp8"`` makes the bytes our
+kernel expects, and the pass composes with what holds its slot.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import torch
 import vllm_models
 
 import mxfp8_fusion as mf
+from mxfp8_fusion import reference
+from mxfp8_fusion.vllm import hooks, settings
 
 SEED = 7
 PROMPTS = [[1, 17, 33, 250, 7, 90, 12, 401], [5, 99, 402, 3]]
@@ -148,3 +154,74 @@ def test_engine_accepts_drafts_with_zeroed_heads(checkpoints):
     spec = run["spec_decode"]
     assert spec["num_draft_tokens"] > 0
     assert spec["num_accepted_tokens"] == spec["num_draft_tokens"]
+
+
+# --- the hooks against the installed vLLM, in this process ------------------------------
+
+
+def test_every_hooked_name_fits_the_installed_vllm():
+    assert hooks.check(settings.PARTS) is None
+
+
+def test_kernel_is_selected_once_and_refuses_bad_shapes():
+    from vllm.model_executor.kernels.linear import (
+        _POSSIBLE_MXFP8_KERNELS,
+        init_mxfp8_linear_kernel,
+    )
+    from vllm.platforms import PlatformEnum
+
+    from mxfp8_fusion.vllm import kernel
+
+    kernel.install()
+    kernel.install()
+    for platform in (PlatformEnum.CUDA, PlatformEnum.CPU):
+        names = [k.__name__ for k in _POSSIBLE_MXFP8_KERNELS[platform]]
+        assert names.count("Mxfp8FusionLinearKernel") == 1
+    assert _POSSIBLE_MXFP8_KERNELS[PlatformEnum.CUDA][0] is kernel.Mxfp8FusionLinearKernel
+    chosen = init_mxfp8_linear_kernel(weight_shape=(256, 768))
+    assert isinstance(chosen, kernel.Mxfp8FusionLinearKernel)
+    with pytest.raises(ValueError, match="in_features must be a multiple of 32"):
+        init_mxfp8_linear_kernel(weight_shape=(256, 48))
+
+
+def test_online_mxfp8_bytes_are_what_the_kernel_packs():
+    from vllm.model_executor.layers.quantization.utils.mxfp8_utils import mxfp8_e4m3_quantize
+
+    w = (torch.randn(256, 512) * 0.05).to(torch.bfloat16)
+    values, scales = mxfp8_e4m3_quantize(w)  # what online quantization="mxfp8" stores
+    ours_values, ours_scales = reference.quantize_rows(w)
+    assert torch.equal(values.view(torch.uint8), ours_values.view(torch.uint8))
+    assert torch.equal(scales.view(torch.uint8), ours_scales)
+
+
+def test_pass_composes_with_the_slot_and_its_uuid_covers_options():
+    from vllm.compilation.passes.inductor_pass import CallableInductorPass
+    from vllm.config.utils import hash_factors, normalize_value
+
+    from mxfp8_fusion.vllm import compile as vllm_compile
+
+    seen = []
+    user_pass = CallableInductorPass(lambda graph: seen.append(graph), uuid="user-pass")
+    options = {"post_grad_custom_post_pass": user_pass}
+    vllm_compile.install_into(options)
+    vllm_compile.install_into(options)  # a second compile of the same config: still once
+    slot = options["post_grad_custom_post_pass"]
+    assert isinstance(slot, vllm_compile.SlotPasses)
+    assert slot.passes[0] is user_pass and len(slot.passes) == 2
+    hash_factors({"slot": normalize_value(slot)})  # vLLM hashes its config as JSON
+    first = vllm_compile.VllmFusionPass().uuid()
+    other = vllm_compile.VllmFusionPass(mf.FusionPass(max_slices=2)).uuid()
+    assert isinstance(first, str) and first != other
+
+    class Manager:  # the part of PostGradPassManager the wrapper uses
+        def __init__(self):
+            self.passes = []
+
+        def add(self, p):
+            self.passes.append(p)
+
+    configure = vllm_compile._wrap_configure(lambda self, config: None)
+    manager = Manager()
+    configure(manager, None)
+    configure(manager, None)
+    assert [type(p) for p in manager.passes] == [vllm_compile.VllmFusionPass]
