@@ -109,10 +109,10 @@ class _Runner:
 class _VllmFc(nn.Module):
     """A ``ReplicatedLinear`` whose MXFP8 weight our kernel packed."""
 
-    def __init__(self, device):
+    def __init__(self, device, hidden=HIDDEN):
         super().__init__()
         gen = torch.Generator().manual_seed(3)
-        w = (torch.randn(HIDDEN, 3 * HIDDEN, generator=gen) * 0.05).to(torch.bfloat16)
+        w = (torch.randn(hidden, 3 * hidden, generator=gen) * 0.05).to(torch.bfloat16)
         values, scales = mf.reference.quantize_rows(w)
         self.weight = nn.Parameter(values.to(device), requires_grad=False)
         self.weight_scale = nn.Parameter(scales.to(device), requires_grad=False)
@@ -180,6 +180,17 @@ def test_drafter_whose_fc_is_not_ours_is_unchanged(monkeypatch):
     got = runner.propose_draft_token_ids(8, None, None, None, None, aux)
     assert torch.equal(got, fc(torch.cat([h[:8] for h in aux], -1)))
     assert counts["allocated"] == 2  # vLLM's own and the check's
+    assert not hasattr(runner.drafter.model, drafter._STAGING)
+
+
+def test_drafter_fc_with_unaligned_slices_is_left_to_vllm(monkeypatch):
+    fc = _VllmFc("cpu", hidden=96)  # 96-wide slices: not a multiple of 128
+    runner = _Runner(_Drafter(fc), max_num_tokens=16)
+    aux = [torch.randn(16, 96).to(torch.bfloat16) for _ in range(3)]
+    expected = runner.propose_draft_token_ids(5, None, None, None, None, aux)
+    _patched(monkeypatch)
+    got = runner.propose_draft_token_ids(5, None, None, None, None, aux)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
     assert not hasattr(runner.drafter.model, drafter._STAGING)
 
 

@@ -27,6 +27,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from ..format import STAGE_ALIGN
 from ..stager import InputStager
 from . import hooks, linear, settings
 
@@ -55,6 +56,8 @@ def stageable_fc(model: nn.Module) -> nn.Module | None:
         return None
     if getattr(inner, "norm_before_fc", False):
         return None
+    if fc.weight.shape[1] % STAGE_ALIGN:
+        return None  # staging needs 128-column slices; vLLM's concatenation serves it
     return fc
 
 
@@ -81,7 +84,7 @@ class _Step:
         return (
             all(t.dim() == 2 and t.shape[0] == tokens for t in tensors)
             and sum(t.shape[1] for t in tensors) == self.stager.in_features
-            and all(t.shape[1] % 128 == 0 for t in tensors)
+            and all(t.shape[1] % STAGE_ALIGN == 0 for t in tensors)
             and all(t.dtype == self.stager.storage.dtype for t in tensors)
             and all(t.device == self.out.device for t in tensors)
             and tokens <= self.stager.capacity
