@@ -62,7 +62,8 @@ seeds have BF16 ties among 512 random logits)."""
 RUN = Path(__file__).with_name("vllm_engine_run.py")
 
 
-def _engine(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> dict:
+def _start(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> tuple:
+    """Start one engine run (tests/vllm_engine_run.py) in the background."""
     prompts = tmp / "prompts.json"
     prompts.write_text(
         json.dumps(
@@ -73,7 +74,7 @@ def _engine(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> dic
             }
         )
     )
-    out = tmp / f"{name}.json"
+    out, log = tmp / f"{name}.json", tmp / f"{name}.log"
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
@@ -85,10 +86,18 @@ def _engine(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> dic
         VLLM_CACHE_ROOT=str(tmp / f"{name}-vllm"),
     )
     command = [sys.executable, str(RUN), str(target), str(draft), str(prompts), str(out)]
-    result = subprocess.run(
-        command + (["--eager"] if eager else []), env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    with open(log, "w") as sink:
+        process = subprocess.Popen(
+            command + (["--eager"] if eager else []), env=env, stdout=sink, stderr=sink
+        )
+    return process, out, log
+
+
+def _finish(run: tuple) -> dict:
+    """Wait for a run from :func:`_start`; its report, or a failure showing its log's end."""
+    process, out, log = run
+    code = process.wait(timeout=900)
+    assert code == 0, log.read_text()[-8000:]
     return json.loads(out.read_text())
 
 
@@ -110,21 +119,35 @@ def _reference(model) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def engines(tmp_path_factory):
+    """Both engine runs, started together (the compiled one spends most of its time in
+    single-threaded compilation, the eager one beside it), and the HF reference computed
+    while they run."""
     root = tmp_path_factory.mktemp("vllm_engine")
     model = vllm_models.target_model(SEED)
-    paths = {
-        "target": vllm_models.save_target(model, root / "target"),
-        "target_zero_head": vllm_models.save_target(model, root / "target0", zero_lm_head=True),
-        "draft": vllm_models.save_eagle3_draft(root / "draft", SEED + 1),
+    target = vllm_models.save_target(model, root / "target")
+    target_zero_head = vllm_models.save_target(model, root / "target0", zero_lm_head=True)
+    draft = vllm_models.save_eagle3_draft(root / "draft", SEED + 1)
+    runs = {
+        "compiled": _start(root, "compiled", target, draft, eager=False),
+        "zero_head": _start(root, "zero_head", target_zero_head, draft, eager=True),
     }
-    mf.convert(model.model)  # decoder linears only: vLLM keeps lm_head in BF16
-    return root, paths, _reference(model)
+    try:
+        mf.convert(model.model)  # decoder linears only: vLLM keeps lm_head in BF16
+        reference = _reference(model)
+    except BaseException:
+        for process, _, _ in runs.values():
+            process.kill()
+        raise
+    yield runs, reference
+    for process, _, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
 
 
-def test_engine_serves_stages_and_matches_reference(checkpoints):
-    root, paths, reference = checkpoints
-    run = _engine(root, "compiled", paths["target"], paths["draft"], eager=False)
+def test_engine_serves_stages_and_matches_reference(engines):
+    runs, reference = engines
+    run = _finish(runs["compiled"])
     plugin = run["plugin"]
     assert plugin["registered"] and plugin["parts"] == ["kernel", "pass", "drafter"]
     # 4 target layers x (qkv, o, gate_up, down), the draft's mid layer (4), and its fc
@@ -145,9 +168,9 @@ def test_engine_serves_stages_and_matches_reference(checkpoints):
         assert diff <= LOGPROB_TOLERANCE, f"logprobs differ by {diff:.4f} nats"
 
 
-def test_engine_accepts_drafts_with_zeroed_heads(checkpoints):
-    root, paths, _ = checkpoints
-    run = _engine(root, "zero_head", paths["target_zero_head"], paths["draft"], eager=True)
+def test_engine_accepts_drafts_with_zeroed_heads(engines):
+    runs, _ = engines
+    run = _finish(runs["zero_head"])
     assert run["plugin"]["staged_steps"] > 0 and run["allocated_concatenations"] == 0
     for output in run["outputs"]:
         assert output["token_ids"] == [0] * MAX_TOKENS
