@@ -236,15 +236,24 @@ def test_pass_composes_with_the_slot_and_its_uuid_covers_options():
     other = vllm_compile.VllmFusionPass(mf.FusionPass(max_slices=2)).uuid()
     assert isinstance(first, str) and first != other
 
-    class Manager:  # the part of PostGradPassManager the wrapper uses
-        def __init__(self):
-            self.passes = []
 
-        def add(self, p):
-            self.passes.append(p)
+def test_pass_joins_vllms_pass_manager_once_and_its_uuid():
+    from vllm.compilation.passes.inductor_pass import pass_context
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config.utils import Range
 
-    configure = vllm_compile._wrap_configure(lambda self, config: None)
-    manager = Manager()
-    configure(manager, None)
-    configure(manager, None)
-    assert [type(p) for p in manager.passes] == [vllm_compile.VllmFusionPass]
+    from mxfp8_fusion.vllm import compile as vllm_compile
+
+    vllm_compile.install()
+    vllm_compile.install()
+    config = VllmConfig()
+    with set_current_vllm_config(config), pass_context(Range(start=1, end=8)):
+        manager = PostGradPassManager()
+        manager.configure(config)
+        manager.configure(config)
+        ours = [p for p in manager.passes if isinstance(p, vllm_compile.VllmFusionPass)]
+        assert len(ours) == 1
+        with_pass = manager.uuid()
+        manager.passes.remove(ours[0])
+        assert manager.uuid() != with_pass  # the manager's uuid covers the pass
