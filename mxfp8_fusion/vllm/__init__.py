@@ -1,0 +1,14 @@
+"""mxfp8_fusion inside vLLM: a plugin that vLLM loads through its ``vllm.general_plugins``
+entry point (see :func:`mxfp8_fusion.vllm.plugin.register`).
+
+Nothing here is imported by ``import mxfp8_fusion``, and nothing imports vLLM until vLLM
+itself calls the plugin. The parts:
+
+- :mod:`.linear`: the MXFP8 linear kernel's work (pack at load, ``mxfp8::linear`` per call),
+  importable without vLLM;
+- :mod:`.kernel`: the vLLM kernel class around it, chosen first for MXFP8 linears;
+- :mod:`.compile`: the fusion pass in vLLM's compile pipeline;
+- :mod:`.drafter`: EAGLE-3 / DFlash ``fc`` staged slice by slice, without the concatenation;
+- :mod:`.settings`: the environment variables that turn the plugin or its parts off, and
+  the counters that say what it did in this process.
+"""

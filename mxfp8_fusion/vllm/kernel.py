@@ -1,0 +1,91 @@
+"""``Mxfp8FusionLinearKernel``: vLLM's MXFP8 linear layers served by this library.
+
+Every MXFP8 linear method of vLLM (ModelOpt ``modelopt_mxfp8``, online
+``quantization="mxfp8"``, compressed-tensors W8A8 MXFP8, and the others built on
+``init_mxfp8_linear_kernel``) picks its kernel from a per-platform list. The plugin puts
+this class first on CUDA, where it serves sm_90 (Hopper has no block-scaled MMA, and
+vLLM's own choices there are Marlin W8A16 or a Triton W8A8 kernel), and adds it to the CPU
+list, where vLLM has no MXFP8 kernel and this library's plain-torch reference runs.
+``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel`` leaves the choice to vLLM.
+
+The work itself is in :mod:`.linear`, which does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+from vllm.model_executor.kernels import linear as vllm_linear
+from vllm.platforms import PlatformEnum, current_platform
+
+from ..format import GROUP
+from . import linear, settings
+
+log = logging.getLogger("mxfp8_fusion.vllm")
+
+
+def _cuda_reason() -> str | None:
+    """Why this kernel does not serve this CUDA device (``None``: it does)."""
+    capability = current_platform.get_device_capability()
+    if capability is None or (capability[0], capability[1]) != (9, 0):
+        return f"mxfp8_fusion serves sm_90 only, this device is {capability}"
+    if importlib.util.find_spec("cutlass") is None:
+        return "mxfp8_fusion needs nvidia-cutlass-dsl for its sm_90 kernels (not installed)"
+    return None
+
+
+class Mxfp8FusionLinearKernel(vllm_linear.Mxfp8LinearKernel):
+    """MXFP8 W8A8 linear from mxfp8_fusion: E4M3 weights with E8M0 block-32 scales, the input
+    quantized per call (RCEIL), the MXFP8 GEMM (CuTe DSL on sm_90, the reference on CPU)."""
+
+    supports_pre_processed_weights = False  # the scales are rewritten in the blocked layout
+
+    @classmethod
+    def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+        if current_platform.is_cpu():
+            return True, None
+        if current_platform.is_cuda():
+            reason = _cuda_reason()
+            return reason is None, reason
+        return False, "mxfp8_fusion serves CUDA sm_90 and CPU"
+
+    @classmethod
+    def can_implement(cls, c) -> tuple[bool, str | None]:
+        if c.bmm_batch_size is not None:
+            return False, "batched (bmm) MXFP8 layers are not served by mxfp8_fusion"
+        n, k = c.weight_shape
+        if n <= 0 or k <= 0 or k % GROUP:
+            return False, f"weight shape {(n, k)}: in_features must be a multiple of {GROUP}"
+        return True, None
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        name = getattr(layer, "prefix", None) or type(layer).__name__
+        linear.process_weights(layer, name)
+        settings.stats.layers.append(name)
+
+    def apply_weights(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            settings.stats.linear_calls += 1
+        return linear.apply_weights(layer, x, bias)
+
+
+def install() -> bool:
+    """Put the kernel first on CUDA and into the CPU list (once); ``True`` when added now."""
+    table = vllm_linear._POSSIBLE_MXFP8_KERNELS
+    added = False
+    for platform, first in ((PlatformEnum.CUDA, True), (PlatformEnum.CPU, False)):
+        kernels = table.setdefault(platform, [])
+        if any(k.__name__ == Mxfp8FusionLinearKernel.__name__ for k in kernels):
+            continue
+        # CUDA: ahead of vLLM's choices, which is_supported yields to off sm_90. CPU: vLLM
+        # has none there, so the place does not matter; appended after any a user added.
+        if first:
+            kernels.insert(0, Mxfp8FusionLinearKernel)
+        else:
+            kernels.append(Mxfp8FusionLinearKernel)
+        added = True
+    return added

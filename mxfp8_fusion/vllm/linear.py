@@ -1,0 +1,133 @@
+"""The MXFP8 linear kernel's work, in vLLM's call shapes, without importing vLLM.
+
+vLLM's MXFP8 linear methods load a weight as E4M3 ``weight`` ``[N, K]`` and uint8 E8M0
+``weight_scale`` ``[N, K/32]`` (row-major, not swizzled). :func:`process_weights` turns those
+parameters into this library's packed weight once, at load: the values keep their bytes and
+stay ``layer.weight``, the scales are rewritten in the 128x4 blocked layout as
+``layer.weight_scale``. :func:`apply_weights` then runs the one-shot ``mxfp8::linear`` op,
+the op the fusion pass matches, so a compiled ``cat -> linear`` of vLLM's layers is staged.
+
+The vLLM kernel class (:mod:`mxfp8_fusion.vllm.kernel`) only forwards to these functions,
+so they can be tested, and run on a GPU, where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .. import api, ops
+from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, fail
+
+PACKED_ATTRIBUTE = "mxfp8_fusion_packed"
+"""Set to ``True`` on a layer whose weight :func:`process_weights` packed."""
+
+WEIGHT = "weight"
+WEIGHT_SCALE = "weight_scale"
+
+
+def check_layout(weight, weight_scale, name: str = "layer") -> None:
+    """Refuse a layer this kernel cannot serve, naming the layer and the parameter.
+
+    Expected: ``weight`` float8_e4m3fn ``[N, K]`` with K a positive multiple of 32,
+    ``weight_scale`` uint8 or float8_e8m0fnu ``[N, K/32]`` on the same device.
+
+    Raises:
+        TypeError, ValueError: on any other dtype, rank, shape or device.
+    """
+    w, s = f"{name}.{WEIGHT}", f"{name}.{WEIGHT_SCALE}"
+    for tensor, argument in ((weight, w), (weight_scale, s)):
+        if not isinstance(tensor, Tensor):
+            fail(TypeError, argument, "a torch.Tensor", type(tensor).__name__)
+    if weight.dtype != VALUE_DTYPE:
+        fail(TypeError, w, "dtype float8_e4m3fn (an MXFP8 checkpoint's values)", weight.dtype)
+    if weight.dim() != 2:
+        fail(ValueError, w, "a 2-D [N, K] tensor", f"shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if n <= 0 or k <= 0 or k % GROUP:
+        fail(ValueError, w, "[N, K] with N > 0 and K a positive multiple of 32", (n, k))
+    if weight_scale.dtype not in (torch.uint8, SCALE_DTYPE):
+        fail(TypeError, s, "dtype uint8 or float8_e8m0fnu (E8M0 bytes)", weight_scale.dtype)
+    if tuple(weight_scale.shape) != (n, k // GROUP):
+        fail(
+            ValueError,
+            s,
+            f"shape {(n, k // GROUP)}: one row-major E8M0 byte per 32 values (not swizzled)",
+            tuple(weight_scale.shape),
+        )
+    if weight_scale.device != weight.device:
+        fail(ValueError, s, f"a tensor on {weight.device}", weight_scale.device)
+
+
+def process_weights(layer: nn.Module, name: str = "layer") -> MXFP8Weight:
+    """Pack ``layer.weight`` / ``layer.weight_scale`` (vLLM's layout) in place, once.
+
+    ``layer.weight`` keeps its E4M3 bytes (made contiguous); ``layer.weight_scale`` becomes
+    the flat blocked uint8 buffer of :class:`~mxfp8_fusion.MXFP8Weight`. Calling it again on
+    a packed layer changes nothing. Returns the packed weight.
+
+    Raises:
+        TypeError, ValueError: naming ``<name>.weight`` or ``<name>.weight_scale`` when the
+        layout is not vLLM's MXFP8 layout (see :func:`check_layout`).
+    """
+    if getattr(layer, PACKED_ATTRIBUTE, False):
+        return packed_weight(layer)
+    weight, weight_scale = getattr(layer, WEIGHT, None), getattr(layer, WEIGHT_SCALE, None)
+    check_layout(weight, weight_scale, name)
+    packed = api.pack_weight(weight.data, weight_scale.data)
+    _replace(layer, WEIGHT, packed.values)
+    _replace(layer, WEIGHT_SCALE, packed.raw_scales)
+    setattr(layer, PACKED_ATTRIBUTE, True)
+    return packed
+
+
+def _replace(layer: nn.Module, attribute: str, tensor: Tensor) -> None:
+    # A frozen Parameter: vLLM moves, shares and inspects a layer's parameters by name
+    # (weight loading, tied weights), and its kernels keep their weights as Parameters.
+    param = nn.Parameter(tensor, requires_grad=False)
+    if attribute in layer._parameters:
+        layer._parameters[attribute] = param
+    else:
+        setattr(layer, attribute, param)
+
+
+def packed_weight(layer: nn.Module) -> MXFP8Weight:
+    """The :class:`~mxfp8_fusion.MXFP8Weight` of a layer :func:`process_weights` packed.
+
+    Raises:
+        ValueError: when the layer was not packed.
+    """
+    if not getattr(layer, PACKED_ATTRIBUTE, False):
+        fail(ValueError, "layer", "a layer packed by process_weights", type(layer).__name__)
+    return MXFP8Weight(getattr(layer, WEIGHT), getattr(layer, WEIGHT_SCALE))
+
+
+def apply_weights(layer: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ W.T (+ bias)`` for a packed layer, with ``x`` BF16/FP16 ``[..., K]``.
+
+    Runs ``mxfp8::linear`` (the input quantized to MXFP8 with RCEIL, then the MXFP8 GEMM):
+    under torch.compile the op is in the graph, where the fusion pass finds it.
+
+    Raises:
+        TypeError, ValueError: on an input of the wrong dtype or width, or a bad bias.
+    """
+    values, scales = getattr(layer, WEIGHT), getattr(layer, WEIGHT_SCALE)
+    k = values.shape[1]
+    if x.shape[-1] != k:
+        fail(ValueError, "x", f"{k} features (the layer's in_features)", x.shape[-1])
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        fail(TypeError, "x", "dtype bfloat16 or float16", x.dtype)
+    if bias is not None and bias.dtype != x.dtype:
+        bias = bias.to(x.dtype)
+    flat = x.reshape(-1, k)
+    y = ops.call(ops.linear, flat, values, scales, bias)
+    return y.view(*x.shape[:-1], values.shape[0])
+
+
+__all__ = [
+    "PACKED_ATTRIBUTE",
+    "apply_weights",
+    "check_layout",
+    "packed_weight",
+    "process_weights",
+]

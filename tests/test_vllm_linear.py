@@ -1,0 +1,213 @@
+"""The vLLM MXFP8 linear kernel's work through vLLM's call shapes, without vLLM installed.
+
+The layer is built as vLLM's MXFP8 linear methods build it (``weight`` E4M3 ``[N, K]`` and
+``weight_scale`` uint8 ``[N, K/32]`` Parameters, filled by copying the checkpoint's bytes in),
+then ``process_weights`` and ``apply_weights`` run as the kernel class calls them. The result
+must equal ``mf.mm`` on the same bytes, bit for bit. CPU always; the same cases on CUDA are
+marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import mxfp8_fusion as mf
+from mxfp8_fusion import reference
+from mxfp8_fusion.vllm import linear
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _checkpoint(n: int, k: int, device: str, seed: int = 0):
+    """An MXFP8 checkpoint's tensors: E4M3 values and row-major uint8 E8M0 scales."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * k**-0.5
+    scales = torch.randint(118, 128, (n, k // 32), generator=gen, dtype=torch.uint8)
+    values = (w * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return values.to(device), scales.to(device)
+
+
+def _vllm_layer(values: torch.Tensor, scales: torch.Tensor, bias: bool) -> nn.Module:
+    """A layer as vLLM's loader leaves it: empty Parameters created, then the bytes copied in."""
+    layer = nn.Module()
+    n, k = values.shape
+    layer.weight = nn.Parameter(
+        torch.empty(n, k, dtype=torch.float8_e4m3fn, device=values.device), requires_grad=False
+    )
+    layer.weight_scale = nn.Parameter(
+        torch.empty(n, k // 32, dtype=torch.uint8, device=values.device), requires_grad=False
+    )
+    layer.weight.data.copy_(values)
+    layer.weight_scale.data.copy_(scales)
+    layer.bias = (
+        nn.Parameter(torch.randn(n, device=values.device).to(torch.bfloat16), requires_grad=False)
+        if bias
+        else None
+    )
+    return layer
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("tokens", "n", "k", "bias"),
+    [(1, 256, 768, False), (7, 384, 256, True), (129, 256, 1024, True), (0, 128, 256, False)],
+)
+def test_apply_weights_equals_mm_bitwise(device, tokens, n, k, bias):
+    values, scales = _checkpoint(n, k, device)
+    layer = _vllm_layer(values, scales, bias)
+    packed = linear.process_weights(layer, "model.layers.0.mlp.down_proj")
+    assert torch.equal(layer.weight.view(torch.uint8), values.view(torch.uint8))
+    assert isinstance(layer.weight, nn.Parameter) and isinstance(layer.weight_scale, nn.Parameter)
+    x = torch.randn(tokens, k, device=device).to(torch.bfloat16)
+    got = linear.apply_weights(layer, x, layer.bias)
+    expected = mf.mm(x, mf.pack_weight(values, scales), layer.bias)
+    assert torch.equal(_bits(got), _bits(expected))
+    assert torch.equal(packed.raw_scales, layer.weight_scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_apply_weights_keeps_leading_dims_and_fp16(device):
+    values, scales = _checkpoint(256, 512, device)
+    layer = _vllm_layer(values, scales, bias=True)
+    linear.process_weights(layer)
+    x = torch.randn(2, 3, 512, device=device).to(torch.float16)
+    got = linear.apply_weights(layer, x, layer.bias)
+    expected = mf.mm(x.reshape(6, 512), mf.pack_weight(values, scales), layer.bias.half())
+    assert got.shape == (2, 3, 256) and got.dtype == torch.float16
+    assert torch.equal(_bits(got.reshape(6, 256)), _bits(expected))
+
+
+def test_process_weights_twice_changes_nothing():
+    values, scales = _checkpoint(128, 256, "cpu")
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer)
+    first = layer.weight_scale.clone()
+    linear.process_weights(layer)
+    assert torch.equal(layer.weight_scale, first)
+
+
+@pytest.mark.parametrize(
+    ("weight", "scale", "error", "match"),
+    [
+        (torch.zeros(128, 256), torch.zeros(128, 8, dtype=torch.uint8), TypeError, "float8_e4m3fn"),
+        (
+            torch.zeros(128, 48, dtype=torch.float8_e4m3fn),
+            torch.zeros(128, 1, dtype=torch.uint8),
+            ValueError,
+            "multiple of 32",
+        ),
+        (
+            torch.zeros(128, 256, dtype=torch.float8_e4m3fn),
+            torch.zeros(128, 256 // 16, dtype=torch.uint8),
+            ValueError,
+            r"\(128, 8\)",
+        ),
+        (
+            torch.zeros(128, 256, dtype=torch.float8_e4m3fn),
+            torch.zeros(128, 8, dtype=torch.float32),
+            TypeError,
+            "uint8",
+        ),
+        (
+            torch.zeros(2, 128, 256, dtype=torch.float8_e4m3fn),
+            torch.zeros(2, 128, 8, dtype=torch.uint8),
+            ValueError,
+            "2-D",
+        ),
+    ],
+)
+def test_bad_layout_is_refused_at_load_naming_the_layer(weight, scale, error, match):
+    layer = nn.Module()
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+    with pytest.raises(error, match=match) as info:
+        linear.process_weights(layer, "model.layers.3.self_attn.qkv_proj")
+    assert "model.layers.3.self_attn.qkv_proj.weight" in str(info.value)
+
+
+def test_apply_weights_refuses_wrong_width():
+    values, scales = _checkpoint(128, 256, "cpu")
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer)
+    with pytest.raises(ValueError, match="x"):
+        linear.apply_weights(layer, torch.zeros(4, 128, dtype=torch.bfloat16))
+
+
+def test_compiled_apply_weights_puts_the_linear_op_in_the_graph():
+    values, scales = _checkpoint(128, 256, "cpu")
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    x = torch.randn(5, 256).to(torch.bfloat16)
+    compiled = torch.compile(lambda t: linear.apply_weights(layer, t), backend=backend)
+    assert torch.equal(_bits(compiled(x)), _bits(linear.apply_weights(layer, x)))
+    assert "mxfp8.linear.default" in seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 128, 1024, 16384])
+def test_gpu_apply_weights_equals_mm_bitwise_across_tokens(tokens):
+    values, scales = _checkpoint(1024, 3072, "cuda", seed=tokens)
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer, "model.fc")
+    x = torch.randn(tokens, 3072, device="cuda").to(torch.bfloat16)
+    got = linear.apply_weights(layer, x)
+    assert torch.equal(_bits(got), _bits(mf.mm(x, mf.pack_weight(values, scales))))
+
+
+@pytest.mark.gpu
+def test_gpu_apply_weights_replays_in_a_cuda_graph():
+    values, scales = _checkpoint(768, 1024, "cuda")
+    layer = _vllm_layer(values, scales, bias=True)
+    linear.process_weights(layer)
+    x = torch.randn(64, 1024, device="cuda").to(torch.bfloat16)
+    expected = linear.apply_weights(layer, x, layer.bias)  # warm-up: kernels compiled
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear.apply_weights(layer, x, layer.bias)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(out), _bits(linear.apply_weights(layer, x, layer.bias)))
+    assert not torch.equal(_bits(out), _bits(expected))
+
+
+def test_receipt_contenders_compute_the_same_product_on_cpu():
+    """benchmarks/vllm_linear.py's pieces: its layer is vLLM's layout, and its
+    dequantize-then-BF16 contender computes what ours does, up to the input's quantization."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "vllm_linear.py"
+    sys_path = str(path.parent)
+    sys.path.insert(0, sys_path)  # the script imports its sibling machine.py
+    try:
+        spec = importlib.util.spec_from_file_location("benchmarks_vllm_linear", path)
+        bench = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = bench  # its dataclass looks its module up there
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(sys_path)
+        sys.modules.pop("benchmarks_vllm_linear", None)
+    layer = bench.vllm_style_layer(256, 512, device="cpu")
+    values, scales = layer.weight.data.clone(), layer.weight_scale.data.clone()
+    w = bench.dequantize(values, scales)
+    assert torch.equal(w.float(), reference.dequantize(values, reference.to_blocked(scales)))
+    linear.process_weights(layer)
+    x = torch.randn(8, 512).to(torch.bfloat16)
+    got = linear.apply_weights(layer, x).float()
+    dense = torch.nn.functional.linear(x, w).float()
+    assert torch.allclose(got, dense, rtol=0.1, atol=0.1 * dense.abs().max().item())
