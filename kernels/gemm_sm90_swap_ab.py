@@ -94,7 +94,6 @@ from .gemm_sm90_common import (
     tma_views,
     wait_flag,
 )
-from .ptx import store_globaltimer
 
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
@@ -110,20 +109,9 @@ L2_EVICT_FIRST = 0x12F0000000000000
 # whose instruction always carries a policy
 L2_EVICT_NORMAL = 0x1000000000000000
 
-# In-kernel timing (benchmarks/gemm_diag_stamps.py): with MXFP8SwapABGemmSm90.stamps_addr
-# set to a device buffer of 8 int64 per CTA before the compile, each CTA writes the GPU clock
-# there at these points (the producer's and consumer 0's), in this order. 0, the default,
-# compiles none of it (the PTX is the same as without these lines).
-STAMPS = (
-    "entry", "synced", "first_load_issued", "loads_issued", "first_stage_landed",
-    "segments_done", "fixup_done", "stages_released",
-)  # fmt: skip
-
 
 class MXFP8SwapABGemmSm90(Sm90Gemm):
     """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
-
-    stamps_addr = 0  # see STAMPS
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
@@ -268,8 +256,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         cta, _, _ = cute.arch.block_idx()
-        if tidx == 0:
-            self._stamp(cta, "entry")
         # stream-K: CTA group q of G (a CTA, or a cluster) owns the (weight tile group, K
         # stage) units [q U / G, (q + 1) U / G)
         group, rank = self._group_rank(cta)
@@ -291,8 +277,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if tidx == 0:
-            self._stamp(cta, "synced")
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
             if cutlass.const_expr(self.bf16_tokens):
@@ -378,13 +362,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
             load_pipe.producer_commit(ps)
             ps.advance()
-            if u == begin and cute.arch.lane_idx() == 0:
-                self._stamp(cta, "first_load_issued")
-        if cute.arch.lane_idx() == 0:
-            self._stamp(cta, "loads_issued")
         load_pipe.producer_tail(ps)
-        if cute.arch.lane_idx() == 0:
-            self._stamp(cta, "stages_released")
 
     @cute.jit
     def _consumer(
@@ -440,8 +418,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 count = (seg_end - u - cw + consumers - 1) // consumers
             for _i in range(count):
                 load_pipe.consumer_wait(ls)
-                if u == begin and _i == 0 and cw == 0 and ct == 0:
-                    self._stamp(cta, "first_stage_landed")
                 w_words, w_scales = load_fragment_bytes(
                     w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
                     sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
@@ -492,22 +468,11 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                                                  mBias, m, ct, cw, cta, mPartials, mFlags,
                                                  owned, rank)  # fmt: skip
             u = seg_end
-        if cw == 0 and ct == 0:
-            self._stamp(cta, "segments_done")
         if cutlass.const_expr(self.row_split):
             if owned >= 0:
                 self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
         elif cw == 0 and owned >= 0:
             self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
-        if cw == 0 and ct == 0:
-            self._stamp(cta, "fixup_done")
-
-    @cute.jit
-    def _stamp(self, cta, name: str):
-        """The GPU clock at point ``name`` of STAMPS into this CTA's row (stamps_addr)."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            slot = cutlass.Int64(cta) * len(STAMPS) + STAMPS.index(name)
-            store_globaltimer(cutlass.Int64(self.stamps_addr) + slot * 8)
 
     @cute.jit
     def _reduce_consumers(self, cw, ct, st, acc):

@@ -70,7 +70,6 @@ from .gemm_sm90_common import (
 )
 from .gemm_sm90_tiled_consumer import ConsumerRole
 from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
-from .ptx import add_global_u64, clock64, store_globaltimer
 
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
 # accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
@@ -102,35 +101,9 @@ CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, ru
 # BF16).
 SCAN_THREADS = 32
 
-# In-kernel timing (benchmarks/gemm_diag_tile_stamps.py): with MXFP8TiledGemmSm90.stamps_addr
-# set to a zeroed device buffer of STAMPED_TILES * STAMP_WORDS int64 per CTA before the
-# compile, each CTA writes the GPU clock (ns) at these points of each of its first
-# STAMPED_TILES segments (the producer's, the first converter thread's and consumer 0's),
-# then adds up the SM cycles those threads spend in each kind of wait of TILE_WAITS (and in
-# the whole segment's mainloop and conversion, the waits' denominators). 0, the
-# default, compiles none of it (the PTX is the same as without these lines).
-TILE_STAMPS = (
-    "producer_first_stage", "converter_first_stage", "converter_done", "consumer_start",
-    "consumer_refs", "consumer_first_stage", "consumer_mainloop_done", "consumer_done",
-)  # fmt: skip
-TILE_WAITS = (
-    "consumer_mainloop", "consumer_a_wait", "consumer_b_wait", "consumer_wgmma_wait",
-    "converter_tile", "converter_a_wait", "converter_slot_wait",
-)  # fmt: skip
-STAMP_WORDS = len(TILE_STAMPS) + len(TILE_WAITS)
-STAMPED_TILES = 32
-
 
 class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
     """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
-
-    stamps_addr = 0  # see TILE_STAMPS
-    # Diagnostics (benchmarks/gemm_diag_no_convert.py), set before the compile; wrong results
-    # on purpose: the consumers neither load nor convert A (an optimistic bound for taking
-    # A's conversion off them), the converter neither converts nor stores B. Off, the
-    # default, they compile to nothing.
-    no_a_diag = False
-    no_b_diag = False
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
@@ -380,9 +353,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             a_chunk0 = ((tm * self.tile_m) // ROW_BLOCK) * k_tiles
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
-                if cutlass.const_expr(self.stamps_addr != 0):
-                    if kt == k0:
-                        self._stamp(_t, m, "producer_first_stage")
                 bar = load_pipe.producer_get_barrier(ps)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
@@ -401,66 +371,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 ps.advance()
             u = self._next_unit(seg_end, hop)
         load_pipe.producer_tail(ps)
-
-    @cute.jit
-    def _stamp(self, t, m, name: str):
-        """The GPU clock at point ``name`` of TILE_STAMPS of this CTA's segment on tile ``t``
-        into stamps_addr (segments past STAMPED_TILES are not stamped)."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            j, addr = self._stamp_slot(t, m, TILE_STAMPS.index(name))
-            if j < STAMPED_TILES:
-                store_globaltimer(addr)
-
-    @cute.jit
-    def _add_wait(self, t, m, name: str, since):
-        """Adds the SM cycles from ``since`` (clock64) to now to wait ``name`` of TILE_WAITS of
-        this CTA's segment on tile ``t``."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            cycles = clock64() - since
-            j, addr = self._stamp_slot(t, m, len(TILE_STAMPS) + TILE_WAITS.index(name))
-            if j < STAMPED_TILES:
-                add_global_u64(addr, cycles)
-
-    def _stamper(self, t, m, thread):
-        """With stamps_addr set, a segment's stamp context: (tile ``t``, ``m``, whether this
-        thread stamps); else None, and the stamp helpers compile to nothing."""
-        return (t, m, thread) if self.stamps_addr != 0 else None
-
-    @cute.jit
-    def _mark(self, stamp, name: str):
-        """``stamp`` given: its stamping thread writes the clock at point ``name``."""
-        if cutlass.const_expr(stamp is not None):
-            if stamp[2]:
-                self._stamp(stamp[0], stamp[1], name)
-
-    def _clock(self, stamp):
-        """``stamp`` given (stamps_addr set; tile, m, stamping thread): the SM's clock, else
-        0 (nothing compiled)."""
-        return clock64() if stamp is not None else 0
-
-    @cute.jit
-    def _waited(self, stamp, name: str, since):
-        """``stamp`` given: its stamping thread adds the cycles since ``since`` to ``name``."""
-        if cutlass.const_expr(stamp is not None):
-            if stamp[2]:
-                self._add_wait(stamp[0], stamp[1], name, since)
-
-    @cute.jit
-    def _stamp_slot(self, t, m, word: int):
-        """(this CTA's segment number on tile ``t``, the byte address of its ``word``)."""
-        cta, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        # persistent: tiles cta, cta + G, ...; stream-K: consecutive tiles from the first
-        j = (t - cta) // grid
-        if cutlass.const_expr(self.sk_tail):
-            _start, _stop, (_skip, whole_end, sk_start) = self._my_units(m)
-            whole = whole_end // self.k_tiles
-            j = cutlass.select_(t < whole, j, whole // grid + t - sk_start // self.k_tiles)
-        elif cutlass.const_expr(self.stream_k):
-            start, _stop, _hop = self._my_units(m)
-            j = t - start // self.k_tiles
-        slot = (cutlass.Int64(cta) * STAMPED_TILES + j) * STAMP_WORDS + word
-        return j, cutlass.Int64(self.stamps_addr) + slot * 8
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""
