@@ -487,9 +487,11 @@ def _served(a_values, a_scales, b_values, b_scales, bias, out):
     return m, n, k
 
 
-def supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
-    """Whether this kernel serves the call (cheap: no compile, no sync)."""
-    return not isinstance(_served(a_values, a_scales, b_values, b_scales, bias, out), str)
+def refusal(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
+    """Why these kernels do not serve the call, None where they do (cheap: no compile, no
+    sync)."""
+    shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
+    return shape if isinstance(shape, str) else None
 
 
 # Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
@@ -539,7 +541,7 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     out row stride, out dtype, bias dtype).
 
     Raises:
-        ValueError: where :func:`supported` is False (saying why), or ``config`` is a
+        ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is a
             swap-AB config whose token tile is below M; nothing is launched.
     """
     shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
@@ -548,22 +550,15 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, config)
 
 
-last_refusal = "no call was refused"
-"""Why :func:`run_if_supported` refused its latest refused call (the fallback warning's
-reason)."""
-
-
-def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
-    """:func:`run` where :func:`supported` holds; False (nothing launched, the reason in
-    :data:`last_refusal`) where it does not. The ops' one entry point: checks and launches
-    in one pass over the call's facts."""
-    global last_refusal
+def run_if_served(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
+    """:func:`run` where :func:`refusal` has no reason: None once launched, else the reason
+    (nothing launched). The ops' one entry point: checks and launches in one pass over the
+    call's facts."""
     shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
     if isinstance(shape, str):
-        last_refusal = shape
-        return False
+        return shape
     _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, None)
-    return True
+    return None
 
 
 def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> None:

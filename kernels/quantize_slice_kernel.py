@@ -139,7 +139,7 @@ def build(config: QuantizerConfig):
             row0 = by * shape.rows + ty  # this thread's row in pass 0
             col0 = ct0 * TILE_COLS + tx * 8  # first of its 8 columns in the first column tile
             # Source and destination row strides are multiples of 8 elements (checked by
-            # supported()), so every 16-byte load and 8-byte store below is aligned.
+            # refusal()), so every 16-byte load and 8-byte store below is aligned.
             src_ld8 = cute.assume(Int64(src_ld), divby=8)
             dst_ld8 = cute.assume(Int64(dst_ld), divby=8)
             dst_col0 = Int64(column + col0)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mxfp8_fusion.kernels import dispatch, gemm_cublas, gemm_sm90
+from mxfp8_fusion.kernels import dispatch, gemm_cublas
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import format as fmt
@@ -91,15 +91,15 @@ def _check_against_torch(call, tokens, n):
 
 
 class _Recorder:
-    def __init__(self, answer=True):
+    def __init__(self, answer=None):
         self.calls = []
-        self.answer = answer
+        self.answer = answer  # None: served, else the reason it refuses
 
-    def run_if_supported(self, *args):
+    def run_if_served(self, *args):
         self.calls.append(args)
         return self.answer
 
-    run_many_if_supported = run_if_supported
+    run_many_if_served = run_if_served
 
 
 @pytest.fixture
@@ -142,8 +142,8 @@ GEMM_ROUTES = [
 def test_gemm_dispatch_per_capability(routed, capability, dsl, expected):
     modules = routed(capability, dsl)
     args = tuple(torch.empty(1) for _ in range(6))
-    served = dispatch.mm_into(*args)
-    assert served == (expected is not None)
+    reason = dispatch.mm_into(*args)
+    assert (reason is None) == (expected is not None), reason
     assert len(modules.sm90.calls) == (expected == "sm90")
     assert len(modules.cublas.calls) == (expected == "cublas")
     if expected:
@@ -167,10 +167,9 @@ QUANTIZER_ROUTES = [
 def test_quantizer_build_per_capability(routed, capability, dsl, arch):
     modules = routed(capability, dsl)
     source, values, scales = torch.empty(4, 128), torch.empty(4, 128), torch.empty(512)
-    assert dispatch.quantize_slice(source, values, scales, 0) == (arch is not None)
-    assert dispatch.quantize_slices([source, source], values, scales, [0, 128]) == (
-        arch is not None
-    )
+    assert (dispatch.quantize_slice(source, values, scales, 0) is None) == (arch is not None)
+    reason = dispatch.quantize_slices([source, source], values, scales, [0, 128])
+    assert (reason is None) == (arch is not None)
     if arch is None:
         assert modules.quantizer.calls == []
     else:  # the build target is chosen per call from the device, and passed to the kernel
@@ -178,31 +177,23 @@ def test_quantizer_build_per_capability(routed, capability, dsl, arch):
         assert modules.quantizer.calls[1][3] == [0, 128]
 
 
-def test_fallback_reasons_name_what_is_missing(routed, monkeypatch):
-    device = torch.device("cuda", 0)
-    routed((12, 0))
-    monkeypatch.setattr(dispatch, "_gemm_cublas", lambda: gemm_cublas)
-    monkeypatch.setattr(gemm_cublas, "last_refusal", "N=200 and K=1024 must be multiples")
-    assert (
-        dispatch.unavailable_reason(device, "GEMM")
-        == "GPU sm_120: N=200 and K=1024 must be multiples"
-    )
-    routed((9, 0))
-    monkeypatch.setattr(dispatch, "_gemm_sm90", lambda: gemm_sm90)
-    monkeypatch.setattr(gemm_sm90, "last_refusal", "scale buffers must be 16-byte aligned")
-    assert (
-        dispatch.unavailable_reason(device, "GEMM")
-        == "GPU sm_90: scale buffers must be 16-byte aligned"
-    )
+def test_fallback_reasons_name_what_is_missing(routed):
+    args = tuple(torch.empty(1) for _ in range(6))
+    source, values, scales = torch.empty(4, 128), torch.empty(4, 128), torch.empty(512)
+    modules = routed((12, 0))
+    modules.cublas.answer = "N=200 and K=1024 must be multiples"
+    assert dispatch.mm_into(*args) == "GPU sm_120: N=200 and K=1024 must be multiples"
+    modules = routed((9, 0))
+    modules.sm90.answer = "scale buffers must be 16-byte aligned"
+    assert dispatch.mm_into(*args) == "GPU sm_90: scale buffers must be 16-byte aligned"
     routed((11, 0))
-    assert "sm_110 has no MXFP8 GEMM kernel" in dispatch.unavailable_reason(device, "GEMM")
-    assert "quantizer is built for sm_90a, sm_100a" in dispatch.unavailable_reason(
-        device, "slice quantizer"
+    assert "sm_110 has no MXFP8 GEMM kernel" in dispatch.mm_into(*args)
+    assert "quantizer is built for sm_90a, sm_100a" in dispatch.quantize_slice(
+        source, values, scales, 0
     )
     routed((12, 0), dsl=False)
-    assert (
-        dispatch.unavailable_reason(device, "slice quantizer")
-        == "nvidia-cutlass-dsl is not installed"
+    assert dispatch.quantize_slice(source, values, scales, 0) == (
+        "nvidia-cutlass-dsl is not installed"
     )
 
 
@@ -231,8 +222,7 @@ def test_resolve_prefers_scaled_mm_then_v2_and_names_what_is_missing():
 def test_missing_api_falls_back_with_the_reason(monkeypatch):
     monkeypatch.setattr(gemm_cublas, "_backend", (None, "torch 2.11 has neither ..."))
     _, args = _plan(5, 5, 256, 128, 5, device="cpu")
-    assert not gemm_cublas.run_if_supported(*args[:4], None, args[4])
-    assert gemm_cublas.last_refusal == "torch 2.11 has neither ..."
+    assert gemm_cublas.run_if_served(*args[:4], None, args[4]) == "torch 2.11 has neither ..."
 
 
 # --- the arguments, against torch's rules (meta tensors) ----------------------------------
@@ -473,7 +463,8 @@ def test_cublas_refusal_runs_the_reference_and_is_remembered(blackwell, monkeypa
         staged.values[:1], staged.scales, weight.values, weight.scales, bias, torch.bfloat16
     )
     assert torch.equal(_bits(out[:1]), _bits(want))
-    assert "no MXFP8 kernel for M=1 N=128 K=256" in gemm_cublas.last_refusal
+    (reason,) = gemm_cublas._rejected.values()
+    assert "no MXFP8 kernel for M=1 N=128 K=256" in reason
     mf.mm_quantized_into(staged, weight, out, tokens=1, bias=bias)
     assert len(blackwell.calls) == 1  # not asked again for that shape
     mf.mm_quantized_into(staged, weight, out, tokens=2, bias=bias)
@@ -496,7 +487,11 @@ def test_unserved_shape_runs_the_reference(blackwell):
         staged.values[:3], staged.scales, weight.values, weight.scales, None, torch.bfloat16
     )
     assert torch.equal(_bits(got), _bits(want))
-    assert "N=200" in gemm_cublas.last_refusal
+    out = torch.empty(3, 200, dtype=torch.bfloat16)
+    reason = gemm_cublas.run_if_served(
+        staged.values[:3], staged.scales, weight.values, weight.scales, None, out
+    )
+    assert "N=200" in reason
 
 
 # --- on a Blackwell GPU (none here: these skip) --------------------------------------------
@@ -508,9 +503,9 @@ def test_unserved_shape_runs_the_reference(blackwell):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_on_blackwell_cublas_serves_and_matches_the_reference(tokens, dtype, monkeypatch):
     served = []
-    real = gemm_cublas.run_if_supported
+    real = gemm_cublas.run_if_served
     monkeypatch.setattr(
-        gemm_cublas, "run_if_supported", lambda *a: served.append(real(*a)) or served[-1]
+        gemm_cublas, "run_if_served", lambda *a: served.append(real(*a)) or served[-1]
     )
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     slices = [torch.randn(tokens, w, generator=gen, device="cuda").to(dtype) for w in (512, 256)]
@@ -521,7 +516,7 @@ def test_on_blackwell_cublas_serves_and_matches_the_reference(tokens, dtype, mon
     out = torch.full((tokens + 64, 384), 3.0, dtype=dtype, device="cuda")
     mf.mm_quantized_into(staged, weight, out, tokens=tokens, bias=bias)
     one_shot = mf.mm(torch.cat(slices, dim=-1), weight, bias)
-    assert served == [True, True], gemm_cublas.last_refusal
+    assert served == [None, None]
     assert torch.equal(_bits(out[:tokens]), _bits(one_shot))  # the same cuBLAS call
     assert torch.all(out[tokens:] == 3.0)
     want = reference.mm(

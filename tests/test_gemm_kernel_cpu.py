@@ -610,19 +610,19 @@ def _predicate_operands(tokens=4, n=16, k=64):
     return a, sa, b, sb, torch.zeros(tokens, n, dtype=torch.bfloat16)
 
 
-def test_supported_rejects_unaligned_shapes():
+def test_refusal_names_unaligned_shapes():
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     a, sa, b, sb, out = _predicate_operands()
-    assert g.supported(a, sa, b, sb, None, out)
-    assert not g.supported(a, sa, b, sb, None, out.float())
+    assert g.refusal(a, sa, b, sb, None, out) is None
+    assert "out dtype" in g.refusal(a, sa, b, sb, None, out.float())
     odd = torch.zeros(4, 12, dtype=torch.bfloat16)[:, :12]
     b12 = torch.zeros(12, 64, dtype=torch.float8_e4m3fn)
-    assert not g.supported(a, sa, b12, sb, None, odd)
-    assert not g.supported(a[:, :48], sa, b[:, :48], sb, None, out)
+    assert "16-byte aligned" in g.refusal(a, sa, b12, sb, None, odd)
+    assert "K=48" in g.refusal(a[:, :48], sa, b[:, :48], sb, None, out)
 
 
-def test_supported_rejects_what_the_kernels_cannot_read():
+def test_refusal_names_what_the_kernels_cannot_read():
     """Scale buffers not 16-byte aligned (TMA) and a bias the kernels do not read (not a
     contiguous BF16/FP16/FP32 vector) are refused by the predicate, with the reason the
     fallback warning gives; run() refuses them too, before any launch."""
@@ -631,7 +631,7 @@ def test_supported_rejects_what_the_kernels_cannot_read():
     a, sa, b, sb, out = _predicate_operands()
     shifted = lambda t: torch.zeros(t.numel() + 16, dtype=torch.uint8)[4 : 4 + t.numel()]  # noqa: E731
     for bias in (None, torch.zeros(16), torch.zeros(16, dtype=torch.float16)):
-        assert g.supported(a, sa, b, sb, bias, out)
+        assert g.refusal(a, sa, b, sb, bias, out) is None
     refused = [
         ((a, shifted(sa), b, sb, None, out), "scale buffers"),
         ((a, sa, b, shifted(sb), None, out), "scale buffers"),
@@ -639,8 +639,7 @@ def test_supported_rejects_what_the_kernels_cannot_read():
         ((a, sa, b, sb, torch.zeros(16, dtype=torch.float64), out), "bias"),
     ]
     for args, reason in refused:
-        assert not g.supported(*args)
-        assert not g.run_if_supported(*args)
-        assert g.last_refusal.startswith(reason), g.last_refusal
+        assert g.refusal(*args).startswith(reason)
+        assert g.run_if_served(*args).startswith(reason)
         with pytest.raises(ValueError, match=reason):
             g.run(*args)

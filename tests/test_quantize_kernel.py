@@ -53,7 +53,7 @@ def _check_against_reference(
     capacity = capacity or ((tokens + 127) // 128 * 128 + 128)
     values, scales = _poisoned(capacity, k, source.device)
     ref_values, ref_scales = _poisoned(capacity, k, source.device)
-    assert kernel.supported(source, values, column)
+    assert kernel.refusal(source, values, column) is None
     kernel.run(source, values, scales, column, **launch)
     reference.quantize_slice_(source, ref_values, ref_scales, column)
     got_v, want_v = values.view(torch.uint8), ref_values.view(torch.uint8)
@@ -212,7 +212,7 @@ def test_run_many_equals_per_slice_reference(dtype, tokens):
     capacity, k = 512, 4096
     values, scales = _poisoned(capacity, k, "cuda")
     want_v, want_s = _poisoned(capacity, k, "cuda")
-    assert kernel.supported_many(sources, values, columns)
+    assert kernel.refusal_many(sources, values, columns) is None
     kernel.run_many(sources, values, scales, columns)
     for source, column in zip(sources, columns, strict=True):
         reference.quantize_slice_(source, want_v, want_s, column)
@@ -257,7 +257,7 @@ def _check_many_with_padding(sources, columns, k: int, capacity: int, **launch) 
     tokens, width = sources[0].shape
     values, scales = _poisoned(capacity, k, "cuda")
     want_v, want_s = _poisoned(capacity, k, "cuda")
-    assert kernel.supported_many(sources, values, columns)
+    assert kernel.refusal_many(sources, values, columns) is None
     kernel.run_many(sources, values, scales, columns, **launch)
     for source, column in zip(sources, columns, strict=True):
         reference.quantize_slice_(source, want_v, want_s, column)
@@ -431,15 +431,15 @@ def _count_kernel_runs(monkeypatch) -> list[int]:
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     calls = []
-    real = kernel.run_if_supported
+    real = kernel.run_if_served
 
     def counting(*args, **kwargs):
-        launched = real(*args, **kwargs)
-        if launched:
+        reason = real(*args, **kwargs)
+        if reason is None:
             calls.append(1)
-        return launched
+        return reason
 
-    monkeypatch.setattr(kernel, "run_if_supported", counting)
+    monkeypatch.setattr(kernel, "run_if_served", counting)
     return calls
 
 

@@ -1,6 +1,6 @@
 """The CuTe DSL slice quantizer on a CPU: it compiles for every target in ``ARCHS`` (sm_90a
 and the Blackwell builds) with portable PTX, its launch geometry writes every destination
-byte exactly once (a model of the work split), and the cheap ``supported`` predicates
+byte exactly once (a model of the work split), and the cheap ``refusal`` predicates
 accept exactly what the kernel serves. The GPU tests are in test_quantize_kernel.py.
 """
 
@@ -286,44 +286,44 @@ def test_import_does_not_import_cutlass():
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 
-def test_supported_rejects_what_the_kernel_cannot_do():
-    from mxfp8_fusion.kernels.quantize_slice import supported
+def test_refusal_names_what_the_kernel_cannot_do():
+    from mxfp8_fusion.kernels.quantize_slice import refusal
 
     values = torch.empty(256, 1024, dtype=torch.float8_e4m3fn)
     wide = torch.empty(256, 2048, dtype=torch.bfloat16)
-    assert supported(wide[:, 128:640], values, 512)
-    assert supported(wide[:1, 128:640], values, 0)
-    assert not supported(wide[:, 4:516], values, 0)  # data pointer not 16-byte aligned
-    assert not supported(wide[:, 124:636], values, 0)
-    assert not supported(wide[:, :512], values, 64)  # column not a multiple of 128
-    assert not supported(wide[:, :512], values, 768)  # past the destination
-    assert not supported(wide[:, :200], values, 0)  # width not a multiple of 128
-    assert not supported(wide[:, :512].float(), values, 0)  # dtype
-    assert not supported(wide.t()[:256, :512], values, 0)  # column stride
+    assert refusal(wide[:, 128:640], values, 512) is None
+    assert refusal(wide[:1, 128:640], values, 0) is None
+    assert "16-byte aligned" in refusal(wide[:, 4:516], values, 0)  # data pointer
+    assert refusal(wide[:, 124:636], values, 0)
+    assert "column 64" in refusal(wide[:, :512], values, 64)  # not a multiple of 128
+    assert refusal(wide[:, :512], values, 768)  # past the destination
+    assert refusal(wide[:, :200], values, 0)  # width not a multiple of 128
+    assert refusal(wide[:, :512].float(), values, 0)  # dtype
+    assert refusal(wide.t()[:256, :512], values, 0)  # column stride
     odd = torch.empty(256, 2052, dtype=torch.bfloat16)
-    assert not supported(odd[:, :512], values, 0)  # row stride not a multiple of 8
-    assert not supported(wide[:, :512], values[:, :1000], 0)  # destination not contiguous
+    assert refusal(odd[:, :512], values, 0)  # row stride not a multiple of 8
+    assert refusal(wide[:, :512], values[:, :1000], 0)  # destination not contiguous
 
 
-def test_supported_many_needs_equal_shapes():
+def test_refusal_many_needs_equal_shapes():
     """Slices after the first must match its dtype and shape; each has its own layout,
     alignment and column."""
-    from mxfp8_fusion.kernels.quantize_slice import supported_many
+    from mxfp8_fusion.kernels.quantize_slice import refusal_many
 
     values = torch.empty(256, 4096, dtype=torch.float8_e4m3fn)
     a = torch.empty(100, 512, dtype=torch.bfloat16)
-    assert supported_many([a, a.clone()], values, [0, 512])
-    assert not supported_many([a, a[:, :256]], values, [0, 512])
-    assert not supported_many([a, a.half()], values, [0, 512])
-    assert not supported_many([a] * 9, values, list(range(0, 4608, 512)))
-    assert not supported_many([a, a], values, [0, 64])
-    assert not supported_many([a, a], values, [0, 3840])  # the second runs past K
+    assert refusal_many([a, a.clone()], values, [0, 512]) is None
+    assert refusal_many([a, a[:, :256]], values, [0, 512])
+    assert refusal_many([a, a.half()], values, [0, 512])
+    assert refusal_many([a] * 9, values, list(range(0, 4608, 512)))
+    assert refusal_many([a, a], values, [0, 64])
+    assert refusal_many([a, a], values, [0, 3840])  # the second runs past K
     wide = torch.empty(100, 1024, dtype=torch.bfloat16)
-    assert supported_many([a, wide[:, :512]], values, [0, 512])  # each its own row stride
+    assert refusal_many([a, wide[:, :512]], values, [0, 512]) is None  # each its own row stride
     odd = torch.empty(100, 516, dtype=torch.bfloat16)
-    assert not supported_many([a, odd[:, :512]], values, [0, 512])  # rows not 16-byte aligned
+    assert refusal_many([a, odd[:, :512]], values, [0, 512])  # rows not 16-byte aligned
     columns_major = torch.empty(512, 100, dtype=torch.bfloat16).t()
-    assert not supported_many([a, columns_major], values, [0, 512])  # column stride 100
+    assert refusal_many([a, columns_major], values, [0, 512])  # column stride 100
     flat = torch.empty(100 * 512 + 4, dtype=torch.bfloat16)
     shifted = flat[4:].view(100, 512)  # data 8 bytes past a 16-byte boundary
-    assert not supported_many([a, shifted], values, [0, 512])
+    assert refusal_many([a, shifted], values, [0, 512])
