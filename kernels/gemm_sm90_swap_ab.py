@@ -64,9 +64,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, ceil_div, row_blocks
 
@@ -264,7 +264,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         if warp == 0:
             for atom in (tma_w, tma_a, tma_sw, tma_sa):
                 cpasync.prefetch_descriptor(atom)
-        st = utils.SmemAllocator().allocate(self.storage)
+        st = SmemAllocator().allocate(self.storage)
         # each stage is consumed by one consumer warpgroup (by all of them: row split)
         load_pipe = fp8_load_pipe(
             st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes,

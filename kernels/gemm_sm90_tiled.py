@@ -47,9 +47,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
+from cutlass.memory import SmemAllocator
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
 
@@ -279,7 +279,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         if warp == 0:
             for atom in (tma_a, tma_b, tma_sa, tma_sb):
                 cpasync.prefetch_descriptor(atom)
-        st = utils.SmemAllocator().allocate(self.storage)
+        st = SmemAllocator().allocate(self.storage)
         # the B converters and the A-converting consumers both read each FP8 stage
         readers = self.convert_threads + self.consumers * WG_THREADS
         load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages8, readers, self.tx_bytes)

@@ -22,10 +22,13 @@ from mxfp8_fusion.format import scale_bytes
 
 @requires_cutlass
 def test_compiles_for_sm90a_without_gpu():
-    """CI proof: the kernel compiles for Hopper on a CPU-only machine (CUTE_DSL_ARCH)."""
+    """CI proof: the kernel compiles for Hopper on a CPU-only machine (CUTE_DSL_ARCH), and
+    neither importing nor compiling it uses an API the DSL has deprecated (its
+    DeprecationWarnings are errors here)."""
     code = textwrap.dedent(
         """
-        import sys, torch
+        import sys, torch, warnings
+        warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         from mxfp8_fusion.kernels import gemm_sm90 as g
         assert "cutlass" not in sys.modules  # importing the module must not import cutlass
         for cfg, n, k, out, bias in [

@@ -77,10 +77,12 @@ _ARCH_SPECIFIC_PTX = ("wgmma", "cp.async.bulk", "mbarrier", "setmaxnreg", "clust
 def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
     """CI proof for every target in ARCHS (sm_90a and the Blackwell builds): the one- and
     the many-slice kernels compile on this CPU-only machine, for that target, with PDL
-    (griddepcontrol) and no Hopper- or Blackwell-specific instruction."""
+    (griddepcontrol) and no Hopper- or Blackwell-specific instruction; no API the DSL has
+    deprecated is used (its DeprecationWarnings are errors here)."""
     code = textwrap.dedent(
         """
-        import json
+        import json, warnings
+        warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         from mxfp8_fusion.kernels import quantize_slice as kernel
         found = {}
         for arch in kernel.ARCHS.values():
