@@ -29,6 +29,8 @@ from torch import Tensor
 from torch.utils import _python_dispatch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import lowering
+
 _lib = torch.library.Library("mxfp8", "FRAGMENT")
 _TENSOR_LIST = torch._C.ListType.ofTensors()
 
@@ -69,6 +71,7 @@ gradient_unavailable = torch.ops.mxfp8.gradient_unavailable.default
 
 @torch.library.register_fake("mxfp8::gradient_unavailable")
 def _(grad, shape, dtype, op, argument):
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return grad.new_empty(shape, dtype=dtype)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn import Parameter
 from torch.utils import _python_dispatch
 
-from . import grad, reference
+from . import grad, lowering, reference
 from .format import SCALE_DTYPE, VALUE_DTYPE, scale_bytes
 from .kernels import dispatch as kernels
 
@@ -87,6 +87,7 @@ quantize_slice_ = _define(
 
 @torch.library.register_fake("mxfp8::quantize_slice_")
 def _(source: Tensor, values: Tensor, scales: Tensor, column: int) -> None:
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return None
 
 
@@ -110,6 +111,7 @@ quantize_slices_ = _define(
 
 @torch.library.register_fake("mxfp8::quantize_slices_")
 def _(sources: list[Tensor], values: Tensor, scales: Tensor, columns: list[int]) -> None:
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return None
 
 
@@ -133,6 +135,7 @@ quantize = _define("quantize", _quantize_body, mutates_args=())
 
 @torch.library.register_fake("mxfp8::quantize")
 def _(x: Tensor) -> tuple[Tensor, Tensor]:
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return _empty_storage(x.shape[0], x.shape[1], x.device)
 
 
@@ -162,6 +165,7 @@ mm_into = _define("mm_into", _mm_into_body, mutates_args=("out",))
 
 @torch.library.register_fake("mxfp8::mm_into")
 def _(a_values, a_scales, b_values, b_scales, bias, out) -> None:
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return None
 
 
@@ -184,6 +188,7 @@ mm = _define("mm", _mm_body, mutates_args=())
 
 @torch.library.register_fake("mxfp8::mm")
 def _(a_values, a_scales, b_values, b_scales, bias, out_dtype):
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return a_values.new_empty(_out_shape(a_values, b_values), dtype=out_dtype)
 
 
@@ -201,6 +206,7 @@ linear = _define("linear", _linear_body, mutates_args=())
 
 @torch.library.register_fake("mxfp8::linear")
 def _(x, b_values, b_scales, bias):
+    lowering.register()  # before Inductor lowers any mxfp8:: op
     return x.new_empty(_out_shape(x, b_values))
 
 

@@ -209,6 +209,7 @@ class FusionPass(CustomGraphPass):
             report = SiteReport.from_site(site, self.graphs, reason)
             if reason is None:
                 stage = "rewriting"
+                pattern.specialize(site)
                 rewrite.rewrite(graph, site)
             return report
         except Exception as error:  # never fail a user's compile over an optimization

@@ -90,7 +90,7 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or val.shape[-1] != k:
+                if val is None or not val.dim() or _hint(val.shape[-1]) != k:
                     return f"the concatenation is also reshaped by {_describe_user(user)}"
                 site.views.append(user)
                 stack.append(user)
@@ -202,16 +202,39 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
         width = site.widths[i]
         if width is None:
             return (
-                f"slice {i} has a symbolic width ({v.shape[-1]}); widths must be static "
-                "(mark only the token dim dynamic, e.g. torch._dynamo.mark_dynamic(x, 0))"
+                f"slice {i} has a data-dependent width ({v.shape[-1]}); widths must be known "
+                "when compiling"
             )
         if width <= 0 or width % STAGE_ALIGN:
             return f"slice {i} has width {width}, not a positive multiple of {STAGE_ALIGN}"
     return None
 
 
-def _static(size) -> int | None:
-    return size if isinstance(size, int) else None
+def _hint(size) -> int | None:
+    """A size's value in this compile: the int, or a symbolic size's hint (what Dynamo saw);
+    ``None`` for a data-dependent size, which has none. Reading the hint adds no guard."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    hint = getattr(node, "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def specialize(site: Site) -> None:
+    """Guard each symbolic slice width to its value in this compile, as Inductor does with a
+    size it needs static: the staged storage's columns and scale chunks are laid out for
+    these widths, and a call with other widths compiles again.
+
+    Dynamo makes a width symbolic when a second model of the same class, or the same code
+    with other widths, runs (automatic dynamic shapes); without this the site would not be
+    rewritten in every compile after the first.
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    for i, source in enumerate(site.slices):
+        size = _val(source).shape[-1]
+        if not isinstance(size, int) and guard_int(size) != site.widths[i]:
+            raise RuntimeError(f"slice {i}'s width {size} did not specialize to its hint")
 
 
 def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
@@ -221,7 +244,7 @@ def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     slices = list(tensors)
     vals = [_val(s) for s in slices]
-    widths = [_static(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    widths = [_hint(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
     return slices, dim, widths
 
 
@@ -240,7 +263,7 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     slices, dim, widths = _cat_parts(cat)
     val = _val(cat)
     site = Site(cat, slices, widths, val.dtype if val is not None else None)
-    reason = _consumers(cat, val.shape[-1] if val is not None and val.dim() else -1, site)
+    reason = _consumers(cat, _hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
     if not (site.quantizes or site.linears or _reaches(cat, (quantize, linear))):
         return None
     site.gemms = _count_gemms(cat)
@@ -339,7 +362,7 @@ def _column_takes(cat: fx.Node, k) -> bool:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is not None and val.dim() and val.shape[-1] == k:
+                if val is not None and val.dim() and _hint(val.shape[-1]) == k:
                     stack.append(user)
             elif _is_last_dim_slice(user, node) and _reaches(user, (quantize, linear)):
                 return True
@@ -385,7 +408,7 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or val.dim() == 0 or val.shape[-1] != width:
+                if val is None or val.dim() == 0 or _hint(val.shape[-1]) != width:
                     return f"{_columns(rng)} also reshaped by {_describe_user(user)}"
                 (site.views if rng is None else rng.views).append(user)
                 stack.append((user, rng))
@@ -445,11 +468,11 @@ def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site |
     chunks and each of its parts is a 128-aligned column range of one slice).
     """
     val = _val(cat)
-    if val is None or val.dim() == 0 or not _column_takes(cat, val.shape[-1]):
+    k = _hint(val.shape[-1]) if val is not None and val.dim() else None
+    if k is None or not _column_takes(cat, k):
         return None
     slices, dim, widths = _cat_parts(cat)
     site = Site(cat, slices, widths, val.dtype, ranges=[])
-    k = val.shape[-1]
     reason = _slice_reason(site, val, dim % val.dim())
     if reason is None:
         reason = _range_consumers(cat, k, site)
