@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
+from helpers.edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
 
 from mxfp8_fusion import format as fmt
 from mxfp8_fusion import reference

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pass_helpers import NO_CACHE, Capture, assert_bitwise, linear, randn
+from helpers.passes import NO_CACHE, Capture, assert_bitwise, linear, randn
 from torch import nn
 from torch._dynamo.utils import counters
 

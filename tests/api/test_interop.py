@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from pass_helpers import NO_CACHE, assert_bitwise, randn
+from helpers.passes import NO_CACHE, assert_bitwise, randn
 from torch import nn
 
 import mxfp8_fusion as mf

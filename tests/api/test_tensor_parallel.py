@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from expecttest import assert_expected_inline
-from pass_helpers import Capture, randn
-from tensor_parallel_helpers import (
+from helpers.passes import Capture, randn
+from helpers.tensor_parallel import (
     WIDTHS,
     Block,
     Drafter,

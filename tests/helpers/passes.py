@@ -1,6 +1,6 @@
 """Shared pieces of the pass and backend tests: models, a capturing test backend, helpers.
 
-No tests here: the test modules import it (pytest puts this folder on ``sys.path``).
+No tests here: the test modules import it as ``helpers.passes`` (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each check runs in every rank of a real process group (gloo on the CPU, NCCL on GPUs) and
 raises on failure; ``torch.multiprocessing.spawn`` re-raises it in the test with the rank's
-traceback. No tests here: the test modules import it (pytest puts this folder on
-``sys.path``).
+traceback. No tests here: the test modules import it as
+``helpers.tensor_parallel`` (tests/conftest.py).
 """
 
 from __future__ import annotations

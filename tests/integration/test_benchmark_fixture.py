@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-_DRAFTER = Path(__file__).resolve().parent.parent / "benchmarks" / "drafter.py"
+_DRAFTER = Path(__file__).resolve().parents[2] / "benchmarks" / "drafter.py"
 
 
 def _load():

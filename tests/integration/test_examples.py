@@ -13,7 +13,7 @@ import torch
 
 import mxfp8_fusion as mf
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 TOKENS = (48, 37)

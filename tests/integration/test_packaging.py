@@ -11,7 +11,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the TOML reader pip itself carries
     from pip._vendor import tomli as tomllib
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 # what the tests import beyond torch and the package's own dependencies, and the packages
 # those need without declaring them (torchao imports numpy: without it test_format.py's

@@ -1,13 +1,13 @@
 """The SM90 MXFP8 GEMM on an sm_90 GPU against reference.mm_into: the tiled kernel (its FP16
 and BF16 paths, tile configs), the swap-AB kernel, NaN scales, CUDA Graphs, staged
-operands. The tolerance is explained in gemm_helpers.py; stream-K and the measured
+operands. The tolerance is explained in tests/helpers/gemm.py; stream-K and the measured
 table's choices are in test_gemm_stream_k.py, the CPU tests in test_gemm_kernel_cpu.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gemm_helpers import (
+from helpers.gemm import (
     check_close,
     check_config_run,
     check_run,

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from gemm_helpers import (
+from helpers.gemm import (
     requires_cutlass,
 )
 
@@ -351,7 +351,7 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
 
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    receipt = Path(__file__).resolve().parent.parent / "benchmarks/results/gemm_tune.json"
+    receipt = Path(__file__).resolve().parents[2] / "benchmarks/results/gemm_tune.json"
     ratios = []
     for shape in json.loads(receipt.read_text())["shapes"]:
         n, k = shape["n"], shape["k"]

@@ -1,7 +1,7 @@
 """The tiled SM90 GEMM's stream-K schedules (every tile shape, the K split, fewer units than
 CTAs, whole waves with a stream-K tail, repeats, graph replay, two streams) and the configs
 the measured table picks, on an sm_90 GPU against reference.mm_into (tolerance:
-gemm_helpers.py)."""
+tests/helpers/gemm.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from gemm_helpers import (
+from helpers.gemm import (
     check_close,
     check_config_run,
     check_two_streams,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+_BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture

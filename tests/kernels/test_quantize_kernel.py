@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
+from helpers.edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes

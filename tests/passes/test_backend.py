@@ -15,8 +15,8 @@ import textwrap
 import pytest
 import torch
 from expecttest import assert_expected_inline
+from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, randn
 from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
-from pass_helpers import NO_CACHE, CatLinear, assert_bitwise, randn
 from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from pass_helpers import (
+from helpers.passes import (
     NO_CACHE,
     Capture,
     CatLinear,

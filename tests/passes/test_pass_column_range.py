@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from pass_helpers import Capture, assert_bitwise, linear, randn
+from helpers.passes import Capture, assert_bitwise, linear, randn
 from test_pass import compile_and_check
 from torch import nn
 

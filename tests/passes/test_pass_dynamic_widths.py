@@ -3,7 +3,7 @@ same class is rewritten too, and a site left unchanged reports its real reason."
 
 import pytest
 import torch
-from pass_helpers import Capture, CatLinear, assert_bitwise, randn
+from helpers.passes import Capture, CatLinear, assert_bitwise, randn
 
 import mxfp8_fusion as mf
 
