@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 
 from mxfp8_fusion import reference
 

@@ -425,7 +425,7 @@ def main(args) -> None:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
         return
     import torch
-    from machine import environment, write_receipt
+    from common import environment, write_receipt
 
     shapes = list(SHAPES)
     if args.shapes:

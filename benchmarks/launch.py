@@ -24,7 +24,7 @@ import statistics
 import time
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 from mxfp8_fusion.kernels import quantize_slice as qs
 from mxfp8_fusion.kernels.launcher import Launcher, raw_stream
 

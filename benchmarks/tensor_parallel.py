@@ -47,8 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from drafter import Drafter
-from machine import environment, git_revision, write_receipt
+from common import QUEUE_CYCLES, Drafter, environment, git_revision, write_receipt
 from torch import nn
 
 import mxfp8_fusion as mf
@@ -78,9 +77,6 @@ GEOMETRIES = {
 # times and peaks mean nothing
 SMOKE = Geometry("smoke: 3 x 256 -> 256, tokens 64 (CPU)", 64, 256, 3)
 MODES = ("column", "row")
-
-# about 3 ms at H200 clocks: the host launches a whole call while the GPU still sleeps
-_QUEUE_CYCLES = 6_000_000
 
 
 def write_checkpoint(geo: Geometry, path: Path, device: torch.device) -> None:
@@ -132,7 +128,7 @@ def time_interleaved(fns: dict, hidden, rounds: int, queued: bool) -> dict[str, 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             if queued:
-                torch.cuda._sleep(_QUEUE_CYCLES)
+                torch.cuda._sleep(QUEUE_CYCLES)
             start.record()
             fns[name](*hidden)
             end.record()

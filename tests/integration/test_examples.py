@@ -22,7 +22,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 def _run(name: str, device: str):
     """(check result, expected sites) of example ``name`` at small dims on ``device``."""
-    from common import check
+    from shared import check
 
     if name == "dflash":
         import dflash_projection as ex

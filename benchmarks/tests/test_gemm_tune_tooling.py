@@ -11,12 +11,9 @@ from pathlib import Path
 
 import pytest
 
-_BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture
-def sweep(monkeypatch):
-    monkeypatch.syspath_prepend(str(_BENCH))
+def sweep():
     import gemm_sweep
 
     return gemm_sweep
@@ -93,9 +90,9 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(sweep, monkeypatch, 
     measured = {"n": 2048, "k": 7168, "points": [dict(point, tokens=1)], "compile_s": {},
                 "status": "done", "returncode": 0}  # fmt: skip
     monkeypatch.setattr(sweep, "_run_workers", lambda jobs, deadline: [measured])
-    import machine
+    import common
 
-    monkeypatch.setattr(machine, "environment", lambda rev: {"git_revision": rev})
+    monkeypatch.setattr(common, "environment", lambda rev: {"git_revision": rev})
     out = tmp_path / "tune.json"
     args = argparse.Namespace(
         plot=None, tune=True, sweep=False, before=False, shapes="2048,7168", sweep_tokens=[1],
