@@ -56,35 +56,47 @@ REGENERATE = (
 )
 
 
-def write_table(receipt: dict, path: str) -> None:
-    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid spec per point."""
-    lines = [
-        '"""Measured GEMM configs (gemm_sm90.choose_config) per weight shape (N, K) and token count.',
-        "",
-        "Regenerate on an H200 (132 SMs) with",
+def table_header(gpu: str, revision: str) -> list[str]:
+    """The lines of kernels/gemm_sm90_table.py before its rows."""
+    return [
+        '"""Measured GEMM schedules (gemm_select.choose_config) per weight shape (N, K) and',
+        "token count: data the tuner writes, not edited by hand. Regenerate on an H200 (132",
+        "SMs) with",
         "",
         f"    {REGENERATE}",
         "",
-        f"Measured on the {receipt['gpu']} (the receipt, benchmarks/results/gemm_tune.json,",
-        "names the revision): per (tokens, N, K) the fastest candidate that matched the",
-        "reference, by CUDA Graph replay, medians of interleaved rounds (the comments: its time",
-        "and its ratio to cuBLAS BF16's time). Each row is (measured token count, spec); a call",
-        "takes the row of the smallest measured token count at or above its own",
-        '(gemm_sm90.table_spec). Shapes not listed take gemm_sm90.heuristic_config."""',
+        f"Measured on the {gpu} at revision {revision} (receipt: benchmarks/results/",
+        "gemm_tune.json): per (tokens, N, K) the fastest candidate that matched the reference,",
+        "by CUDA Graph replay, medians of interleaved rounds (the comments: its name in the",
+        "receipt, its time and its ratio to cuBLAS BF16's time). Each row is (measured token",
+        "count, schedule fields: gemm_select.config_of); a call takes the row of the smallest",
+        "measured token count at or above its own. Shapes not listed take",
+        'gemm_select.heuristic_config."""',
         "",
+        'RECEIPT = "benchmarks/results/gemm_tune.json"',
         "NUM_SMS = 132",
         "",
-        "TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {",
+        "# fmt: off",
+        "TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {",
     ]
+
+
+def write_table(receipt: dict, path: str) -> None:
+    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid schedule per point,
+    as data (the receipt names contenders; the table holds their fields)."""
+    from mxfp8_fusion.kernels.gemm_names import schedule_of
+
+    lines = table_header(receipt["gpu"], receipt.get("git_revision", "unknown"))
     for shape in receipt["shapes"]:
         rows = best_specs(shape)
         if not rows:
             continue
         lines.append(f"    ({shape['n']}, {shape['k']}): (")
         for t, spec, ms, ratio in rows:
-            lines.append(f'        ({t}, "{spec}"),  # {ms:.4f} ms, {ratio:.2f}x')
+            lines.append(f"        # {spec}: {ms:.4f} ms, {ratio:.2f}x")
+            lines.append(f"        ({t}, {schedule_of(spec)!r}),")
         lines.append("    ),")
-    lines.append("}")
+    lines += ["}", "# fmt: on"]
     Path(path).write_text("\n".join(lines) + "\n")
     print("wrote", path)
 

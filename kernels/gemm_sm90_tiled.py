@@ -153,7 +153,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         self.b_chunks = row_blocks(n) * self.k_tiles
         self.stream_k = bool(cfg.stream_k)
         # stream_k 2: whole tiles for the full waves, stream-K over the rest (_waves); not
-        # with k-split tiles (GemmConfig refuses it)
+        # with k-split tiles (TiledConfig refuses it)
         self.sk_tail = cfg.stream_k == 2
         self.num_ctas_cap = cfg.num_ctas
         # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or

@@ -15,7 +15,6 @@ stay valid when the config classes change. Takes about ten minutes on two CPU co
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -29,9 +28,51 @@ _TOKENS = (1, 8, 9, 16, 17, 32, 33, 48, 64, 96, 128, 192, 256, 300, 384, 512, 10
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
+def config_fields(cfg) -> dict:
+    """A config as the fields the hash list names builds by (the names the configs had when
+    the list was first written: ``kernel``, ``f16`` and ``bf16_tokens`` as ints)."""
+    from mxfp8_fusion.kernels.gemm_config import SwapABConfig
+
+    swap_ab = isinstance(cfg, SwapABConfig)
+    return dict(
+        kernel=cfg.kernel,
+        tile_n=128 if swap_ab else cfg.tile_n,
+        stages=cfg.stages,
+        stages16=4 if swap_ab else cfg.stages16,
+        num_ctas=cfg.num_ctas,
+        tokens_tile=cfg.tokens_tile if swap_ab else 0,
+        consumers=cfg.consumers if swap_ab else 3,
+        converters=1 if swap_ab else cfg.converters,
+        tile_m=128 if swap_ab else cfg.tile_m,
+        stream_k=0 if swap_ab else cfg.stream_k,
+        f16=1,  # one compile serves both paths (gemm_sm90.compiled_config)
+        bf16_tokens=int(cfg.bf16_tokens) if swap_ab else 0,
+        tile_w=cfg.tile_w if swap_ab else 64,
+        cluster=cfg.cluster if swap_ab else 1,
+    )
+
+
+def config_from_fields(fields: dict):
+    """The config a hash-list build names."""
+    from mxfp8_fusion.kernels import gemm_config
+
+    if fields["kernel"] == "swap-ab":
+        return gemm_config.SwapABConfig(
+            tokens_tile=fields["tokens_tile"], stages=fields["stages"],
+            consumers=fields["consumers"], bf16_tokens=bool(fields["bf16_tokens"]),
+            tile_w=fields["tile_w"], cluster=fields["cluster"], num_ctas=fields["num_ctas"],
+        )  # fmt: skip
+    return gemm_config.TiledConfig(
+        tile_m=fields["tile_m"], tile_n=fields["tile_n"], converters=fields["converters"],
+        stream_k=fields["stream_k"], stages=fields["stages"], stages16=fields["stages16"],
+        num_ctas=fields["num_ctas"], fp16_tiles=bool(fields["f16"]),
+    )  # fmt: skip
+
+
 def gemm_builds() -> list[dict]:
     """Every distinct GEMM build the table and the heuristic choose (at the first shape that
     chooses it, BF16 out, BF16 bias), plus the dtype combinations of the compile test."""
+    from mxfp8_fusion.kernels import gemm_select as select
     from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import gemm_sm90_table as table
 
@@ -39,8 +80,8 @@ def gemm_builds() -> list[dict]:
     shapes = [*table.TABLE, *_EXTRA_SHAPES]
     for n, k in shapes:
         for tokens in _TOKENS:
-            for cfg in (g.choose_config(tokens, n, k), g.heuristic_config(tokens, n, k)):
-                fields = dataclasses.asdict(g.compiled_config(cfg))
+            for cfg in (select.choose_config(tokens, n, k), select.heuristic_config(tokens, n, k)):
+                fields = config_fields(g.compiled_config(cfg))
                 key = json.dumps(fields, sort_keys=True)
                 if key not in seen:
                     seen.add(key)
@@ -59,10 +100,10 @@ def _gemm_ptx(build: dict) -> str:
     import torch
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.GemmConfig(**build["fields"])
+    cfg = config_from_fields(build["fields"])
     bias = getattr(torch, build["bias"]) if build["bias"] else None
     out = getattr(torch, build["out"])
-    return g._compiled(cfg, build["n"], build["k"], build["n"], out, bias).__ptx__
+    return g.compile_gemm(cfg, build["n"], build["k"], build["n"], out, bias).__ptx__
 
 
 def _name(build: dict) -> str:

@@ -17,6 +17,7 @@ from helpers.gemm import (
     requires_sm90,
     run_kernel,
 )
+from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP, scale_bytes, scale_offset
@@ -119,7 +120,9 @@ def test_fp16_and_bf16_tiles_in_one_launch(tile_m, tile_n, converters):
     out = torch.full((tokens + 20, n), 1234.0, device="cuda", dtype=torch.bfloat16)
     poison = out.clone()
     stages16 = 3 if tile_m == 192 else 4  # 4 + 4 stages of 192-row tiles overflow smem
-    cfg = g.GemmConfig(tile_n=tile_n, converters=converters, tile_m=tile_m, stages16=stages16)
+    cfg = gemm_config.TiledConfig(
+        tile_n=tile_n, converters=converters, tile_m=tile_m, stages16=stages16
+    )
     g.run(a, sa, b, sb, None, out, config=cfg)
     ref = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     reference.mm_into(a, sa, b, sb, None, ref)
@@ -143,12 +146,12 @@ def test_tile_configs_agree(tokens):
     b, sb = random_operand(640, 1024, seed=2)
     outs = []
     for cfg in (
-        g.GemmConfig(tile_n=64, stages=4, stages16=4),
-        g.GemmConfig(tile_n=128, stages=4, stages16=4),
-        g.GemmConfig(tile_n=128, stages=3, stages16=6),
-        g.GemmConfig(tile_n=128, converters=2),
-        g.GemmConfig(tile_m=192, stages=4, stages16=3),
-        g.GemmConfig(tile_m=192, stages=3, stages16=4),
+        gemm_config.TiledConfig(tile_n=64, stages=4, stages16=4),
+        gemm_config.TiledConfig(tile_n=128, stages=4, stages16=4),
+        gemm_config.TiledConfig(tile_n=128, stages=3, stages16=6),
+        gemm_config.TiledConfig(tile_n=128, converters=2),
+        gemm_config.TiledConfig(tile_m=192, stages=4, stages16=3),
+        gemm_config.TiledConfig(tile_m=192, stages=3, stages16=4),
     ):
         out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
         g.run(a, sa, b, sb, None, out, config=cfg)
@@ -182,7 +185,7 @@ def test_tiled_epilogue_column_edges(spec, n, out_dtype):
     full = torch.full((tokens + 5, 208), 1234.0, device="cuda", dtype=out_dtype)
     poison = full.clone()
     out = full[:, :n]
-    g.run(a, sa, b, sb, bias, out, config=g.config_from_spec(spec, tokens))
+    g.run(a, sa, b, sb, bias, out, config=gemm_names.config_from_spec(spec, tokens))
     ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
     reference.mm_into(a, sa, b, sb, bias, ref)
     torch.cuda.synchronize()
@@ -221,10 +224,9 @@ def test_swap_ab_kernel_matches_reference(tokens, n, k, out_dtype, bf16_tokens):
     """The few-token kernel, converting its tokens in every CTA or reading them converted
     once (``bf16_tokens``): scale bytes 97-157 (both conversion factors), bias, rows past
     the tokens untouched."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     # the swap-AB kernel itself, whichever kernel the measured table picks for this shape
-    cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
+    cfg = gemm_config.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
     check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + 7 * k, n + 1))
 
 
@@ -248,9 +250,8 @@ W128_SHAPES = [  # (tokens, N, K): one unit, N past a 128-row stage, every token
 def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
     """128-row weight stages shared by two consumers (``tile_w`` 128), up to 128 tokens:
     scale bytes 97-157, bias, rows past the tokens untouched."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+    cfg = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
     check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + k, n + 3))
 
 
@@ -280,12 +281,12 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     outs = []
     for tile in tiles:
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=g.config_from_spec(spec, tile))
+        g.run(a, sa, b, sb, None, out, config=gemm_names.config_from_spec(spec, tile))
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
     out = outs[0]
-    cfg = g.config_from_spec(spec, tokens)
+    cfg = gemm_names.config_from_spec(spec, tokens)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -298,7 +299,9 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
     check_close(out, ref, a, sa, b, sb)
-    check_two_streams(g.config_from_spec(spec, stream_tokens), stream_tokens, 2048, 8192, seed + 3)
+    check_two_streams(
+        gemm_names.config_from_spec(spec, stream_tokens), stream_tokens, 2048, 8192, seed + 3
+    )
 
 
 MULTICAST_SHAPES = [  # (spec, tokens, N, K): a lone CTA pair (one unit, one tile past N),
@@ -324,9 +327,8 @@ MULTICAST_SHAPES = [  # (spec, tokens, N, K): a lone CTA pair (one unit, one til
 def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
     """CTA pairs sharing each stage's token tile by TMA multicast (``cluster`` 2), 64- and
     128-row weight stages: scale bytes 97-157, bias, rows past the tokens untouched."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec(spec, tokens)
+    cfg = gemm_names.config_from_spec(spec, tokens)
     check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + 3 * k, n + 5))
 
 
@@ -345,7 +347,15 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     for tile in (8, 16, 32, 64):
         for bf16_tokens in (0, 1):  # tokens converted once sum in the same order
             out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-            g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tile, bf16_tokens=bf16_tokens))
+            g.run(
+                a,
+                sa,
+                b,
+                sb,
+                None,
+                out,
+                config=gemm_config.swap_ab_config(tile, bf16_tokens=bf16_tokens),
+            )
             outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
@@ -353,7 +363,7 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        g.run(a, sa, b, sb, None, out, config=g.swap_ab_config(tokens, bf16_tokens=1))
+        g.run(a, sa, b, sb, None, out, config=gemm_config.swap_ab_config(tokens, bf16_tokens=True))
     a2, sa2 = random_operand(tokens, k, seed=13)
     a.copy_(a2)
     sa.copy_(sa2)
@@ -398,10 +408,9 @@ def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k)
 def test_swap_ab_on_two_streams_at_once(bf16_tokens):
     """The stream-K workspace and the BF16 token buffer are per stream: overlapping launches
     on two streams do not share partial sums, flags or converted tokens."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     tokens, n, k = 16, 2048, 8192
-    cfg = g.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
+    cfg = gemm_config.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
     check_two_streams(cfg, tokens, n, k, seed=20)
 
 
@@ -501,7 +510,7 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
         reference.quantize_slice_(s, st_values, st_scales, i * width)
     w_values, w_scales = reference.quantize(torch.randn(n, k, device="cuda"))
     # the heuristic's choice here (stream-K) and whole tiles per CTA
-    for cfg in (None, g.config_from_spec("tiled 128x128 c2", tokens)):
+    for cfg in (None, gemm_names.config_from_spec("tiled 128x128 c2", tokens)):
         out_one = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         out_st = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         g.run(one_values, one_scales, w_values, w_scales, None, out_one, config=cfg)

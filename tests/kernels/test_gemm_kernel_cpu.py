@@ -16,6 +16,7 @@ import torch
 from helpers.gemm import (
     requires_cutlass,
 )
+from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 from mxfp8_fusion.format import scale_bytes
 
@@ -30,29 +31,28 @@ def test_compiles_for_sm90a_without_gpu():
         import sys, torch, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         from mxfp8_fusion.kernels import gemm_sm90 as g
-        assert "cutlass" not in sys.modules  # importing the module must not import cutlass
+        from mxfp8_fusion.kernels.gemm_config import TiledConfig, swap_ab_config
+        from mxfp8_fusion.kernels.gemm_names import config_from_spec as named
+        from mxfp8_fusion.kernels.gemm_select import choose_config
+        assert "cutlass" not in sys.modules  # importing the modules must not import cutlass
+        bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
         for cfg, n, k, out, bias in [
-            (g.GemmConfig(), 384, 1056, torch.bfloat16, None),
-            (g.choose_config(4096, 7168, 43008), 7168, 43008, torch.bfloat16, torch.bfloat16),
-            (g.choose_config(512, 7168, 43008), 7168, 43008, torch.float16, None),
-            (g.choose_config(300, 200, 512), 200, 512, torch.float16, torch.float32),
-            (g.swap_ab_config(1), 200, 4160, torch.float16, torch.float32),
-            (g.swap_ab_config(64), 7168, 43008, torch.bfloat16, torch.bfloat16),
-            (g.swap_ab_config(40, bf16_tokens=1), 200, 4160, torch.float16, torch.float32),
+            (TiledConfig(), 384, 1056, bf16, None),
+            (choose_config(4096, 7168, 43008), 7168, 43008, bf16, bf16),
+            (choose_config(512, 7168, 43008), 7168, 43008, fp16, None),
+            (choose_config(300, 200, 512), 200, 512, fp16, fp32),
+            (swap_ab_config(1), 200, 4160, fp16, fp32),
+            (swap_ab_config(64), 7168, 43008, bf16, bf16),
+            (swap_ab_config(40, bf16_tokens=True), 200, 4160, fp16, fp32),
             # stream-K: every tile shape
-            (g.config_from_spec("tiled 128x128 c2 stream-k", 300), 640, 4160, torch.bfloat16,
-             None),
-            (g.config_from_spec("tiled 192x128 c1 stream-k", 300), 7168, 43008, torch.float16,
-             torch.float32),
-            (g.config_from_spec("tiled 128x64 c1 stream-k", 300), 200, 512, torch.bfloat16,
-             torch.bfloat16),
-            (g.config_from_spec("tiled 64x128 c2 stream-k", 64), 640, 4160, torch.bfloat16,
-             None),
+            (named("tiled 128x128 c2 stream-k", 300), 640, 4160, bf16, None),
+            (named("tiled 192x128 c1 stream-k", 300), 7168, 43008, fp16, fp32),
+            (named("tiled 128x64 c1 stream-k", 300), 200, 512, bf16, bf16),
+            (named("tiled 64x128 c2 stream-k", 64), 640, 4160, bf16, None),
             # whole waves and a stream-K tail
-            (g.config_from_spec("tiled 192x128 c1 stream-k-tail", 300), 640, 4160,
-             torch.float16, torch.float32),
+            (named("tiled 192x128 c1 stream-k-tail", 300), 640, 4160, fp16, fp32),
         ]:
-            g._compiled(cfg, n, k, n, out, bias)
+            g.compile_gemm(cfg, n, k, n, out, bias)
         from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
 
         buffers.compiled_refs(1056)  # the tiled kernel's per-row FP16 reference scan
@@ -81,8 +81,8 @@ def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch, tokens, spec):
     from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels.launcher import Launcher
 
-    cfg = g.config_from_spec(spec, tokens)
-    compiled = g._compiled(cfg, 256, 512, 256, torch.bfloat16, None)
+    cfg = gemm_names.config_from_spec(spec, tokens)
+    compiled = g.compile_gemm(cfg, 256, 512, 256, torch.bfloat16, None)
     kinds = g.kinds(cfg)
     probe = (*((1 << 40) + 4096 * i for i in range(6)), tokens, 3)
     probe = (*probe, *((1 << 41) + 512 * i for i in range(len(kinds) - len(probe))), 0xABC)
@@ -145,11 +145,10 @@ def test_stream_k_tail_split_model(tiles, k_tiles, ctas):
     every CTA holds some of the stream-K units; each split tile is finished by the CTA
     holding its tail, from the parts of exactly the lower CTAs that touched it, each of
     which publishes one part."""
-    from mxfp8_fusion.kernels import gemm_sm90
 
     units = tiles * k_tiles
     g = min(ctas, units)
-    waves = gemm_sm90._whole_waves(tiles, k_tiles, ctas)  # the kernel's _waves, in Python
+    waves = gemm_select.whole_waves(tiles, k_tiles, ctas)  # the kernel's _waves, in Python
     whole_end = waves * g * k_tiles
     sk_units = units - whole_end
     owners = {}  # unit -> cta
@@ -220,15 +219,14 @@ def test_two_step_power_of_two_scaling():
 
 
 def test_swap_ab_configs_fit_shared_memory():
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
-        cfg = g.swap_ab_config(tokens)
-        assert cfg.kernel == g.SWAP_AB and cfg.tokens_tile == tile
+        cfg = gemm_config.swap_ab_config(tokens)
+        assert cfg.kernel == gemm_names.SWAP_AB and cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
     for tokens, tile in [(9, 16), (64, 64), (65, 128), (128, 128)]:
-        cfg = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        cfg = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
         per_stage = 128 * 128 + tile * 128 * 2 + 512
         # each consumer holds a stage until it has its next: three at least
         assert 3 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
@@ -238,7 +236,6 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
     tile_w 128), and a flag each."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
 
     for spec, tokens, finishing in [
@@ -247,7 +244,7 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
         ("swap-ab w128 bf16-tokens", 64, 2),
         ("swap-ab w128 bf16-tokens", 128, 2),
     ]:
-        cfg = g.config_from_spec(spec, tokens)
+        cfg = gemm_names.config_from_spec(spec, tokens)
         slots = buffers.swap_ab_workspace_slots(cfg)
         needed = cfg.num_ctas * finishing * 2 * 64 * cfg.tokens_tile
         assert slots * buffers.WORKSPACE_FLOATS_PER_CTA >= needed
@@ -255,49 +252,48 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
 
 
 def test_config_names_its_kernel():
-    """GemmConfig.kernel picks the kernel; tokens_tile is the swap-AB kernel's token tile
-    only, and a combination that does not go together is refused naming the field."""
+    """A config's class is its kernel (TiledConfig, SwapABConfig), and picks its launch
+    arguments; a swap-AB token tile the kernel has no form for is refused naming the field."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    assert g.GemmConfig().kernel == g.TILED and g.kinds(g.GemmConfig()) == g._TILED_KINDS
-    swap = g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=16)
-    assert g.kinds(swap) == g._KINDS and g.spec_of(swap) == "swap-ab"
-    for bad, field in [
-        (dict(kernel=g.SWAP_AB), "tokens_tile"),
-        (dict(kernel=g.SWAP_AB, tokens_tile=24), "tokens_tile"),
-        (dict(kernel=g.TILED, tokens_tile=8), "tokens_tile"),
-        (dict(tokens_tile=8), "tokens_tile"),
-        (dict(kernel="wide", tokens_tile=8), "kernel"),
-    ]:
-        with pytest.raises(ValueError, match=f"^{field}:"):
-            g.GemmConfig(**bad)
+    tiled, swap = gemm_config.TiledConfig(), gemm_config.SwapABConfig(tokens_tile=16, stages=8)
+    assert tiled.kernel == gemm_names.TILED and g.kinds(tiled) == g._TILED_KINDS
+    assert g.kinds(swap) == g._KINDS and gemm_names.spec_of(swap) == "swap-ab"
+    for tokens_tile in (24, 0, 128):
+        with pytest.raises(ValueError, match="^tokens_tile:"):
+            gemm_config.SwapABConfig(tokens_tile=tokens_tile, stages=8)
     with pytest.raises(ValueError, match="^tokens:"):
-        g.swap_ab_config(65)
+        gemm_config.swap_ab_config(65)
 
 
 def test_heuristic_swaps_operands_for_few_tokens():
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens in (1, 8):
-        assert g.heuristic_config(tokens, 7168, 43008) == g.swap_ab_config(tokens)
+        assert gemm_select.heuristic_config(tokens, 7168, 43008) == gemm_config.swap_ab_config(
+            tokens
+        )
     for tokens in (9, 16):  # pairs from a 16-token tile on weights of 4096 rows or more
-        want = g.swap_ab_config(tokens, bf16_tokens=1, cluster=2)
-        assert g.heuristic_config(tokens, 7168, 43008) == want
-        assert g.heuristic_config(tokens, 4096, 12288) == want
-        assert g.heuristic_config(tokens, 2048, 7168) == g.swap_ab_config(tokens)
-        assert g.heuristic_config(tokens, 7168, 43008, 131) == g.swap_ab_config(tokens, 131)
+        want = gemm_config.swap_ab_config(tokens, bf16_tokens=True, cluster=2)
+        assert gemm_select.heuristic_config(tokens, 7168, 43008) == want
+        assert gemm_select.heuristic_config(tokens, 4096, 12288) == want
+        assert gemm_select.heuristic_config(tokens, 2048, 7168) == gemm_config.swap_ab_config(
+            tokens
+        )
+        assert gemm_select.heuristic_config(tokens, 7168, 43008, 131) == gemm_config.swap_ab_config(
+            tokens, 131
+        )
     for tokens in (17, 32):  # the tokens converted once, before the GEMM, on CTA pairs
-        want = g.swap_ab_config(tokens, bf16_tokens=1, cluster=2)
-        assert g.heuristic_config(tokens, 7168, 43008) == want
-        assert g.heuristic_config(tokens, 2048, 7168) == want
+        want = gemm_config.swap_ab_config(tokens, bf16_tokens=True, cluster=2)
+        assert gemm_select.heuristic_config(tokens, 7168, 43008) == want
+        assert gemm_select.heuristic_config(tokens, 2048, 7168) == want
         # pairs need an even CTA count
-        assert g.heuristic_config(tokens, 7168, 43008, 131).cluster == 1
+        assert gemm_select.heuristic_config(tokens, 7168, 43008, 131).cluster == 1
     for tokens in (33, 64):  # weights of 7168 rows or more: 128-row stages, two consumers
-        want = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
-        assert g.heuristic_config(tokens, 7168, 43008) == want
-        assert g.heuristic_config(tokens, 4096, 12288).kernel == g.TILED
-    assert g.heuristic_config(65, 7168, 43008).kernel == g.TILED
-    assert g.heuristic_config(4096, 7168, 43008).tile_n == 128
+        want = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        assert gemm_select.heuristic_config(tokens, 7168, 43008) == want
+        assert gemm_select.heuristic_config(tokens, 4096, 12288).kernel == gemm_names.TILED
+    assert gemm_select.heuristic_config(65, 7168, 43008).kernel == gemm_names.TILED
+    assert gemm_select.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
 def test_heuristic_splits_few_tiles_over_k():
@@ -306,7 +302,6 @@ def test_heuristic_splits_few_tiles_over_k():
     (charged 1.4 per unit): 192-row tiles where they pad no more rows, 128 x 64 ones for
     narrow weights up to 256 tokens. Whole tiles where the rounds come out nearly even
     (1024 tokens at N 2048 took 1.22x as long split, 128 tiles)."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens, n, spec in [
         (33, 4096, "tiled 128x128 c2 stream-k"),
@@ -321,23 +316,25 @@ def test_heuristic_splits_few_tiles_over_k():
         (1024, 4096, "tiled 128x128 c2"),  # 256 tiles
         (4096, 512, "tiled 128x128 c2"),
     ]:
-        assert g.spec_of(g.heuristic_config(tokens, n, 43008)) == spec, (tokens, n)
+        assert gemm_names.spec_of(gemm_select.heuristic_config(tokens, n, 43008)) == spec, (
+            tokens,
+            n,
+        )
 
 
 def test_heuristic_takes_whole_waves_and_a_stream_k_tail_past_a_wave():
     """Whole waves and a stream-K tail where the last wave is ragged: 512 tokens at N 7168
     are 168 tiles of 192 rows (one wave and 36), 4096 tokens 1232 (nine waves and 44); the
     tail's whole waves follow the kernel's rule (a thin rest takes the last wave along)."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for tokens in (512, 4096, 16384):
-        cfg = g.heuristic_config(tokens, 7168, 43008)
+        cfg = gemm_select.heuristic_config(tokens, 7168, 43008)
         assert (cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k) == (192, 128, 1, 2)
-    assert g._whole_waves(1232, 336, 132) == 9
-    assert g._whole_waves(264, 336, 132) == 1  # nothing left: the last wave is split
-    assert g._whole_waves(136, 336, 132) == 0  # 4 left: under an eighth of a wave
-    assert g._whole_waves(150, 2, 132) == 0  # 18 x 2 units left: fewer than the CTAs
-    assert g._whole_waves(100, 336, 132) == 0
+    assert gemm_select.whole_waves(1232, 336, 132) == 9
+    assert gemm_select.whole_waves(264, 336, 132) == 1  # nothing left: the last wave is split
+    assert gemm_select.whole_waves(136, 336, 132) == 0  # 4 left: under an eighth of a wave
+    assert gemm_select.whole_waves(150, 2, 132) == 0  # 18 x 2 units left: fewer than the CTAs
+    assert gemm_select.whole_waves(100, 336, 132) == 0
 
 
 def test_heuristic_tiled_choices_against_the_tune_receipt():
@@ -349,23 +346,21 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
     import math
     from pathlib import Path
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
     receipt = Path(__file__).resolve().parents[2] / "benchmarks/results/gemm_tune.json"
     ratios = []
     for shape in json.loads(receipt.read_text())["shapes"]:
         n, k = shape["n"], shape["k"]
         for point in shape["points"]:
             tokens = point["tokens"]
-            cfg = g.heuristic_config(tokens, n, k, 132)
-            if cfg.kernel != g.TILED or g._narrow(tokens, n):
+            cfg = gemm_select.heuristic_config(tokens, n, k, 132)
+            if cfg.kernel != gemm_names.TILED or gemm_select._narrow(tokens, n):
                 continue
             times = {
                 c["spec"]: c["ms"]
                 for name, c in point["contenders"].items()
                 if name != "cublas_bf16" and "ms" in c
             }
-            ratios.append(times[g.spec_of(cfg)] / min(times.values()))
+            ratios.append(times[gemm_names.spec_of(cfg)] / min(times.values()))
     assert len(ratios) >= 60
     assert max(ratios) < 1.07
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 1.01
@@ -376,23 +371,25 @@ def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
     tiles per column made two even rounds and three 192-row tiles an uneven pair (measured
     0.557 vs 0.690 ms); 4096 tokens in 192-row tiles are 21 full row tiles x 56 and then 56
     tiles with one live warpgroup."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    assert g._busiest(g._tile_costs(4096, 7168, 128), 132) == 14  # 1792 tiles: 13.6 rounds
-    tall = g._busiest(g._tile_costs(4096, 7168, 192), 132)
+    assert (
+        gemm_select._busiest(gemm_select._tile_costs(4096, 7168, 128), 132) == 14
+    )  # 1792 tiles: 13.6 rounds
+    tall = gemm_select._busiest(gemm_select._tile_costs(4096, 7168, 192), 132)
     assert abs(tall - (9 * 1.4 + 1.4 * 5 / 9)) < 1e-9  # 9 full + 1 partial
-    assert g.heuristic_config(4096, 7168, 43008).tile_m == 192
+    assert gemm_select.heuristic_config(4096, 7168, 43008).tile_m == 192
 
 
 @requires_cutlass
 def test_k_split_tiles_need_stream_k():
     """The k-split hand-off goes through the stream-K workspace: whole 64-row tiles per CTA
     are refused before anything compiles."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90
 
     with pytest.raises(ValueError, match="stream_k"):
-        MXFP8TiledGemmSm90(g.config_from_spec("tiled 64x128 c2", 64), 256, 512, 256, None, None)
+        MXFP8TiledGemmSm90(
+            gemm_names.config_from_spec("tiled 64x128 c2", 64), 256, 512, 256, None, None
+        )
 
 
 def test_config_specs_round_trip_and_reject_others():
@@ -407,37 +404,50 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x128 c2 stream-k-tail",
         "tiled 192x128 c1 stream-k-tail s3+5 bf16",
     ):
-        cfg = g.config_from_spec(spec, 300)
-        assert g.spec_of(cfg) == spec and cfg.kernel == g.TILED and cfg.num_ctas == 132
-    assert g.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
-    assert g.config_from_spec("swap-ab", 20, 100) == g.swap_ab_config(20, 100)
-    assert g.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
+        cfg = gemm_names.config_from_spec(spec, 300)
+        assert (
+            gemm_names.spec_of(cfg) == spec
+            and cfg.kernel == gemm_names.TILED
+            and cfg.num_ctas == 132
+        )
+    assert gemm_names.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
+    assert gemm_names.config_from_spec("swap-ab", 20, 100) == gemm_config.swap_ab_config(20, 100)
+    assert gemm_names.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
     for spec in ("swap-ab c4", "swap-ab bf16-tokens", "swap-ab c2 bf16-tokens"):
-        assert g.spec_of(g.config_from_spec(spec, 20)) == spec
-    assert g.config_from_spec("swap-ab bf16-tokens", 20).bf16_tokens == 1
+        assert gemm_names.spec_of(gemm_names.config_from_spec(spec, 20)) == spec
+    assert gemm_names.config_from_spec("swap-ab bf16-tokens", 20).bf16_tokens == 1
     for tokens, tile in ((9, 16), (64, 64), (65, 128), (128, 128)):
-        wide = g.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        wide = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
         assert (wide.tile_w, wide.consumers, wide.bf16_tokens, wide.tokens_tile) == (
             128, 2, 1, tile,
         )  # fmt: skip
-        assert g.spec_of(wide) == "swap-ab w128 bf16-tokens"
-        assert g.swap_ab_limit(g.spec_of(wide)) == 128
+        assert gemm_names.spec_of(wide) == "swap-ab w128 bf16-tokens"
+        assert gemm_names.swap_ab_limit(gemm_names.spec_of(wide)) == 128
     for spec, tokens, limit in [
         ("swap-ab bf16-tokens mc2", 64, 64),
         ("swap-ab c2 bf16-tokens mc2", 20, 64),
         ("swap-ab w128 bf16-tokens mc2", 128, 128),
     ]:
-        paired = g.config_from_spec(spec, tokens)
-        assert (paired.cluster, paired.bf16_tokens, g.spec_of(paired)) == (2, 1, spec)
-        assert g.swap_ab_limit(spec) == limit
+        paired = gemm_names.config_from_spec(spec, tokens)
+        assert (paired.cluster, paired.bf16_tokens, gemm_names.spec_of(paired)) == (2, 1, spec)
+        assert gemm_names.swap_ab_limit(spec) == limit
         # the same tile and stages as without pairs: each CTA holds the whole token tile
-        alone = g.config_from_spec(spec.removesuffix(" mc2"), tokens)
+        alone = gemm_names.config_from_spec(spec.removesuffix(" mc2"), tokens)
         assert alone.cluster == 1 and replace(paired, cluster=1) == alone
-    bf16 = g.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
-    assert (bf16.f16, bf16.stages, g.spec_of(bf16)) == (0, 11, "tiled 64x64 c1 stream-k s11+4 bf16")
-    # f16 decides only what runs before the launch: one compile serves both
-    assert g.compiled_config(bf16) == g.config_from_spec("tiled 64x64 c1 stream-k s11+4", 64)
-    assert g.spec_of(g.config_from_spec("tiled 128x128 c2 s4+4", 64)) == "tiled 128x128 c2"
+    bf16 = gemm_names.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
+    assert (bf16.fp16_tiles, bf16.stages, gemm_names.spec_of(bf16)) == (
+        False,
+        11,
+        "tiled 64x64 c1 stream-k s11+4 bf16",
+    )
+    # fp16_tiles decides only what runs before the launch: one compile serves both
+    assert g.compiled_config(bf16) == gemm_names.config_from_spec(
+        "tiled 64x64 c1 stream-k s11+4", 64
+    )
+    assert (
+        gemm_names.spec_of(gemm_names.config_from_spec("tiled 128x128 c2 s4+4", 64))
+        == "tiled 128x128 c2"
+    )
     for bad in (
         "tiled",
         "tiled 128 c2",
@@ -457,12 +467,12 @@ def test_config_specs_round_trip_and_reject_others():
         "tiled 128x128 c2 stream-k stream-k-tail",
         "tiled 128x128 c2 tail",
     ):
-        with pytest.raises(ValueError, match="spec"):
-            g.config_from_spec(bad, 300)
-    with pytest.raises(ValueError, match="spec"):
-        g.config_from_spec("swap-ab", 65)
-    with pytest.raises(ValueError, match="spec"):
-        g.config_from_spec("swap-ab w128 bf16-tokens", 129)
+        with pytest.raises(ValueError, match="name"):
+            gemm_names.config_from_spec(bad, 300)
+    with pytest.raises(ValueError, match="name"):
+        gemm_names.config_from_spec("swap-ab", 65)
+    with pytest.raises(ValueError, match="name"):
+        gemm_names.config_from_spec("swap-ab w128 bf16-tokens", 129)
 
 
 @requires_cutlass
@@ -480,10 +490,9 @@ def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
     only once they hold the next one they read: the tiled kernel needs three 16-bit stages,
     four with k-split consumers (every other half each), and refuses fewer before any
     compile."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90
 
-    cfg = g.config_from_spec(spec, 64)
+    cfg = gemm_names.config_from_spec(spec, 64)
     if ok:
         MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
     else:
@@ -497,58 +506,44 @@ def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
     next one: fewer stages than C (C + 1) would deadlock, so the constructor refuses them."""
     from dataclasses import replace
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels.gemm_sm90_swap_ab import MXFP8SwapABGemmSm90
 
-    cfg = g.swap_ab_config(32, bf16_tokens=1)
+    cfg = gemm_config.swap_ab_config(32, bf16_tokens=True)
     MXFP8SwapABGemmSm90(replace(cfg, stages=4), 7168, 43008, 7168, None, None)
     with pytest.raises(ValueError, match="stages must be at least"):
         MXFP8SwapABGemmSm90(replace(cfg, stages=3), 7168, 43008, 7168, None, None)
-    MXFP8SwapABGemmSm90(replace(cfg, stages=3, bf16_tokens=0), 7168, 43008, 7168, None, None)
+    MXFP8SwapABGemmSm90(replace(cfg, stages=3, bf16_tokens=False), 7168, 43008, 7168, None, None)
 
 
 def test_config_fields_are_validated():
     """Fields that do not go together raise ValueError naming the field."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-
-    with pytest.raises(ValueError, match="bf16_tokens"):
-        g.GemmConfig(bf16_tokens=1)  # the tiled kernel converts its own tokens
-    with pytest.raises(ValueError, match="f16"):
-        g.GemmConfig(f16=2)
-    for bad in [
-        dict(stream_k=3),
-        dict(stream_k=2, tile_m=64),  # the k-split tiles have only the one stream-K form
-        dict(kernel=g.SWAP_AB, tokens_tile=8, stream_k=1),  # the swap-AB kernel always splits
-    ]:
+    TiledConfig, SwapABConfig = gemm_config.TiledConfig, gemm_config.SwapABConfig
+    for bad in [dict(stream_k=3), dict(stream_k=2, tile_m=64)]:  # k-split: one stream-K form
         with pytest.raises(ValueError, match="^stream_k:"):
-            g.GemmConfig(**bad)
-    with pytest.raises(ValueError, match="f16"):  # the swap-AB kernel has no FP16 path
-        g.GemmConfig(kernel=g.SWAP_AB, tokens_tile=8, f16=0)
+            TiledConfig(**bad)
     with pytest.raises(ValueError, match="consumers"):
-        g.swap_ab_config(40, consumers=4)  # four consumers fit only up to 32 tokens
-    wide = dict(kernel=g.SWAP_AB, tokens_tile=64, consumers=2, bf16_tokens=1, tile_w=128)
-    g.GemmConfig(**wide)
+        gemm_config.swap_ab_config(40, consumers=4)  # four consumers fit only up to 32 tokens
+    wide = dict(tokens_tile=64, stages=6, consumers=2, bf16_tokens=True, tile_w=128)
+    SwapABConfig(**wide)
     for bad, field in [
-        (dict(wide, bf16_tokens=0), "tile_w"),  # the shared token tile comes through TMA
+        (dict(wide, bf16_tokens=False), "tile_w"),  # the shared token tile comes through TMA
         (dict(wide, consumers=3), "tile_w"),  # 64 rows per consumer
         (dict(wide, tile_w=96), "tile_w"),
-        (dict(wide, kernel=g.TILED, tokens_tile=0), "tile_w"),
         (dict(wide, tile_w=64, tokens_tile=128), "tokens_tile"),  # 128 needs 128-row stages
     ]:
         with pytest.raises(ValueError, match=f"^{field}:"):
-            g.GemmConfig(**bad)
+            SwapABConfig(**bad)
     with pytest.raises(ValueError, match="^tokens:"):
-        g.swap_ab_config(129, consumers=2, bf16_tokens=1, tile_w=128)
-    pair = dict(kernel=g.SWAP_AB, tokens_tile=32, bf16_tokens=1, cluster=2)
-    g.GemmConfig(**pair)
+        gemm_config.swap_ab_config(129, consumers=2, bf16_tokens=True, tile_w=128)
+    pair = dict(tokens_tile=32, stages=12, bf16_tokens=True, cluster=2)
+    SwapABConfig(**pair)
     for bad in [
-        dict(pair, bf16_tokens=0),  # the multicast tile is the BF16 tokens' TMA load
+        dict(pair, bf16_tokens=False),  # the multicast tile is the BF16 tokens' TMA load
         dict(pair, cluster=4),
         dict(pair, num_ctas=131),  # whole pairs
-        dict(kernel=g.TILED, cluster=2),
     ]:
         with pytest.raises(ValueError, match="^cluster:"):
-            g.GemmConfig(**bad)
+            SwapABConfig(**bad)
 
 
 @requires_cutlass
@@ -566,33 +561,34 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     """The smallest measured token count at or above the call's; the last row past the end;
     a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
     heuristic."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import gemm_sm90_table as table
 
-    rows = (
-        (1, "swap-ab"),
-        (16, "tiled 128x64 c1 stream-k"),
-        (48, "swap-ab"),
-        (96, "tiled 192x128 c1"),
-    )
+    names = ("swap-ab", "tiled 128x64 c1 stream-k", "swap-ab", "tiled 192x128 c1")
+    rows = tuple(zip((1, 16, 48, 96), map(gemm_names.schedule_of, names), strict=True))
     monkeypatch.setattr(table, "TABLE", {(1024, 2048): rows})
-    g.choose_config.cache_clear()
+    gemm_select.choose_config.cache_clear()
     try:
-        spec = lambda t: g.spec_of(g.choose_config(t, 1024, 2048))  # noqa: E731
-        assert spec(1) == "swap-ab" and g.choose_config(1, 1024, 2048).tokens_tile == 8
+        spec = lambda t: gemm_names.spec_of(gemm_select.choose_config(t, 1024, 2048))  # noqa: E731
+        assert spec(1) == "swap-ab" and gemm_select.choose_config(1, 1024, 2048).tokens_tile == 8
         assert [spec(t) for t in (2, 16)] == ["tiled 128x64 c1 stream-k"] * 2
-        assert g.choose_config(40, 1024, 2048) == g.swap_ab_config(40)  # tile 64
+        assert gemm_select.choose_config(40, 1024, 2048) == gemm_config.swap_ab_config(
+            40
+        )  # tile 64
         assert spec(49) == spec(96) == spec(5000) == "tiled 192x128 c1"
-        assert g.choose_config(300, 1024, 4096) == g.heuristic_config(300, 1024, 4096)
-        assert g.choose_config(300, 1024, 2048, 114) == g.heuristic_config(300, 1024, 2048, 114)
+        assert gemm_select.choose_config(300, 1024, 4096) == gemm_select.heuristic_config(
+            300, 1024, 4096
+        )
+        assert gemm_select.choose_config(300, 1024, 2048, 114) == gemm_select.heuristic_config(
+            300, 1024, 2048, 114
+        )
     finally:
-        g.choose_config.cache_clear()
+        gemm_select.choose_config.cache_clear()
 
 
 def test_measured_table_is_well_formed():
-    """Every row of the committed table names a valid config for its token count, rows
-    ascend, and swap-AB rows stay within the kernel's token range."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    """Every row of the committed table holds a valid config's schedule for its token
+    count, rows ascend, swap-AB rows stay within the kernel's token range, and the table is
+    the one its receipt's names give (the tuner writes both)."""
     from mxfp8_fusion.kernels import gemm_sm90_table as table
 
     assert table.NUM_SMS == 132
@@ -600,9 +596,10 @@ def test_measured_table_is_well_formed():
         assert n > 0 and k % 32 == 0 and rows
         buckets = [t for t, _ in rows]
         assert buckets == sorted(set(buckets)), (n, k)
-        for t, spec in rows:
-            assert g.spec_of(g.config_from_spec(spec, t)) == spec
-            assert g.spec_of(g.choose_config(t, n, k)) == spec
+        for t, entry in rows:
+            cfg = gemm_select.config_of(entry, t)
+            assert gemm_names.schedule_of(gemm_names.spec_of(cfg)) == entry
+            assert gemm_select.choose_config(t, n, k) == cfg
 
 
 def _predicate_operands(tokens=4, n=16, k=64):

@@ -17,6 +17,7 @@ from helpers.gemm import (
     requires_cutlass,
     requires_sm90,
 )
+from mxfp8_fusion.kernels import gemm_names, gemm_select
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP
@@ -37,13 +38,12 @@ OUTPUT_CASES = [  # (output dtype, scale spread, scale center, bias dtype)
 def _check_spec(spec, tokens, num_sms, out_dtype, spread, center, bias_dtype):
     """``spec`` on ``num_sms`` CTAs at N 640, K 4160 (33 stages, the last one partial)
     against the reference."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     n, k = 640, 4160
     bias = None
     if bias_dtype is not None:
         bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
-    cfg = g.config_from_spec(spec, tokens, num_sms)
+    cfg = gemm_names.config_from_spec(spec, tokens, num_sms)
     check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
 
 
@@ -96,9 +96,8 @@ def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center
 # 300 tokens are one wave and 7 tiles of one unit each, so the wave joins the split too
 @pytest.mark.parametrize("tokens,k", [(640, 256), (1024, 256), (300, 128), (1, 128)])
 def test_stream_k_tail_with_few_k_stages(tokens, k):
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec("tiled 128x128 c2 stream-k-tail", tokens, 8)
+    cfg = gemm_names.config_from_spec("tiled 128x128 c2 stream-k-tail", tokens, 8)
     check_config_run(cfg, tokens, 640, k, torch.bfloat16, None, 10, 127, (tokens, 13))
 
 
@@ -111,9 +110,8 @@ def test_stream_k_tail_with_few_k_stages(tokens, k):
 # wave and 60; in 128 x 64 tiles 520 tokens are two waves and 56
 @pytest.mark.parametrize("tokens", [1, 520, 600, 1100])
 def test_stream_k_tail_on_every_sm(spec, tokens):
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec(spec, tokens)
+    cfg = gemm_names.config_from_spec(spec, tokens)
     check_config_run(cfg, tokens, 4096, 4160, torch.bfloat16, None, 10, 127, (tokens, 11))
 
 
@@ -125,9 +123,8 @@ def test_stream_k_tail_on_every_sm(spec, tokens):
 def test_k_split_tiles_match_reference(spec, tokens):
     """64-row tiles whose two consumer warpgroups split K, with one converter warpgroup
     (test_stream_k_matches_reference covers two)."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec(spec, tokens)
+    cfg = gemm_names.config_from_spec(spec, tokens)
     check_config_run(cfg, tokens, 640, 4160, torch.bfloat16, None, 20, 127, (tokens, 17))
 
 
@@ -136,10 +133,9 @@ def test_k_split_tiles_match_reference(spec, tokens):
 @requires_sm90
 def test_stream_k_with_fewer_units_than_ctas():
     """Two (tile, stage) units: two CTAs, one head and one tail."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     for spec in ("tiled 128x128 c2 stream-k", "tiled 64x128 c2 stream-k"):
-        cfg = g.config_from_spec(spec, 1)
+        cfg = gemm_names.config_from_spec(spec, 1)
         check_config_run(cfg, 1, 128, 256, torch.bfloat16, None, 20, 127, (3, 4))
         check_config_run(cfg, 100, 128, 256, torch.bfloat16, None, 20, 127, (5, 6))
 
@@ -160,7 +156,7 @@ def test_stream_k_repeats_bitwise_and_graph_replays(spec, num_sms):
     the next launch; a captured launch (its own workspace) replays with new tokens."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec(spec, 300, num_sms)
+    cfg = gemm_names.config_from_spec(spec, 300, num_sms)
     tokens, n, k = 300, 640, 4160
     a, sa, b, sb, out = check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (8, 9))
     first = out[:tokens].clone()
@@ -193,9 +189,8 @@ def test_stream_k_repeats_bitwise_and_graph_replays(spec, num_sms):
 def test_stream_k_on_two_streams_at_once():
     """The tiled stream-K workspace is per stream: overlapping launches on two streams do
     not share partial sums or flags."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.config_from_spec("tiled 128x128 c2 stream-k", 300)
+    cfg = gemm_names.config_from_spec("tiled 128x128 c2 stream-k", 300)
     tokens, n, k = 300, 640, 4160
     check_two_streams(cfg, tokens, n, k, seed=40)
 
@@ -238,7 +233,7 @@ def test_table_choices_match_reference(tokens, n, k):
     """The configs the measured table picks, at and around each of its switch points."""
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    cfg = g.choose_config(tokens, n, k)
+    cfg = gemm_select.choose_config(tokens, n, k)
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     raw = torch.randint(0, 256, (tokens, k), generator=gen, device="cuda", dtype=torch.uint8)
     a = torch.where((raw & 0x7F) == 0x7F, raw ^ 0x01, raw).view(torch.float8_e4m3fn)
