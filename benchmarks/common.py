@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -129,7 +130,10 @@ def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
 
 
 def transient_peak(fn, hidden) -> tuple[int, object]:
-    """(bytes allocated above the start at the peak of one call of ``fn``, its output)."""
+    """(bytes allocated above the start at the peak of one call of ``fn``, its output); 0 on
+    a CPU (the smoke runs)."""
+    if not torch.cuda.is_initialized():
+        return 0, fn(*hidden)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -144,21 +148,32 @@ def transient_peak(fn, hidden) -> tuple[int, object]:
 QUEUE_CYCLES = 6_000_000
 
 
-def time_interleaved(fns: dict, hidden, rounds: int, queued: bool) -> dict[str, float]:
+def time_interleaved(
+    fns: dict, hidden, rounds: int, queued: bool, before_each=None
+) -> dict[str, float]:
     """Median ms of each callable, timed A B A B with CUDA events around one call, the
-    order rotated by one each round.
+    order rotated by one each round (wall clock on a CPU, the smoke runs).
 
     ``queued=False``: the GPU is idle when the call starts, so host launch time before each
     kernel is on the clock. ``queued=True``: a sleep kernel runs first and the events bracket
     the call's kernels only, so the time is GPU work plus the gaps the GPU cannot hide.
+    ``before_each`` runs before every call, off the clock (a barrier across ranks).
     """
     samples = {name: [] for name in fns}
     names = list(fns)
+    cuda = hidden[0].device.type == "cuda"
     for r in range(rounds):
         # each round starts at the next variant, so none always follows the same one (the
         # previous call's power draw changes the clock the next one starts at)
         for name in names[r % len(names) :] + names[: r % len(names)]:
             fn = fns[name]
+            if before_each is not None:
+                before_each()
+            if not cuda:
+                t0 = time.perf_counter()
+                fn(*hidden)
+                samples[name].append((time.perf_counter() - t0) * 1e3)
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if queued:
                 torch.cuda._sleep(QUEUE_CYCLES)
