@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RECEIPT = ROOT / "benchmarks/results/gpu_tests.json"
 GROUP_1 = [
     "tests/kernels/test_gemm_kernel.py",
+    "tests/kernels/test_gemm_swap_ab.py",
     "tests/kernels/test_quantize_kernel.py",
     "tests/kernels/test_quantize_kernel_cpu.py",
+    "tests/kernels/test_quantize_ops.py",
 ]
 GROUPS = {"1": GROUP_1, "2": ["tests", "benchmarks/tests", *(f"--ignore={p}" for p in GROUP_1)]}
 _COUNTS = ("passed", "failed", "skipped", "xfailed", "error")

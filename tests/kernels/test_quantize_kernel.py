@@ -5,79 +5,23 @@ Tests (marked ``gpu``) compare every byte of the destination buffers against
 The CPU tests (compiles, predicates, the work-split model) are in test_quantize_kernel_cpu.py.
 """
 
-import importlib.util
-
 import pytest
 import torch
 from helpers.edge_cases import EDGE_BLOCK_NAMES, edge_block_tensor, expected_byte
+from helpers.quantize import (
+    DTYPES,
+    POISON_SCALES,
+    POISON_VALUES,
+    check_against_reference,
+    poisoned,
+    requires_sm90,
+    wide_range,
+)
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes
 
-
-def _has_kernel_gpu() -> bool:
-    if not torch.cuda.is_available() or importlib.util.find_spec("cutlass") is None:
-        return False
-    from mxfp8_fusion.kernels.quantize_slice import arch_for
-
-    return arch_for(torch.cuda.get_device_capability()) is not None
-
-
-requires_sm90 = pytest.mark.skipif(
-    not _has_kernel_gpu(), reason="needs a GPU the quantizer is built for and nvidia-cutlass-dsl"
-)
-
-DTYPES = (torch.bfloat16, torch.float16)
-POISON_VALUES = 0x5A
-POISON_SCALES = 0xA5
-
-
 # --- GPU: bitwise equality ----------------------------------------------------------------
-
-
-def _poisoned(capacity: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    values = torch.full((capacity, k), POISON_VALUES, dtype=torch.uint8, device=device)
-    scales = torch.full(
-        (scale_bytes(capacity, k),), POISON_SCALES, dtype=torch.uint8, device=device
-    )
-    return values.view(torch.float8_e4m3fn), scales.view(torch.float8_e8m0fnu)
-
-
-def _check_against_reference(
-    source: torch.Tensor, k: int, column: int, capacity=None, **launch
-) -> None:
-    """``launch``: compile-time options of ``run`` (``tile_rows``, ``small_tokens``)."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-
-    tokens = source.shape[0]
-    capacity = capacity or ((tokens + 127) // 128 * 128 + 128)
-    values, scales = _poisoned(capacity, k, source.device)
-    ref_values, ref_scales = _poisoned(capacity, k, source.device)
-    assert kernel.refusal(source, values, column) is None
-    kernel.run(source, values, scales, column, **launch)
-    reference.quantize_slice_(source, ref_values, ref_scales, column)
-    got_v, want_v = values.view(torch.uint8), ref_values.view(torch.uint8)
-    got_s, want_s = scales.view(torch.uint8), ref_scales.view(torch.uint8)
-    if not torch.equal(got_v, want_v):
-        bad = (got_v != want_v).nonzero()[:5].tolist()
-        details = [(r, c, int(got_v[r, c]), int(want_v[r, c])) for r, c in bad]
-        pytest.fail(f"value bytes differ at (row, col, got, want): {details}")
-    if not torch.equal(got_s, want_s):
-        bad = (got_s != want_s).nonzero()[:5].flatten().tolist()
-        details = [(i, int(got_s[i]), int(want_s[i])) for i in bad]
-        pytest.fail(f"scale bytes differ at (offset, got, want): {details}")
-
-
-def _wide_range(tokens: int, width: int, dtype, device, generator) -> torch.Tensor:
-    """Random data whose per-element magnitudes span most of the dtype's exponent range."""
-    lo, hi = (-120, 120) if dtype == torch.bfloat16 else (-22, 13)
-    x = torch.randn(tokens, width, device=device, generator=generator)
-    exp = torch.randint(lo, hi, (tokens, width // 32, 1), device=device, generator=generator)
-    spread = torch.randint(-12, 1, (tokens, width), device=device, generator=generator)
-    x = x.view(tokens, width // 32, 32) * torch.exp2(exp.float())
-    x = x.view(tokens, width) * torch.exp2(spread.float())
-    x[torch.rand(tokens, width, device=device, generator=generator) < 0.02] = 0.0
-    return x.to(dtype)
 
 
 # (tokens, width) pairs: the requested token counts at a few widths, kept to a size that runs
@@ -108,8 +52,8 @@ def test_bitwise_equal_to_reference(dtype, tokens, width, where):
     gen = torch.Generator(device="cuda").manual_seed(tokens * 131 + width)
     k = 3 * width if where == "middle" else 2 * width + 128
     column = {"start": 0, "middle": width, "end": k - width}[where]
-    source = _wide_range(tokens, width, dtype, "cuda", gen)
-    _check_against_reference(source, k, column)
+    source = wide_range(tokens, width, dtype, "cuda", gen)
+    check_against_reference(source, k, column)
 
 
 @pytest.mark.gpu
@@ -118,20 +62,20 @@ def test_bitwise_equal_to_reference(dtype, tokens, width, where):
 @pytest.mark.parametrize("tokens", [1, 7, 129, 4097])
 def test_strided_source_view(dtype, tokens):
     gen = torch.Generator(device="cuda").manual_seed(tokens)
-    wide = _wide_range(tokens, 3072, dtype, "cuda", gen)
+    wide = wide_range(tokens, 3072, dtype, "cuda", gen)
     source = wide[:, 1024:2048]  # row stride 3072, data pointer 2 KiB into each row
     assert source.stride(0) == 3072
-    _check_against_reference(source, 4096, 2048)
+    check_against_reference(source, 4096, 2048)
 
 
 @pytest.mark.gpu
 @requires_sm90
 def test_six_slices_equal_quantize_of_the_concatenation():
     gen = torch.Generator(device="cuda").manual_seed(6)
-    slices = [_wide_range(300, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    slices = [wide_range(300, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
-    values, scales = _poisoned(300, 6144, "cuda")
+    values, scales = poisoned(300, 6144, "cuda")
     for i, s in enumerate(slices):
         kernel.run(s, values, scales, i * 1024)
     want_v, want_s = reference.quantize(torch.cat(slices, dim=1))
@@ -158,7 +102,7 @@ def test_eager_multi_slice_call_is_one_launch(monkeypatch, tokens):
 
     monkeypatch.setattr(dispatch, "quantize_slices", counting)
     gen = torch.Generator(device="cuda").manual_seed(tokens)
-    slices = [_wide_range(tokens, 768, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    slices = [wide_range(tokens, 768, torch.bfloat16, "cuda", gen) for _ in range(6)]
     dest = mf.empty_input(tokens + 5, 6 * 768, "cuda")
     mf.quantize_input_slices(slices, dest)
     assert launches == [True]
@@ -178,8 +122,8 @@ def test_eager_multi_slice_call_of_one_slice(tokens):
     import mxfp8_fusion as mf
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
-    a = _wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
-    b = _wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
+    a = wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
+    b = wide_range(tokens, 256, torch.bfloat16, "cuda", gen)
     dest = mf.empty_input(64, 512, "cuda")
     mf.quantize_input_slice(a, dest, 0)
     mf.quantize_input_slices([b], dest, 256)
@@ -200,18 +144,18 @@ def test_run_many_equals_per_slice_reference(dtype, tokens):
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(tokens + 77)
-    wide = _wide_range(tokens, 2048, dtype, "cuda", gen)
+    wide = wide_range(tokens, 2048, dtype, "cuda", gen)
     sources = [
-        _wide_range(tokens, 512, dtype, "cuda", gen),
+        wide_range(tokens, 512, dtype, "cuda", gen),
         wide[:, 512:1024],
         wide[:, 1536:2048],
-        _wide_range(tokens, 512, dtype, "cuda", gen),
-        _wide_range(tokens, 512, dtype, "cuda", gen),
+        wide_range(tokens, 512, dtype, "cuda", gen),
+        wide_range(tokens, 512, dtype, "cuda", gen),
     ]
     columns = [2560, 0, 1024, 3584, 512]  # [1536, 2560) and [3072, 3584) stay untouched
     capacity, k = 512, 4096
-    values, scales = _poisoned(capacity, k, "cuda")
-    want_v, want_s = _poisoned(capacity, k, "cuda")
+    values, scales = poisoned(capacity, k, "cuda")
+    want_v, want_s = poisoned(capacity, k, "cuda")
     assert kernel.refusal_many(sources, values, columns) is None
     kernel.run_many(sources, values, scales, columns)
     for source, column in zip(sources, columns, strict=True):
@@ -227,16 +171,16 @@ def test_run_many_cuda_graph_replay(tokens):
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(21)
-    sources = [_wide_range(tokens, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
+    sources = [wide_range(tokens, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
     columns = [i * 1024 for i in range(6)]
-    values, scales = _poisoned(128, 6144, "cuda")
+    values, scales = poisoned(128, 6144, "cuda")
     kernel.run_many(sources, values, scales, columns)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kernel.run_many(sources, values, scales, columns)
     for s in sources:
-        s.copy_(_wide_range(tokens, 1024, torch.bfloat16, "cuda", gen))
+        s.copy_(wide_range(tokens, 1024, torch.bfloat16, "cuda", gen))
     graph.replay()
     want_v, want_s = reference.quantize(torch.cat(sources, dim=1))
     torch.cuda.synchronize()
@@ -255,8 +199,8 @@ def _check_many_with_padding(sources, columns, k: int, capacity: int, **launch) 
     from mxfp8_fusion.format import scale_offset
 
     tokens, width = sources[0].shape
-    values, scales = _poisoned(capacity, k, "cuda")
-    want_v, want_s = _poisoned(capacity, k, "cuda")
+    values, scales = poisoned(capacity, k, "cuda")
+    want_v, want_s = poisoned(capacity, k, "cuda")
     assert kernel.refusal_many(sources, values, columns) is None
     kernel.run_many(sources, values, scales, columns, **launch)
     for source, column in zip(sources, columns, strict=True):
@@ -293,9 +237,9 @@ def test_run_many_few_tokens_padding(tokens, tile_rows, small_tokens):
     with its warp guards and padding walk, and tiles wholly past ``tokens`` (not launched)."""
     gen = torch.Generator(device="cuda").manual_seed(tokens * 7 + tile_rows + small_tokens)
     width = 1024
-    wide = _wide_range(tokens, 3 * width, torch.bfloat16, "cuda", gen)
+    wide = wide_range(tokens, 3 * width, torch.bfloat16, "cuda", gen)
     sources = [wide[:, width : 2 * width]]  # a strided view
-    sources += [_wide_range(tokens, width, torch.bfloat16, "cuda", gen) for _ in range(5)]
+    sources += [wide_range(tokens, width, torch.bfloat16, "cuda", gen) for _ in range(5)]
     columns = [4096, 0, 2048, 1024, 6144, 5120]  # [3072, 4096) and [7168, 7296) untouched
     _check_many_with_padding(
         sources, columns, 7296, 384, tile_rows=tile_rows, small_tokens=small_tokens
@@ -310,7 +254,7 @@ def test_run_many_benchmark_geometry_few_tokens(dtype, tokens):
     """The benchmark's six 7168-wide slices (14 few-token CTAs per slice) into a wider
     destination whose last 256 columns belong to no slice."""
     gen = torch.Generator(device="cuda").manual_seed(tokens + 1000)
-    sources = [_wide_range(tokens, 7168, dtype, "cuda", gen) for _ in range(6)]
+    sources = [wide_range(tokens, 7168, dtype, "cuda", gen) for _ in range(6)]
     columns = [i * 7168 for i in range(6)]
     _check_many_with_padding(sources, columns, 6 * 7168 + 256, 256)
 
@@ -333,13 +277,13 @@ def test_edge_case_blocks(dtype):
     perm = torch.stack([torch.randperm(32) for _ in range(4 * n)]).view(4 * n, 32)
     tiled = blocks.repeat(4, 1).gather(1, perm).view(4, n, 32).permute(1, 0, 2).reshape(n, 128)
     source = tiled.to(dtype).cuda()
-    _check_against_reference(source, 384, 128)
+    check_against_reference(source, 384, 128)
     # And the scale bytes the rule pins down, independently of the reference.
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     from mxfp8_fusion.format import scale_offset
 
-    values, scales = _poisoned(128, 128, "cuda")
+    values, scales = poisoned(128, 128, "cuda")
     kernel.run(source, values, scales, 0)
     scales_cpu = scales.view(torch.uint8).cpu()
     for row, name in enumerate(names):
@@ -364,111 +308,7 @@ def test_edge_case_blocks_few_token_tile(dtype, small_tokens):
     source = tiled.to(dtype).cuda()
     for start in range(0, n, 13):  # at most 13 rows: one few-token launch each
         chunk = source[start : start + 13]
-        _check_against_reference(chunk, 1024, 512, small_tokens=small_tokens)
+        check_against_reference(chunk, 1024, 512, small_tokens=small_tokens)
         _check_many_with_padding(
             [chunk, chunk.flip(1).contiguous()], [512, 0], 1024, 128, small_tokens=small_tokens
         )
-
-
-# --- CUDA Graphs, the custom ops, the public API ------------------------------------------
-
-
-@pytest.mark.gpu
-@requires_sm90
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_cuda_graph_capture_and_replay(dtype):
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-    from mxfp8_fusion.kernels.launcher import _launchers
-
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    static = _wide_range(200, 1024, dtype, "cuda", gen)
-    values, scales = _poisoned(256, 2048, "cuda")
-    kernel.run(static, values, scales, 1024)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kernel.run(static, values, scales, 1024)
-    # every launcher took the one-ctypes-call path, not the DSL's generic call
-    assert all(launcher._entry is not None for launcher in _launchers.values())
-    for seed in (4, 5):
-        gen.manual_seed(seed)
-        static.copy_(_wide_range(200, 1024, dtype, "cuda", gen))
-        graph.replay()
-        want_v, want_s = _poisoned(256, 2048, "cuda")
-        reference.quantize_slice_(static, want_v, want_s, 1024)
-        torch.cuda.synchronize()
-        assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
-        assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
-
-
-@pytest.mark.gpu
-@requires_sm90
-def test_programmatic_launch_reads_only_after_the_previous_kernel():
-    """Launches use programmatic dependent launch: each lets the next kernel's CTAs start
-    early. The next one must still read nothing before this one has finished. Here the
-    second launch's source is the destination the first launch writes, viewed as BF16, so
-    an early read would see the poison."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    for _ in range(3):
-        first = torch.randn(4096, 8192, dtype=torch.bfloat16, device="cuda", generator=gen)
-        values, scales = _poisoned(4096, 8192, "cuda")
-        chained = values.view(torch.bfloat16)  # [4096, 4096]
-        values2, scales2 = _poisoned(4096, 4096, "cuda")
-        kernel.run(first, values, scales, 0)
-        kernel.run(chained, values2, scales2, 0)
-        want_v, want_s = _poisoned(4096, 8192, "cuda")
-        reference.quantize_slice_(first, want_v, want_s, 0)
-        want_v2, want_s2 = _poisoned(4096, 4096, "cuda")
-        reference.quantize_slice_(want_v.view(torch.bfloat16), want_v2, want_s2, 0)
-        assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
-        assert torch.equal(values2.view(torch.uint8), want_v2.view(torch.uint8))
-        assert torch.equal(scales2.view(torch.uint8), want_s2.view(torch.uint8))
-
-
-def _count_kernel_runs(monkeypatch) -> list[int]:
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-
-    calls = []
-    real = kernel.run_if_served
-
-    def counting(*args, **kwargs):
-        reason = real(*args, **kwargs)
-        if reason is None:
-            calls.append(1)
-        return reason
-
-    monkeypatch.setattr(kernel, "run_if_served", counting)
-    return calls
-
-
-@pytest.mark.gpu
-@requires_sm90
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_public_quantize_uses_the_kernel(dtype, monkeypatch):
-    import mxfp8_fusion
-
-    calls = _count_kernel_runs(monkeypatch)
-    gen = torch.Generator(device="cuda").manual_seed(9)
-    x = _wide_range(300, 1024, dtype, "cuda", gen)
-    got = mxfp8_fusion.quantize(x)
-    want_v, want_s = reference.quantize(x)
-    assert calls, "mxfp8_fusion.quantize did not run the CuTe kernel"
-    assert torch.equal(got.values.view(torch.uint8), want_v.view(torch.uint8))
-    assert torch.equal(got.scales.view(torch.uint8), want_s.view(torch.uint8))
-
-
-@pytest.mark.gpu
-@requires_sm90
-def test_slice_op_uses_the_kernel(monkeypatch):
-    calls = _count_kernel_runs(monkeypatch)
-    gen = torch.Generator(device="cuda").manual_seed(10)
-    source = _wide_range(129, 1024, torch.bfloat16, "cuda", gen)
-    values, scales = _poisoned(256, 2048, "cuda")
-    want_v, want_s = _poisoned(256, 2048, "cuda")
-    torch.ops.mxfp8.quantize_slice_(source, values, scales, 1024)
-    reference.quantize_slice_(source, want_v, want_s, 1024)
-    assert calls, "mxfp8::quantize_slice_ did not run the CuTe kernel"
-    assert torch.equal(values.view(torch.uint8), want_v.view(torch.uint8))
-    assert torch.equal(scales.view(torch.uint8), want_s.view(torch.uint8))
