@@ -183,3 +183,18 @@ def time_interleaved(
             end.synchronize()
             samples[name].append(start.elapsed_time(end))
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def capture_graph(fns) -> torch.cuda.CUDAGraph:
+    """A CUDA Graph of the calls ``fns`` in order, after one warm-up call of the first on the
+    capture stream (its first launch compiles and allocates outside the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fns[0]()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    return graph

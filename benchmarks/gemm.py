@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from common import environment, write_receipt
+from common import capture_graph, environment, write_receipt
 from mxfp8_fusion.kernels import gemm_select
 
 from mxfp8_fusion import reference
@@ -119,7 +119,7 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
         t_deq.append(_time(dequant, 1, max(1, inner // 4)))
     mo, mc, md = (statistics.median(t) for t in (t_ours, t_cub, t_deq))
     # GPU time without host launch gaps: `inner` launches captured in one CUDA graph each
-    graphs = [_capture(fn, inner) for fn in (ours, cublas)]
+    graphs = [capture_graph([fn] * inner) for fn in (ours, cublas)]
     t_graph = ([], [])
     for _ in range(rounds):
         for times, graph in zip(t_graph, graphs, strict=True):
@@ -151,19 +151,6 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
         ours_over_cublas_bf16_graph_time=go / gc,
         ours_host_us_per_launch=host_us,
     )
-
-
-def _capture(fn, inner: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm up on the capture stream
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    return graph
 
 
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:

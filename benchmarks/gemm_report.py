@@ -56,6 +56,21 @@ REGENERATE = (
 )
 
 
+def merge_base(by_shape: dict, base: dict) -> dict:
+    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
+    with the revision that measured it."""
+    taken = 0
+    for shape in base["shapes"]:
+        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
+        have = {p["tokens"] for p in entry["points"]}
+        for p in shape["points"]:
+            if p["tokens"] not in have:
+                # a point the base itself kept from an earlier receipt keeps its revision
+                entry["points"].append({"measured_at": base["git_revision"], **p})
+                taken += 1
+    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
+
+
 def table_header(gpu: str, revision: str) -> list[str]:
     """The lines of kernels/gemm_sm90_table.py before its rows."""
     return [

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemm_report import plot, summary, write_table
+from gemm_report import merge_base, plot, summary, write_table
 from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 # (N, K): the projection it is
@@ -121,21 +121,6 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
 
 # ---------------------------------------------------------------------------------------
 # worker: one shape, some token counts
-
-
-def _graph(fns):
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fns[0]()  # warm up on the capture stream
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    return graph
 
 
 def _replay_ms(graph, inner: int, rest_s: float) -> float:
@@ -322,6 +307,7 @@ def _point(job, data, t, num_sms, state, save) -> dict:
     """One token count: each contender checked, then timed. ``state["checking"]`` names
     the contender whose first launch is running, so a hang can be pinned on its spec."""
     import torch
+    from common import capture_graph
 
     n, k = job["n"], job["k"]
     flops = 2.0 * t * n * k
@@ -340,7 +326,7 @@ def _point(job, data, t, num_sms, state, save) -> dict:
         valid = math.isfinite(rel) and rel < CHECK_REL
         result["contenders"][name] = {"spec": spec, "rel_err_vs_dequant_cublas": rel}
         if valid or name == "cublas_bf16":
-            graphs[name] = _graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
+            graphs[name] = capture_graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
         else:
             result["contenders"][name]["ms"] = float("nan")
     samples = {name: [] for name in graphs}
@@ -455,7 +441,7 @@ def main(args) -> None:
     mode = "tune" if args.tune else "sweep"
     base_note = {}
     if mode == "tune" and args.tune_base:
-        base_note = _merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
+        base_note = merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
         # a tune of some shapes keeps the base's others (the table is written from all)
         shapes = list(shapes) + [shape for shape in by_shape if shape not in shapes]
     receipt = {
@@ -491,7 +477,9 @@ def main(args) -> None:
                     for key, v in by_shape.get((n, k), {}).items()
                     if key in ("compile_s", "worker_status", "errors", "compile_failures")
                 },
-                "points": sorted(by_shape.get((n, k), {}).get("points", []), key=_tokens),
+                "points": sorted(
+                    by_shape.get((n, k), {}).get("points", []), key=lambda p: p["tokens"]
+                ),
             }
             for n, k in shapes
         ],
@@ -505,25 +493,6 @@ def main(args) -> None:
             plot(receipt, Path(args.out).with_suffix(".png"))
         except ImportError as e:  # matplotlib is optional (the bench extra)
             print("no PNG:", e)
-
-
-def _merge_base(by_shape: dict, base: dict) -> dict:
-    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
-    with the revision that measured it."""
-    taken = 0
-    for shape in base["shapes"]:
-        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
-        have = {p["tokens"] for p in entry["points"]}
-        for p in shape["points"]:
-            if p["tokens"] not in have:
-                # a point the base itself kept from an earlier receipt keeps its revision
-                entry["points"].append({"measured_at": base["git_revision"], **p})
-                taken += 1
-    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
-
-
-def _tokens(point: dict) -> int:
-    return point["tokens"]
 
 
 if __name__ == "__main__":
