@@ -30,15 +30,15 @@ from .gemm_sm90_common import (
     wait_flag,
 )
 from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
-from .gemm_sm90_tiled_convert import HALVES, REF_STAGES
+from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
 
 
-class ConsumerRole:
-    """Mixin of MXFP8TiledGemmSm90: the consumer warpgroups' methods. Uses the kernel's
-    tile shape (``tile_m``, ``tile_n``, ``k_split``, ``row_blocks``, ``consumers``,
-    ``a_chunks``), ``stages8``, ``stages16``, ``k_tiles``, ``n``, ``stream_k``,
-    ``has_bias``, ring offsets (``ref_words``, ``mode_word``, ``b_ref0``) and its work split
-    (``_my_units``, ``_segment``, ``_tiles``, ``_tile_mn``)."""
+class ConsumerRole(TiledSchedule):
+    """The consumer warpgroups' methods of MXFP8TiledGemmSm90. They read the tile geometry
+    and work split of :class:`TiledSchedule` (the tile shape, ``k_split``, ``row_blocks``,
+    ``consumers``, ``a_chunks``, the stage counts, ``stream_k``, the ring offsets,
+    ``_my_units``, ``_segment``, ``_tiles``, ``_tile_mn``) and :class:`Sm90Gemm`
+    (``k_tiles``, ``n``, ``has_bias``)."""
 
     @cute.jit
     def _consumer(

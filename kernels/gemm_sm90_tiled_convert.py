@@ -24,15 +24,13 @@ from .gemm_sm90_common import (
     scale_factors,
 )
 from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
-
-HALVES = TILE_K8 // TILE_K16
-REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
+from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
 
 
-class WeightConverterRole:
-    """Mixin of MXFP8TiledGemmSm90: the B-converter warpgroups' methods. Uses the kernel's
-    ``tile_n``, ``convert_threads``, ``stages8``, ``stages16``, ring offsets (``ref_words``,
-    ``mode_word``, ``b_ref0``) and its work split (``_my_units``, ``_segment``)."""
+class WeightConverterRole(TiledSchedule):
+    """The B-converter warpgroups' methods of MXFP8TiledGemmSm90. They read the tile
+    geometry and work split of :class:`TiledSchedule` (``tile_n``, ``convert_threads``,
+    ``stages8``, ``stages16``, the ring offsets, ``_my_units``, ``_segment``)."""
 
     @cute.jit
     def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe):

@@ -49,7 +49,6 @@ chosen from the device's capability; the arch is a compile-time fact of the conf
 """
 
 import functools
-import threading
 
 import torch
 
@@ -78,20 +77,11 @@ def _kinds(config: QuantizerConfig) -> str:
     return _ONE_KINDS if config.slices == 1 else _MANY_KINDS
 
 
-_cache: dict[QuantizerConfig, object] = {}
-_lock = threading.Lock()
-
-
+@functools.cache
 def _compiled(config: QuantizerConfig):
-    """The compiled kernel for ``config``; compiles at most once per config per process."""
-    fn = _cache.get(config)
-    if fn is None:
-        with _lock:
-            fn = _cache.get(config)
-            if fn is None:
-                fn = compile_kernel(config)
-                _cache[config] = fn
-    return fn
+    """The compiled kernel for ``config``, compiled once per config per process (the
+    launcher compiles only for a (config, device) it has no launcher for yet)."""
+    return compile_kernel(config)
 
 
 def compile_kernel(config: QuantizerConfig):
