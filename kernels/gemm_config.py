@@ -26,29 +26,33 @@ _SMEM_BYTES = 227 * 1024
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """The tiled kernel (gemm_sm90_tiled): output tile ``tile_m`` (128; 192 with three
-    consumer warpgroups and one converter; 64 with two consumer warpgroups splitting K) x
-    ``tile_n`` (128 or 64), ``stages`` FP8 stages of K 128, ``stages16`` 16-bit weight
-    stages of K 64, and the persistent CTA count. ``converters``: its B-converter
-    warpgroups (2 needs tile N 128). ``stream_k`` 1: the (output tile, K stage) units are
-    split evenly over the CTAs instead of giving each CTA whole tiles; 2 (tile M 128 or
-    192): whole tiles for the full waves, and the units of the last, partial wave split
-    evenly. ``fp16_tiles``: tiles whose rows' scales allow it take the FP16 path, found by a
-    scan launch before the GEMM (gemm_sm90_refs); False: every tile takes the BF16 path and
-    nothing runs before the GEMM (the same compiled kernel).
+    """The tiled kernel (gemm_sm90_tiled): persistent CTAs over output tiles, or their
+    (tile, K stage) units split evenly (stream-K).
 
     Raises:
         ValueError: naming ``stream_k`` where the tile does not allow it.
     """
 
     tile_m: int = 128
+    """Output tile rows: 128 (two consumer warpgroups), 192 (three, one converter) or 64
+    (two consumer warpgroups splitting K; stream-K only)."""
     tile_n: int = 128
+    """Output tile columns: 128 or 64."""
     converters: int = 1
+    """B-converter warpgroups: 1, or 2 with tile N 128."""
     stream_k: int = 0
+    """0: whole tiles per CTA; 1: the (tile, K stage) units split evenly over the CTAs;
+    2 (tile M 128 or 192): whole tiles for the full waves, the last wave's units split."""
     stages: int = 4
+    """FP8 stages of K 128 (A, B and their scale chunks)."""
     stages16: int = 4
+    """16-bit weight stages of K 64."""
     num_ctas: int = 132
+    """Persistent CTAs (the SM count)."""
     fp16_tiles: bool = True
+    """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
+    the GEMM (gemm_sm90_refs); False: every tile takes the BF16 path and nothing runs
+    before the GEMM (the same compiled kernel)."""
 
     kernel = "tiled"
 
@@ -59,17 +63,8 @@ class TiledConfig:
 
 @dataclass(frozen=True)
 class SwapABConfig:
-    """The swap-AB kernel (gemm_sm90_swap_ab), for at most ``tokens_tile`` tokens (8, 16,
-    32 or 64; 128 with ``tile_w`` 128): ``num_ctas`` CTAs sharing the (64-row weight tile,
-    K stage) units, ``stages`` FP8 stages, ``consumers`` warpgroups converting alternate
-    stages. ``bf16_tokens``: a launch before the GEMM converts the tokens to BF16 once
-    (gemm_sm90_tokens) and the kernel reads them through TMA instead of converting them in
-    every CTA. ``tile_w`` 128 (with ``bf16_tokens`` and two consumers): a stage holds 128
-    weight rows, each consumer converts 64 of them, and both read the stage's one token
-    tile, so the tokens cross L2 half as often per weight byte. ``cluster`` 2 (with
-    ``bf16_tokens``): CTA pairs take adjacent weight tiles over the same K stages, and each
-    CTA loads one K half of every stage's token tile for both (TMA multicast), which halves
-    the tokens' L2 traffic again.
+    """The swap-AB kernel (gemm_sm90_swap_ab): the weight is the wgmma M operand, the tokens
+    a small N tile; the (64-row weight tile, K stage) units are split evenly over the CTAs.
 
     Raises:
         ValueError: naming ``tokens_tile``, ``tile_w`` or ``cluster`` where they do not go
@@ -77,12 +72,23 @@ class SwapABConfig:
     """
 
     tokens_tile: int
+    """The most tokens a launch serves (the wgmma N): 8, 16, 32 or 64; 128 with tile_w 128."""
     stages: int
+    """FP8 weight stages."""
     consumers: int = 3
+    """Consumer warpgroups, converting alternate stages."""
     bf16_tokens: bool = False
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90_tokens) and the
+    kernel reads them through TMA instead of converting them in every CTA."""
     tile_w: int = 64
+    """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer
+    converts 64 of them and both read the stage's one token tile, so the tokens cross L2
+    half as often per weight byte."""
     cluster: int = 1
+    """2 (with bf16_tokens): CTA pairs take adjacent weight tiles over the same K stages, and
+    each loads one K half of every stage's token tile for both (TMA multicast)."""
     num_ctas: int = 132
+    """CTAs sharing the units (the SM count; even with cluster 2)."""
 
     kernel = "swap-ab"
 
@@ -129,15 +135,9 @@ def tiled_config(
     standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
     stages8, stages16 = stages or standard
     return TiledConfig(
-        tile_m=tile_m,
-        tile_n=tile_n,
-        converters=converters,
-        stream_k=stream_k,
-        stages=stages8,
-        stages16=stages16,
-        num_ctas=num_sms,
-        fp16_tiles=fp16_tiles,
-    )
+        tile_m=tile_m, tile_n=tile_n, converters=converters, stream_k=stream_k,
+        stages=stages8, stages16=stages16, num_ctas=num_sms, fp16_tiles=fp16_tiles,
+    )  # fmt: skip
 
 
 def swap_ab_config(
@@ -180,11 +180,6 @@ def swap_ab_config(
         fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
     return SwapABConfig(
-        tokens_tile=tokens_tile,
-        stages=stages,
-        consumers=consumers,
-        bf16_tokens=bool(bf16_tokens),
-        tile_w=tile_w,
-        cluster=cluster,
-        num_ctas=num_sms,
-    )
+        tokens_tile=tokens_tile, stages=stages, consumers=consumers,
+        bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
+    )  # fmt: skip

@@ -7,14 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.gemm import (
-    check_close,
-    check_config_run,
-    check_two_streams,
-    random_operand,
-    requires_cutlass,
-    requires_sm90,
-)
+from helpers import gemm as checks
+from helpers.gemm import random_operand, requires_cutlass, requires_sm90
 from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 from mxfp8_fusion import reference
@@ -27,7 +21,7 @@ def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):
     output (its narrower range)."""
     spread, center = (30, 127) if out_dtype == torch.bfloat16 else (4, 119)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
-    check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds)
+    checks.check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds)
 
 
 SWAP_AB_SHAPES = [  # (tokens, N, K): N past a 64-row tile, K past a 128 stage, odd stage counts
@@ -125,8 +119,8 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     ref = torch.empty_like(out)
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
-    check_close(out, ref, a, sa, b, sb)
-    check_two_streams(
+    checks.check_close(out, ref, a, sa, b, sb)
+    checks.check_two_streams(
         gemm_names.config_from_spec(spec, stream_tokens), stream_tokens, 2048, 8192, seed + 3
     )
 
@@ -198,7 +192,7 @@ def test_swap_ab_tiles_agree_and_graph_replays():
     ref = torch.empty_like(out)
     reference.mm_into(a, sa, b, sb, None, ref)
     torch.cuda.synchronize()
-    check_close(out, ref, a, sa, b, sb)
+    checks.check_close(out, ref, a, sa, b, sb)
 
 
 @pytest.mark.gpu
@@ -238,4 +232,4 @@ def test_swap_ab_on_two_streams_at_once(bf16_tokens):
 
     tokens, n, k = 16, 2048, 8192
     cfg = gemm_config.swap_ab_config(tokens, bf16_tokens=bf16_tokens)
-    check_two_streams(cfg, tokens, n, k, seed=20)
+    checks.check_two_streams(cfg, tokens, n, k, seed=20)
