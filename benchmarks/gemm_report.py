@@ -56,6 +56,20 @@ REGENERATE = (
 )
 
 
+def merge_states(states: list[dict]) -> dict:
+    """The workers' final states merged per (N, K): points, compile times, errors."""
+    by_shape: dict = {}
+    for st in states:
+        if "n" in st:
+            entry = by_shape.setdefault((st["n"], st["k"]), {"points": [], "compile_s": {}})
+            entry["points"] += st["points"]
+            entry["compile_s"].update(st["compile_s"])
+            entry.setdefault("errors", {}).update(st.get("errors", {}))
+            entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
+            entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
+    return by_shape
+
+
 def merge_base(by_shape: dict, base: dict) -> dict:
     """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
     with the revision that measured it."""

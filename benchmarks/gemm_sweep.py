@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemm_report import merge_base, plot, summary, write_table
+from gemm_report import merge_base, merge_states, plot, summary, write_table
 from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 # (N, K): the projection it is
@@ -429,15 +429,7 @@ def main(args) -> None:
         states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
         hung_file = Path(tmp) / "hung.txt"
         hung = hung_file.read_text().splitlines() if hung_file.exists() else []
-    by_shape: dict = {}
-    for st in states:
-        if "n" in st:
-            entry = by_shape.setdefault((st["n"], st["k"]), {"points": [], "compile_s": {}})
-            entry["points"] += st["points"]
-            entry["compile_s"].update(st["compile_s"])
-            entry.setdefault("errors", {}).update(st.get("errors", {}))
-            entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
-            entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
+    by_shape = merge_states(states)
     mode = "tune" if args.tune else "sweep"
     base_note = {}
     if mode == "tune" and args.tune_base:
