@@ -107,7 +107,11 @@ class Check:
 
     @property
     def ok(self) -> bool:
-        """Every site rewritten, every output bitwise equal to plain Inductor's."""
+        """Every site rewritten, every output bitwise equal to plain Inductor's.
+
+        The examples' slices are the drafter's inputs, so both programs quantize the same
+        BF16 bytes; on a GPU, Inductor's timed choice of reduction configs can still change
+        the layer's last bits between any two compiles (docs/performance.md, "Bits")."""
         return (
             not self.report.skipped
             and self.rewritten > 0

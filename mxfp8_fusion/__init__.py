@@ -9,6 +9,8 @@ so the BF16 concatenation is never materialized; :func:`explain` reports what it
 every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
 """
 
+__version__ = "0.2.0"
+
 from . import ops  # noqa: F401  (registers the mxfp8:: custom ops)
 from .api import (
     empty_input,
@@ -27,6 +29,7 @@ from .stager import InputStager
 __all__ = [
     "FusionOptions",
     "FusionPass",
+    "FusionSkippedWarning",
     "InputStager",
     "MXFP8Input",
     "MXFP8Linear",
@@ -43,7 +46,7 @@ __all__ = [
     "quantize_input_slices",
 ]
 
-_PASS_EXPORTS = ("FusionOptions", "FusionPass", "explain")
+_PASS_EXPORTS = ("FusionOptions", "FusionPass", "FusionSkippedWarning", "explain")
 
 
 def __getattr__(name: str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +43,8 @@ class MXFP8Linear(nn.Module):
     ``state_dict`` holds ``bias``, ``weight_values`` and the blocked ``weight_scales``.
     ``load_state_dict`` also takes both as ``uint8`` bytes, reinterpreted, never converted;
     another dtype or shape is refused with a ``TypeError`` / ``ValueError`` naming the key.
+    It also takes an ``nn.Linear`` checkpoint's BF16/FP16 ``weight`` and quantizes it as
+    :func:`convert` does, so a BF16 checkpoint loads into a converted model.
 
     Raises:
         TypeError, ValueError: on a wrong type, dtype, shape, layout or device.
@@ -82,6 +85,7 @@ class MXFP8Linear(nn.Module):
         return MXFP8Weight(self.weight_values, self.weight_scales)
 
     def forward(self, x: Tensor) -> Tensor:
+        _require_tensor(x, "x")
         # The any-autocast test first: it costs ~0.2 us where the per-device one costs ~1 us.
         if torch._C._is_any_autocast_enabled() and x.is_floating_point():
             device = x.device.type
@@ -118,6 +122,8 @@ class MXFP8Linear(nn.Module):
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "weight" in state_dict:
+            self._quantize_loaded_weight(state_dict, prefix)
         # Checkpoints carry MXFP8 tensors as uint8 bytes, and copy_ into a float8 buffer
         # would convert them as numbers: bytes are reinterpreted, any other dtype refused.
         for name, dtype in _PACKED.items():
@@ -142,6 +148,36 @@ class MXFP8Linear(nn.Module):
             )
             state_dict[key] = t.contiguous().view(dtype)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _quantize_loaded_weight(self, state_dict, prefix: str) -> None:
+        """A BF16/FP16 ``weight`` entry (the ``nn.Linear`` checkpoint of a converted model)
+        becomes ``weight_values`` and ``weight_scales``, quantized as ``convert`` would."""
+        key = prefix + "weight"
+        packed_keys = [prefix + name for name in _PACKED]
+        if any(k in state_dict for k in packed_keys):
+            raise ValueError(
+                f"state_dict: both {key!r} (a BF16/FP16 weight to quantize) and "
+                f"{' / '.join(map(repr, packed_keys))} (MXFP8 bytes) are given; keep one"
+            )
+        weight, argument = state_dict.pop(key), f"state_dict[{key!r}]"
+        _require_tensor(weight, argument)
+        _require(
+            weight.dtype in SOURCE_DTYPES,
+            TypeError,
+            argument,
+            "dtype bfloat16 or float16 (an nn.Linear weight, quantized on load)",
+            weight.dtype,
+        )
+        shape = (self.out_features, self.in_features)
+        _require(
+            tuple(weight.shape) == shape,
+            ValueError,
+            argument,
+            f"shape {shape}",
+            tuple(weight.shape),
+        )
+        packed = pack_weight(weight.detach())
+        state_dict[packed_keys[0]], state_dict[packed_keys[1]] = packed.values, packed.scales
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -215,7 +251,10 @@ def _skip_reason(linear: nn.Linear) -> str | None:
     if interop.is_torchao_tensor(linear.weight):
         return interop.skip_reason(linear.weight)
     if linear.weight.dtype not in SOURCE_DTYPES:
-        return f"weight dtype {linear.weight.dtype} is not bfloat16 or float16"
+        return (
+            f"weight dtype {linear.weight.dtype} is not bfloat16 or float16 (cast the model "
+            "first, e.g. model.to(torch.bfloat16))"
+        )
     if linear.in_features % GROUP:
         return f"in_features {linear.in_features} is not a multiple of {GROUP}"
     if linear.weight.device.type == "meta":
@@ -231,7 +270,8 @@ def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module
     requantizing, :mod:`mxfp8_fusion.interop`). A layer reachable under several names is
     converted once and stays shared. Other layers are left alone; each skipped layer is logged at INFO
     on the ``mxfp8_fusion`` logger and, when ``report`` is given, recorded there as
-    ``{qualified name: reason}`` (converted layers map to ``"converted"``). Returns ``model``.
+    ``{qualified name: reason}`` (converted layers map to ``"converted"``). When any layer
+    is skipped, or the model has none, a ``UserWarning`` says which and why. Returns ``model``.
 
     Raises:
         TypeError: if ``model`` is not an ``nn.Module`` or is a bare ``nn.Linear``, or
@@ -246,23 +286,83 @@ def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module
     if report is not None and not isinstance(report, dict):
         _fail(TypeError, "report", "a dict or None", type(report).__name__)
     converted: dict[nn.Linear, MXFP8Linear] = {}
+    skipped: dict[str, str] = {}
+    names = 0
+    for module, child_name, qualified, child in _linears(model):
+        reason = _skip_reason(child)
+        if reason is None:
+            if child not in converted:
+                converted[child] = MXFP8Linear.from_linear(child)
+            setattr(module, child_name, converted[child])
+            reason = "converted"
+            names += 1
+        else:
+            log.info("convert: skipped %s: %s", qualified, reason)
+            skipped[qualified] = reason
+        if report is not None:
+            report[qualified] = reason
+    if skipped or not names:
+        warnings.warn(_unconverted_message(names, skipped), UserWarning, stacklevel=2)
+    return model
+
+
+def _linears(model: nn.Module):
+    """``(parent, attribute, qualified name, layer)`` of every ``nn.Linear`` (subclasses
+    too) in ``model``, once per name it is held under."""
     for name, module in list(model.named_modules()):
         # _modules, not named_children(): that lists a child held under two names only once
         for child_name, child in list(module._modules.items()):
-            if not isinstance(child, nn.Linear):
-                continue
-            qualified = f"{name}.{child_name}" if name else child_name
-            reason = _skip_reason(child)
-            if reason is None:
-                if child not in converted:
-                    converted[child] = MXFP8Linear.from_linear(child)
-                setattr(module, child_name, converted[child])
-                reason = "converted"
-            else:
-                log.info("convert: skipped %s: %s", qualified, reason)
-            if report is not None:
-                report[qualified] = reason
-    return model
+            if isinstance(child, nn.Linear):
+                yield module, child_name, f"{name}.{child_name}" if name else child_name, child
+
+
+def _unconverted_message(converted: int, skipped: dict[str, str]) -> str:
+    if not skipped:
+        return "mxfp8_fusion.convert: the model has no nn.Linear layer; nothing was converted"
+    total = converted + len(skipped)
+    head = (
+        f"mxfp8_fusion.convert: none of the model's {total} nn.Linear layer(s) was converted"
+        if not converted
+        else f"mxfp8_fusion.convert: converted {converted} of {total} nn.Linear layers"
+    )
+    return head + "; left unchanged:" + _grouped(skipped)
+
+
+def _grouped(reasons: dict[str, str], shown: int = 3) -> str:
+    """``reasons`` ({name: reason}) as one line per reason, naming a few layers each."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(name)
+    lines = []
+    for reason, names in by_reason.items():
+        more = f" and {len(names) - shown} more" if len(names) > shown else ""
+        lines.append(f"\n  - {', '.join(names[:shown])}{more}: {reason}")
+    return "".join(lines)
+
+
+def why_no_mxfp8(model: nn.Module) -> str | None:
+    """Why ``model`` holds no :class:`MXFP8Linear` although convert was called, in a
+    sentence; ``None`` when it holds one or convert would swap one (for
+    :func:`mxfp8_fusion.explain`)."""
+    if any(isinstance(m, MXFP8Linear) for m in model.modules()):
+        return None
+    if isinstance(model, nn.Linear):
+        reason = _skip_reason(model)
+        return "the model is a bare nn.Linear, which convert does not swap; " + (
+            "MXFP8Linear.from_linear(model) makes it an MXFP8 layer"
+            if reason is None
+            else f"nor can it be an MXFP8 layer: {reason}"
+        )
+    reasons = {qualified: _skip_reason(child) for _, _, qualified, child in _linears(model)}
+    if not reasons:
+        return "the model has no MXFP8Linear and no nn.Linear layer that convert could swap"
+    skipped = {name: r for name, r in reasons.items() if r is not None}
+    if len(skipped) < len(reasons):
+        return None  # convert would swap some: the report's own hint says to call it
+    return (
+        "the model has no MXFP8Linear, and convert would leave each of its nn.Linear layers "
+        "unchanged:" + _grouped(skipped)
+    )
 
 
 __all__ = ["MXFP8Linear", "convert"]

@@ -148,11 +148,23 @@ def mm_into(
     ``A`` is ``[M, K]`` and ``B`` ``[N, K]``, both with blocked scales. Operands are
     dequantized ``_GEMM_K_CHUNK`` columns at a time, so no full-width copy is made. Rows of
     ``out`` past M are not touched.
+
+    The sums run through torch's matrix multiply, whose order of additions depends on the
+    thread count and the BLAS library: results can differ in the last bits between thread
+    counts (blocks of very different scales make that likelier). Under
+    ``torch.use_deterministic_algorithms(True)`` the sum has a fixed order instead (see
+    :func:`_mm_fixed_order`): the same bits for any thread count, at several times the cost.
     """
     m, k = a_values.shape
     n = b_values.shape[0]
     a_factors = _row_scale_factors(a_scales, m, k)
     b_factors = _row_scale_factors(b_scales, n, k)
+    if torch.are_deterministic_algorithms_enabled():
+        acc = _mm_fixed_order(a_values, a_factors, b_values, b_factors)
+        if bias is not None:
+            acc += bias.float()
+        out[:m].copy_(acc)
+        return
     acc = torch.zeros(m, n, dtype=torch.float32, device=a_values.device)
     for k0 in range(0, k, _GEMM_K_CHUNK):
         k1 = min(k, k0 + _GEMM_K_CHUNK)
@@ -163,6 +175,29 @@ def mm_into(
     if bias is not None:
         acc += bias.float()
     out[:m].copy_(acc)
+
+
+def _mm_fixed_order(
+    a_values: torch.Tensor,
+    a_factors: torch.Tensor,
+    b_values: torch.Tensor,
+    b_factors: torch.Tensor,
+) -> torch.Tensor:
+    """``A @ B.T`` in FP32, summed in an order no thread count changes.
+
+    Per 32-column group the dot products of the E4M3 values are exact in FP64 (each product
+    is a multiple of 2**-18 below 2**18, so 32 of them fit in 41 bits): any order gives the
+    same sum. Scaled by the two power-of-two block scales (exact in FP64's range), the groups
+    are then added in K order, elementwise, and the total is rounded to FP32 once.
+    """
+    m, k = a_values.shape
+    n = b_values.shape[0]
+    acc = torch.zeros(m, n, dtype=torch.float64, device=a_values.device)
+    for g in range(k // GROUP):
+        columns = slice(g * GROUP, (g + 1) * GROUP)
+        exact = a_values[:, columns].double() @ b_values[:, columns].double().t()
+        acc += exact * (a_factors[:, g, None].double() * b_factors[None, :, g].double())
+    return acc.float()
 
 
 def mm(

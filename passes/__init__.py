@@ -10,13 +10,14 @@ installed as ``mxfp8_fusion.passes``.
 from .backend import mxfp8_fusion_backend
 from .explain import explain
 from .fusion import ComposedPass, FusionOptions, FusionPass, compose, install
-from .report import FusionReport, SiteReport
+from .report import FusionReport, FusionSkippedWarning, SiteReport
 
 __all__ = [
     "ComposedPass",
     "FusionOptions",
     "FusionPass",
     "FusionReport",
+    "FusionSkippedWarning",
     "SiteReport",
     "compose",
     "explain",

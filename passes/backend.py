@@ -21,7 +21,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from .fusion import PREFIX, FusionOptions, FusionPass, install
+from .. import lowering
+from ..progress import notice
+from . import report_store
+from .fusion import PREFIX, FusionOptions, FusionPass, install, log
 
 
 def inductor_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -108,8 +111,32 @@ def mxfp8_fusion_backend(
     if fusion is not None and fusion_options != FusionOptions():
         raise TypeError("mxfp8_fusion backend: pass fusion or mxfp8_fusion.* options, not both")
     patches = inductor_patches(mode, inductor_options)
-    install(patches, fusion if fusion is not None else FusionPass(fusion_options))
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    fusion = install(patches, fusion if fusion is not None else FusionPass(fusion_options))
+    lowering.register()  # Inductor's lowering module is loaded by now (see lowering.py)
+    # the passes by uuid (their repr may hold an address), every other option by value
+    chain = patches["post_grad_custom_post_pass"]
+    options_text = sorted((k, repr(v)) for k, v in patches.items() if "custom" not in k)
+    digest = report_store.key(gm, example_inputs, repr((options_text, chain.uuid())))
+    graphs, reports = fusion.graphs, len(fusion.reports)
+    notice(
+        "compiling with Inductor and the MXFP8 fusion pass (the first compile in a process "
+        "takes seconds to minutes; later calls reuse it)",
+        once="backend",
+    )
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if fusion.graphs > graphs:
+        new = [dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]]
+        report_store.store(digest, new, fusion.contents[graphs:])
+    else:  # served from Inductor's cache: the pass did not run
+        stored = report_store.load(digest)
+        if stored is not None:
+            fusion.replay(*stored)
+        else:
+            log.info(
+                "mxfp8_fusion: graph served from Inductor's cache with no stored report; "
+                "the pass's counters and reports do not cover it"
+            )
+    return compiled
 
 
 def _reset() -> None:

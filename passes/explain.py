@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from ..nn import why_no_mxfp8
 from .backend import inductor_patches, mxfp8_fusion_backend, split_options
 from .fusion import FusionOptions, FusionPass
 from .report import FusionReport
@@ -69,17 +71,26 @@ def explain(
     except RuntimeError as error:
         raise ValueError(f"explain: {error}") from None
 
-    fusion = FusionPass(fusion_options)
+    # the report is what explain returns: no FusionSkippedWarning besides it
+    fusion = FusionPass(dataclasses.replace(fusion_options, warn_skipped=False))
 
     def backend(gm, example_inputs):
-        patches = {**inductor_options, "fx_graph_cache": False}
+        patches = {**inductor_options, "fx_graph_cache": False, "fx_graph_remote_cache": False}
         return mxfp8_fusion_backend(gm, example_inputs, mode=mode, options=patches, fusion=fusion)
 
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-    # force_disable_caches is not an Inductor option key; the patch covers the compile
-    with torch._inductor.config.patch(force_disable_caches=True):
+    # The caches that would serve a compiled graph without running the pass. Not
+    # force_disable_caches: it also turns off Dynamo's profile-guided state, with a warning.
+    with torch._functorch.config.patch(
+        enable_autograd_cache=False, enable_remote_autograd_cache=False
+    ):
         compiled(*inputs, **(kwargs or {}))
-    return FusionReport(sites=list(fusion.reports), graphs=fusion.graphs, contents=fusion.contents)
+    return FusionReport(
+        sites=list(fusion.reports),
+        graphs=fusion.graphs,
+        contents=fusion.contents,
+        model=why_no_mxfp8(model) if isinstance(model, torch.nn.Module) else None,
+    )
 
 
 def _split(options: Any) -> tuple[dict[str, Any], FusionOptions]:

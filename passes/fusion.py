@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import hashlib
 import logging
 import numbers
@@ -24,7 +25,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 
 from .. import format as format_module
 from . import pattern, rewrite
-from .report import SiteReport
+from .report import SiteReport, warn_skipped
 
 log = logging.getLogger("mxfp8_fusion.passes")
 
@@ -34,7 +35,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(format_module.__file__))
 # autograd): a change to any of them must not be served a graph compiled before it.
 _SOURCES = (
     *(os.path.join(_PASS_DIR, name) for name in ("fusion.py", "pattern.py", "rewrite.py")),
-    *(os.path.join(_PACKAGE_DIR, name) for name in ("format.py", "ops.py", "grad.py")),
+    *(
+        os.path.join(_PACKAGE_DIR, name)
+        for name in ("format.py", "ops.py", "grad.py", "lowering.py")
+    ),
 )
 
 
@@ -42,7 +46,7 @@ PREFIX = "mxfp8_fusion."
 """How pass options are spelled among Inductor's in ``torch.compile(options=...)``."""
 
 
-def _check_enabled(value: Any, name: str) -> bool:
+def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         # a string such as "false" would be truthy: only a real bool says what is meant
         raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
@@ -65,9 +69,14 @@ def _check_max_slices(value: Any, name: str) -> int | None:
 
 
 _CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "enabled": _check_enabled,
+    "enabled": _check_bool,
     "max_slices": _check_max_slices,
+    "warn_skipped": _check_bool,
 }
+
+# Options that change what the pass reports, never the graph it produces: left out of the
+# uuid, so that changing them does not miss Inductor's cache.
+_REPORT_ONLY = ("warn_skipped",)
 
 
 @dataclass(frozen=True)
@@ -77,14 +86,18 @@ class FusionOptions:
     Attributes:
         enabled: rewrite qualifying sites; ``False`` only reports them (the graph is kept).
         max_slices: leave cats of more slices than this unchanged (``None``: no limit).
+        warn_skipped: issue a :class:`FusionSkippedWarning` for each candidate site left
+            unchanged (once per site and reason in a process; not when ``enabled`` is False).
 
     Raises:
-        TypeError: ``enabled`` is not a bool, or ``max_slices`` is not ``None`` or an int.
+        TypeError: ``enabled`` or ``warn_skipped`` is not a bool, or ``max_slices`` is not
+            ``None`` or an int.
         ValueError: ``max_slices`` is below 1.
     """
 
     enabled: bool = True
     max_slices: int | None = None
+    warn_skipped: bool = True
 
     def __post_init__(self) -> None:
         for name, check in _CHECKS.items():
@@ -108,9 +121,12 @@ class FusionOptions:
         for key, value in options.items():
             name = key.removeprefix(PREFIX) if isinstance(key, str) else None
             if name not in _CHECKS:
-                known = ", ".join(PREFIX + field for field in _CHECKS)
+                known = [PREFIX + field for field in _CHECKS]
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise TypeError(
-                    f"{argument}: unknown pass option {key!r}; the pass options are {known}"
+                    f"{argument}: unknown pass option {key!r}{hint}; the pass options are "
+                    + ", ".join(known)
                 )
             if name in values:
                 raise TypeError(f"{argument}: {spelled[name]!r} and {key!r} set the same option")
@@ -145,7 +161,10 @@ class FusionPass(CustomGraphPass):
     :func:`install`); the ``mxfp8_fusion`` backend does this for you. Counters: ``matches``
     (sites rewritten), ``skipped`` (candidate sites left unchanged) and ``graphs``, summed over
     every graph the instance has run on; ``reports`` lists each candidate site seen, with its
-    outcome. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger.
+    outcome. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger, and each site
+    left unchanged is a :class:`FusionSkippedWarning` (see ``FusionOptions.warn_skipped``).
+    ``cached_graphs`` counts graphs whose reports were replayed from a cache hit
+    (:meth:`replay`), which are in the other counters too.
 
     The pass never fails a compile: an unexpected error while analyzing or rewriting a site
     leaves that site exactly as it was, is logged as a warning and is reported as the reason.
@@ -170,6 +189,7 @@ class FusionPass(CustomGraphPass):
         self.contents: list[tuple[int, int]] = []
         """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes (for the
         hints of a report without candidate sites)."""
+        self.cached_graphs = 0
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs += 1
@@ -177,20 +197,38 @@ class FusionPass(CustomGraphPass):
         # the output of an earlier site's GEMM, which the rewrite replaced.
         cats = [n for n in graph.nodes if pattern.is_cat(n)]
         self.contents.append((len(cats), _mxfp8_nodes(graph)))
+        rewritten = False
         for cat in cats:
             report = self._site(graph, cat)
-            if report is None:
-                continue
-            if report.rewritten:
-                self.matches += 1
-                torch._dynamo.utils.counters["mxfp8_fusion"]["sites_rewritten"] += 1
-            else:
-                self.skipped += 1
-                torch._dynamo.utils.counters["mxfp8_fusion"]["sites_skipped"] += 1
-            self.reports.append(report)
-            log.debug("mxfp8_fusion pass: %s", report)
-        if self.matches:
+            if report is not None:
+                self._record(report)
+                rewritten |= report.rewritten
+        if rewritten:
             graph.lint()
+
+    def replay(self, reports: list[SiteReport], contents: list[tuple[int, int]]) -> None:
+        """Count and warn about the reports of graphs Inductor served from its cache (the
+        pass did not run on them) as if it had run."""
+        first = self.graphs  # the stored reports number their graphs from 1
+        self.graphs += len(contents)
+        self.cached_graphs += len(contents)
+        torch._dynamo.utils.counters["mxfp8_fusion"]["graphs_from_cache"] += len(contents)
+        self.contents.extend(contents)
+        for report in reports:
+            self._record(dataclasses.replace(report, graph=first + report.graph))
+
+    def _record(self, report: SiteReport) -> None:
+        counters = torch._dynamo.utils.counters["mxfp8_fusion"]
+        if report.rewritten:
+            self.matches += 1
+            counters["sites_rewritten"] += 1
+        else:
+            self.skipped += 1
+            counters["sites_skipped"] += 1
+            if self.options.warn_skipped and self.options.enabled and not report.internal:
+                warn_skipped(report)
+        self.reports.append(report)
+        log.debug("mxfp8_fusion pass: %s", report)
 
     def _site(self, graph: fx.Graph, cat: fx.Node) -> SiteReport | None:
         """Decide about ``cat`` and rewrite it when it qualifies; ``None``: not a candidate.
@@ -221,7 +259,8 @@ class FusionPass(CustomGraphPass):
     def _failure_report(self, cat: fx.Node, site: pattern.Site | None, reason: str) -> SiteReport:
         if site is not None:
             with contextlib.suppress(Exception):
-                return SiteReport.from_site(site, self.graphs, reason)
+                report = SiteReport.from_site(site, self.graphs, reason)
+                return dataclasses.replace(report, internal=True)
         return SiteReport(
             graph=self.graphs,
             cat=cat.name,
@@ -230,10 +269,12 @@ class FusionPass(CustomGraphPass):
             consumers=None,
             rewritten=False,
             reason=reason,
+            internal=True,
         )
 
     def uuid(self) -> bytes:
-        options = repr(sorted(dataclasses.asdict(self.options).items()))
+        fields = dataclasses.asdict(self.options)
+        options = repr(sorted((k, v) for k, v in fields.items() if k not in _REPORT_ONLY))
         return get_hash_for_files(_SOURCES, options)
 
     def __repr__(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -19,6 +20,8 @@ class SiteReport:
         rewritten: whether the site was rewritten.
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
+        internal: the site was left unchanged by an unexpected error in the pass (logged as a
+            warning when it happened).
     """
 
     graph: int
@@ -29,6 +32,7 @@ class SiteReport:
     rewritten: bool
     reason: str | None = None
     source: str | None = None
+    internal: bool = False
 
     @classmethod
     def from_site(cls, site, graph: int, reason: str | None) -> SiteReport:
@@ -70,11 +74,13 @@ class FusionReport:
         graphs: how many graphs the pass ran on.
         contents: per graph, its ``torch.cat`` nodes and its MXFP8 quantize/linear nodes;
             they say why, when no site was found.
+        model: why the explained module holds no MXFP8 layer, when it holds none.
     """
 
     sites: list[SiteReport] = field(default_factory=list)
     graphs: int = 0
     contents: list[tuple[int, int]] = field(default_factory=list)
+    model: str | None = None
 
     @property
     def rewritten(self) -> list[SiteReport]:
@@ -105,7 +111,9 @@ class FusionReport:
                 "skipped the function"
             ]
         hints = []
-        if not any(mxfp8 for _, mxfp8 in self.contents):
+        if self.model is not None:
+            hints.append(self.model)
+        elif not any(mxfp8 for _, mxfp8 in self.contents):
             hints.append(
                 "no MXFP8 linear in the compiled graph(s): convert the model first with "
                 "mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass "
@@ -143,3 +151,33 @@ def _user_line(trace: str) -> str | None:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             return f"{where}:{line}: {code}"
     return None
+
+
+class FusionSkippedWarning(UserWarning):
+    """A candidate site was left unchanged: the BF16 concatenation is still materialized.
+
+    Issued once per site and reason in a process, at the user's line that made the cat.
+    Silence it with ``warnings.filterwarnings("ignore", category=FusionSkippedWarning)``, or
+    per compile with the pass option ``"mxfp8_fusion.warn_skipped": False``.
+    """
+
+
+_warned: set[tuple[str | None, str | None]] = set()
+
+
+def warn_skipped(report: SiteReport) -> None:
+    """Issue :class:`FusionSkippedWarning` for ``report``, once per source line and reason."""
+    key = (report.source, report.reason)
+    if key in _warned:
+        return
+    _warned.add(key)
+    message = (
+        f"mxfp8_fusion: a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s) was not "
+        f"rewritten, so its BF16 concatenation is still materialized: {report.reason}"
+    )
+    filename, lineno = "<unknown>", 0
+    if report.source:  # shown at the user's line, which the warning prints beneath it
+        where = report.source.partition(": ")[0]
+        filename, _, line = where.rpartition(":")
+        lineno = int(line) if line.isdigit() else 0
+    warnings.warn_explicit(message, FusionSkippedWarning, filename or "<unknown>", lineno)

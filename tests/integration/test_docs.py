@@ -16,11 +16,19 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-@pytest.mark.parametrize("index", range(len(_python_blocks(README.read_text()))))
-def test_readme_snippet_runs(index):
-    """Each snippet in a fresh interpreter, as a reader would paste it (a snippet that sets up
-    a process group leaves no state behind for other tests)."""
-    code = _python_blocks(README.read_text())[index]
+_SNIPPETS = [
+    (page, index)
+    for page in (README, ROOT / "docs" / "tensor_parallel.md")
+    for index in range(len(_python_blocks(page.read_text())))
+]
+
+
+@pytest.mark.parametrize(("page", "index"), _SNIPPETS, ids=lambda v: getattr(v, "name", v))
+def test_readme_snippet_runs(page, index):
+    """Each snippet of the README and the guides in a fresh interpreter, as a reader would
+    paste it (a snippet that sets up a process group leaves no state behind for other
+    tests)."""
+    code = _python_blocks(page.read_text())[index]
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
     )

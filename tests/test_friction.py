@@ -1,0 +1,65 @@
+"""Small things a user meets first: the version, the notices during long waits, no stray
+warnings from the package's own calls."""
+
+import importlib.metadata
+import logging
+import subprocess
+import sys
+import textwrap
+
+import mxfp8_fusion as mf
+from mxfp8_fusion import progress
+
+
+def test_version_is_the_installed_distributions():
+    assert mf.__version__ == importlib.metadata.version("mxfp8_fusion")
+
+
+def test_notice_prints_where_logging_is_not_configured_and_logs_where_it_is(
+    monkeypatch, capsys, caplog
+):
+    monkeypatch.setattr(progress, "_said", set())
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    progress.notice("building a kernel", once="k")
+    progress.notice("building a kernel", once="k")  # once per key
+    assert capsys.readouterr().err == "mxfp8_fusion: building a kernel\n"
+    monkeypatch.undo()
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        progress.notice("compiling")
+    assert [r.getMessage() for r in caplog.records] == ["compiling"]
+    assert capsys.readouterr().err == ""
+
+
+def test_first_compile_says_so_and_explain_warns_nothing():
+    """In a fresh interpreter without logging set up: one notice line on stderr for the
+    first compile, and no warning from explain's own settings (such as Dynamo's
+    "dynamo_pgo force disabled")."""
+    script = textwrap.dedent(
+        """
+        import warnings
+        import torch
+        import mxfp8_fusion as mf
+
+        class Cat(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(256, 64, dtype=torch.bfloat16)
+
+            def forward(self, a, b):
+                return self.fc(torch.cat([a, b], -1))
+
+        model = mf.convert(Cat())
+        xs = [torch.randn(8, 128, dtype=torch.bfloat16) for _ in range(2)]
+        warnings.simplefilter("error", UserWarning)
+        with torch.no_grad():
+            torch.compile(model, backend="mxfp8_fusion")(*xs)
+            torch.compile(model, backend="mxfp8_fusion")(*xs)
+            print(mf.explain(model, *xs).rewritten != [])
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "True"
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("mxfp8_fusion: compiling with Inductor")
