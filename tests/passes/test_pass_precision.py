@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from pass_helpers import assert_bitwise, linear, randn
+from helpers.passes import assert_bitwise, linear, randn
 
 import mxfp8_fusion as mf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 
 class ResidualSite(torch.nn.Module):

@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 import torch
+from helpers.passes import NO_CACHE, linear, randn
 from mxfp8_fusion.passes import FusionPass, FusionSkippedWarning, report
-from pass_helpers import NO_CACHE, linear, randn
 
 import mxfp8_fusion as mf
 
@@ -81,7 +81,7 @@ def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
         import sys, torch
         sys.path.insert(0, sys.argv[1])
         from test_pass_visibility import Narrow
-        from pass_helpers import randn
+        from helpers.passes import randn
 
         xs = [randn(8, 96, seed=i) for i in range(2)]
         with torch.no_grad():
