@@ -91,8 +91,8 @@ class TargetAndDrafter(torch.nn.Module):
 @pytest.mark.slow
 def test_llama_target_feeding_an_eagle3_drafter():
     pytest.importorskip("transformers")
-    from common import random_bf16, sequence_inputs
     from eagle3_drafter import Eagle3Config
+    from shared import random_bf16, sequence_inputs
 
     torch.manual_seed(0)
     cfg = Eagle3Config()
