@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,13 +74,16 @@ def test_report_only_pass_and_explain_do_not_warn():
     assert not [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
 
 
+_TESTS = Path(__file__).resolve().parents[1]  # the helpers package's folder
+
+
 def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
     """Two fresh processes on one Inductor cache: the second is served from the FX graph
     cache, the pass does not run, and it still counts and warns about the site."""
     script = textwrap.dedent(
         """
         import sys, torch
-        sys.path.insert(0, sys.argv[1])
+        sys.path[:0] = sys.argv[1:3]  # this folder, and tests/ for the helpers
         from test_pass_visibility import Narrow
         from helpers.passes import randn
 
@@ -93,7 +97,7 @@ def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     runs = [
         subprocess.run(
-            [sys.executable, "-c", script, os.path.dirname(__file__)],
+            [sys.executable, "-c", script, os.path.dirname(__file__), str(_TESTS)],
             capture_output=True,
             text=True,
             env=env,
