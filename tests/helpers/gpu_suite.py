@@ -5,14 +5,16 @@ record them in ``benchmarks/results/gpu_tests.json`` (with the per-group summari
     python tests/helpers/gpu_suite.py --group 1    # the GEMM kernels and the quantizer
     python tests/helpers/gpu_suite.py --group 2    # everything else
 
-A group merges into the receipt when the receipt is for the same git revision; a receipt
-for another revision moves under ``earlier`` (its totals only).
+A group merges into the receipt when the receipt is for the same git revision
+(``$MXFP8_GIT_REV``, else ``git rev-parse``); a receipt for another revision moves under
+``earlier`` (its totals only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,9 +36,12 @@ _COUNTS = ("passed", "failed", "skipped", "xfailed", "error")
 def _machine() -> dict:
     import torch
 
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    rev = (
+        os.environ.get("MXFP8_GIT_REV")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
     try:
         import cutlass
 
