@@ -29,8 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from drafter import Drafter, make_drafter, run_staged
-from machine import environment
+from common import (
+    QUEUE_CYCLES,
+    Drafter,
+    environment,
+    make_drafter,
+    run_staged,
+    time_interleaved,
+    transient_peak,
+)
 
 import mxfp8_fusion as mf
 
@@ -78,15 +85,6 @@ def bf16_runner(model: Drafter, weight_bf16: torch.Tensor):
     return run
 
 
-def transient_peak(fn, hidden) -> tuple[int, object]:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = fn(*hidden)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before, out
-
-
 def allocation_trace(fn, hidden) -> list[tuple[float, int]]:
     """(time in µs from the first event, bytes allocated above the start) per allocator event."""
     torch.cuda.synchronize()
@@ -111,43 +109,11 @@ def allocation_trace(fn, hidden) -> list[tuple[float, int]]:
     return trace
 
 
-# Long enough (about 3 ms at H200 clocks) that the host finishes launching a whole call
-# while the GPU still sleeps: the "queued" timing then holds only GPU work, as in a serving
-# loop where the host runs ahead of the GPU.
-_QUEUE_CYCLES = 6_000_000
-
-
-def time_interleaved(fns: dict, hidden, rounds: int, queued: bool) -> dict[str, float]:
-    """Median ms of each callable, timed A B A B with CUDA events around one call, the
-    order rotated by one each round.
-
-    ``queued=False``: the GPU is idle when the call starts, so host launch time before each
-    kernel is on the clock. ``queued=True``: a sleep kernel runs first and the events bracket
-    the call's kernels only, so the time is GPU work plus the gaps the GPU cannot hide.
-    """
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        # each round starts at the next variant, so none always follows the same one (the
-        # previous call's power draw changes the clock the next one starts at)
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            fn = fns[name]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if queued:
-                torch.cuda._sleep(_QUEUE_CYCLES)
-            start.record()
-            fn(*hidden)
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end))
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def host_ms(fn, hidden, calls: int = 10) -> float:
     """Median host ms a call takes to return, with the GPU busy so no launch waits on it."""
     samples = []
     for _ in range(calls):
-        torch.cuda._sleep(_QUEUE_CYCLES)
+        torch.cuda._sleep(QUEUE_CYCLES)
         start = time.perf_counter()
         fn(*hidden)
         samples.append((time.perf_counter() - start) * 1e3)

@@ -33,8 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from end_to_end import time_interleaved, transient_peak
-from machine import environment, write_receipt
+from common import environment, time_interleaved, transient_peak, write_receipt
 
 import mxfp8_fusion as mf
 

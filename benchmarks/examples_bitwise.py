@@ -22,14 +22,14 @@ import sys
 from pathlib import Path
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 
 import mxfp8_fusion as mf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import eagle3_drafter as ex
-from common import compile_fused, compile_inductor, mark_tokens_dynamic
+from shared import compile_fused, compile_inductor, mark_tokens_dynamic
 
 TOKENS = 1024
 

@@ -29,7 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from machine import environment, write_receipt
+from common import capture_graph, environment, write_receipt
+from mxfp8_fusion.kernels import gemm_select
 
 from mxfp8_fusion import reference
 
@@ -93,7 +94,7 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     xv, xs = reference.quantize(x)
     wv, ws = reference.quantize(w)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    cfg = gemm_sm90.choose_config(
+    cfg = gemm_select.choose_config(
         tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
     )
 
@@ -118,7 +119,7 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
         t_deq.append(_time(dequant, 1, max(1, inner // 4)))
     mo, mc, md = (statistics.median(t) for t in (t_ours, t_cub, t_deq))
     # GPU time without host launch gaps: `inner` launches captured in one CUDA graph each
-    graphs = [_capture(fn, inner) for fn in (ours, cublas)]
+    graphs = [capture_graph([fn] * inner) for fn in (ours, cublas)]
     t_graph = ([], [])
     for _ in range(rounds):
         for times, graph in zip(t_graph, graphs, strict=True):
@@ -152,48 +153,23 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     )
 
 
-def _capture(fn, inner: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm up on the capture stream
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    return graph
-
-
-# Variant labels recorded in older receipts (benchmarks/results/gemm_variants.json) name the
-# GemmConfig fields as they were then: they still run as written.
-_OLD_FIELDS = {"bf16_stages": "stages16"}
-
-
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
-    """Median ms of each named config override: ``label,field=value,...`` on the heuristic's
-    GemmConfig, values ints except ``kernel``'s (e.g.
-    ``tiled,kernel=tiled,tokens_tile=0,tile_n=64,stages=4``)."""
-    import dataclasses
-
+    """Median ms of each named config (kernels/gemm_names.py: e.g. ``"tiled 128x64 c1
+    stream-k"``) against the table's choice, checked bitwise against it first."""
     from mxfp8_fusion.kernels import gemm_sm90
+    from mxfp8_fusion.kernels.gemm_names import config_from_spec
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
     wv, ws = reference.quantize(torch.randn(n, k, device="cuda", generator=gen))
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    base = gemm_sm90.choose_config(
-        tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
-    )
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = gemm_select.choose_config(tokens, n, k, num_sms)
     gemm_sm90.run(xv, xs, wv, ws, None, out, config=base)
     expected = out.clone()
     fns = {}
     for name in names:
-        spec = dict(item.split("=") for item in name.split(",")[1:])
-        fields = {
-            _OLD_FIELDS.get(key, key): v if key == "kernel" else int(v) for key, v in spec.items()
-        }
-        cfg = dataclasses.replace(base, **fields)
+        cfg = config_from_spec(name, tokens, num_sms)
         fns[name] = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)
         out.zero_()
         fns[name]()
@@ -226,7 +202,7 @@ def main() -> None:
         "--variants",
         nargs="*",
         default=[],
-        help="also time these mainloop variants (ours only) at the first token count",
+        help="also time these named configs (ours only) at the first token count",
     )
     p.add_argument("--sweep", action="store_true", help="every listed shape and token count")
     p.add_argument("--tune", action="store_true", help="time candidate configs per point")

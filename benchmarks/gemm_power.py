@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 from mxfp8_fusion.kernels import gemm_sm90
 
 from mxfp8_fusion import reference

@@ -56,35 +56,76 @@ REGENERATE = (
 )
 
 
-def write_table(receipt: dict, path: str) -> None:
-    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid spec per point."""
-    lines = [
-        '"""Measured GEMM configs (gemm_sm90.choose_config) per weight shape (N, K) and token count.',
-        "",
-        "Regenerate on an H200 (132 SMs) with",
+def merge_states(states: list[dict]) -> dict:
+    """The workers' final states merged per (N, K): points, compile times, errors."""
+    by_shape: dict = {}
+    for st in states:
+        if "n" in st:
+            entry = by_shape.setdefault((st["n"], st["k"]), {"points": [], "compile_s": {}})
+            entry["points"] += st["points"]
+            entry["compile_s"].update(st["compile_s"])
+            entry.setdefault("errors", {}).update(st.get("errors", {}))
+            entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
+            entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
+    return by_shape
+
+
+def merge_base(by_shape: dict, base: dict) -> dict:
+    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
+    with the revision that measured it."""
+    taken = 0
+    for shape in base["shapes"]:
+        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
+        have = {p["tokens"] for p in entry["points"]}
+        for p in shape["points"]:
+            if p["tokens"] not in have:
+                # a point the base itself kept from an earlier receipt keeps its revision
+                entry["points"].append({"measured_at": base["git_revision"], **p})
+                taken += 1
+    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
+
+
+def table_header(gpu: str, revision: str) -> list[str]:
+    """The lines of kernels/gemm_sm90_table.py before its rows."""
+    return [
+        '"""Measured GEMM schedules (gemm_select.choose_config) per weight shape (N, K) and',
+        "token count: data the tuner writes, not edited by hand. Regenerate on an H200 (132",
+        "SMs) with",
         "",
         f"    {REGENERATE}",
         "",
-        f"Measured on the {receipt['gpu']} (the receipt, benchmarks/results/gemm_tune.json,",
-        "names the revision): per (tokens, N, K) the fastest candidate that matched the",
-        "reference, by CUDA Graph replay, medians of interleaved rounds (the comments: its time",
-        "and its ratio to cuBLAS BF16's time). Each row is (measured token count, spec); a call",
-        "takes the row of the smallest measured token count at or above its own",
-        '(gemm_sm90.table_spec). Shapes not listed take gemm_sm90.heuristic_config."""',
+        f"Measured on the {gpu} at revision {revision} (receipt: benchmarks/results/",
+        "gemm_tune.json): per (tokens, N, K) the fastest candidate that matched the reference,",
+        "by CUDA Graph replay, medians of interleaved rounds (the comments: its name in the",
+        "receipt, its time and its ratio to cuBLAS BF16's time). Each row is (measured token",
+        "count, schedule fields: gemm_select.config_of); a call takes the row of the smallest",
+        "measured token count at or above its own. Shapes not listed take",
+        'gemm_select.heuristic_config."""',
         "",
+        'RECEIPT = "benchmarks/results/gemm_tune.json"',
         "NUM_SMS = 132",
         "",
-        "TABLE: dict[tuple[int, int], tuple[tuple[int, str], ...]] = {",
+        "# fmt: off",
+        "TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {",
     ]
+
+
+def write_table(receipt: dict, path: str) -> None:
+    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid schedule per point,
+    as data (the receipt names contenders; the table holds their fields)."""
+    from mxfp8_fusion.kernels.gemm_names import schedule_of
+
+    lines = table_header(receipt["gpu"], receipt.get("git_revision", "unknown"))
     for shape in receipt["shapes"]:
         rows = best_specs(shape)
         if not rows:
             continue
         lines.append(f"    ({shape['n']}, {shape['k']}): (")
         for t, spec, ms, ratio in rows:
-            lines.append(f'        ({t}, "{spec}"),  # {ms:.4f} ms, {ratio:.2f}x')
+            lines.append(f"        # {spec}: {ms:.4f} ms, {ratio:.2f}x")
+            lines.append(f"        ({t}, {schedule_of(spec)!r}),")
         lines.append("    ),")
-    lines.append("}")
+    lines += ["}", "# fmt: on"]
     Path(path).write_text("\n".join(lines) + "\n")
     print("wrote", path)
 

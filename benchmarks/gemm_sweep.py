@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemm_report import plot, summary, write_table
+from gemm_report import merge_base, merge_states, plot, summary, write_table
+from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 # (N, K): the projection it is
 SHAPES = {
@@ -57,20 +58,21 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
     """The config choice before the measured table existed: swap-AB up to 64
     tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
     where the round-robin model favours it."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    if tokens <= g.SWAP_AB_MAX_TOKENS:
-        return g.swap_ab_config(tokens, num_sms)
+    if tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
+        return gemm_config.swap_ab_config(tokens, num_sms)
     if -(-tokens // 128) * -(-n // 128) < num_sms:
-        return g.config_from_spec("tiled 128x64 c1", tokens, num_sms)
-    busiest = {m: g._busiest(g._tile_costs(tokens, n, m), num_sms) for m in (128, 192)}
+        return gemm_names.config_from_spec("tiled 128x64 c1", tokens, num_sms)
+    busiest = {
+        m: gemm_select._busiest(gemm_select._tile_costs(tokens, n, m), num_sms) for m in (128, 192)
+    }
     if busiest[192] < busiest[128]:
-        return g.config_from_spec("tiled 192x128 c1", tokens, num_sms)
-    return g.config_from_spec("tiled 128x128 c2", tokens, num_sms)
+        return gemm_names.config_from_spec("tiled 192x128 c1", tokens, num_sms)
+    return gemm_names.config_from_spec("tiled 128x128 c2", tokens, num_sms)
 
 
 def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
-    """Specs (gemm_sm90.config_from_spec) the tune times at one point: swap-AB up to 64
+    """Specs (gemm_names.config_from_spec) the tune times at one point: swap-AB up to 64
     tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
     weight stages from 9 to 128 tokens, the two with BF16 tokens also on CTA pairs (``mc2``)
     from 9 tokens on; the pre-table heuristic's; the others where they won
@@ -79,17 +81,16 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     tokens); whole waves with a stream-K tail from 192 tokens on (128 x 64 tiles up to
     1024); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
     reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
-    specs = ["swap-ab"] if tokens <= g.SWAP_AB_MAX_TOKENS else []
-    if tokens <= g.SWAP_AB_MAX_TOKENS:
+    specs = ["swap-ab"] if tokens <= gemm_config.SWAP_AB_MAX_TOKENS else []
+    if tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-    if 8 < tokens <= g.SWAP_AB_MAX_TOKENS:
+    if 8 < tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
-    if 8 < tokens <= g.SWAP_AB_WIDE_MAX_TOKENS:
+    if 8 < tokens <= gemm_config.SWAP_AB_WIDE_MAX_TOKENS:
         # shared by two 64-row consumers, alone and on CTA pairs
         specs += ["swap-ab w128 bf16-tokens", "swap-ab w128 bf16-tokens mc2"]
-    specs.append(g.spec_of(main_heuristic(tokens, n, k, num_sms)))
+    specs.append(gemm_names.spec_of(main_heuristic(tokens, n, k, num_sms)))
     if tokens >= 256:
         specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
     if 256 <= tokens <= 512:
@@ -100,7 +101,7 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
         specs += ["tiled 128x128 c2 stream-k-tail", "tiled 192x128 c1 stream-k-tail"]
     if 192 <= tokens <= 1024:
         specs.append("tiled 128x64 c1 stream-k-tail")
-    if g.SWAP_AB_MAX_TOKENS < tokens <= 1024:
+    if gemm_config.SWAP_AB_MAX_TOKENS < tokens <= 1024:
         specs.append("tiled 192x128 c1 stream-k")
     if tokens <= 256:
         specs.append("tiled 128x64 c1 stream-k")
@@ -120,21 +121,6 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
 
 # ---------------------------------------------------------------------------------------
 # worker: one shape, some token counts
-
-
-def _graph(fns):
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fns[0]()  # warm up on the capture stream
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    return graph
 
 
 def _replay_ms(graph, inner: int, rest_s: float) -> float:
@@ -178,18 +164,23 @@ class _Data:
 
 def _configs(job, t, num_sms) -> dict:
     """name -> (spec, config) of our contenders at ``t`` tokens (not cuBLAS)."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     n, k = job["n"], job["k"]
     if job["mode"] == "sweep":
-        found = {"ours": g.choose_config(t, n, k, num_sms)}
+        found = {"ours": gemm_select.choose_config(t, n, k, num_sms)}
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
         specs = candidates(t, n, k, num_sms, job["leave_out"])
         hung = set(job.get("hung_specs", ()))
-        found = {spec: g.config_from_spec(spec, t, num_sms) for spec in specs if spec not in hung}
-    return {name: (g.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED}
+        found = {
+            spec: gemm_names.config_from_spec(spec, t, num_sms)
+            for spec in specs
+            if spec not in hung
+        }
+    return {
+        name: (gemm_names.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED
+    }
 
 
 def _contenders(job, data, t, num_sms) -> dict:
@@ -236,16 +227,16 @@ def _compile(cfg, n, k, compile_s):
 
     t0 = time.perf_counter()
     try:
-        g._compiled(g.compiled_config(cfg), n, k, n, torch.bfloat16, None)
+        g.compile_gemm(g.compiled_config(cfg), n, k, n, torch.bfloat16, None)
     except Exception as e:  # recorded in the receipt; the other configs go on
         _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
-    compile_s.setdefault(g.spec_of(cfg) + f" t{cfg.tokens_tile}", time.perf_counter() - t0)
+    tile = f" t{cfg.tokens_tile}" if cfg.kernel == gemm_names.SWAP_AB else ""
+    compile_s.setdefault(gemm_names.spec_of(cfg) + tile, time.perf_counter() - t0)
 
 
 def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
-    from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
 
     n, k = job["n"], job["k"]
@@ -264,7 +255,7 @@ def worker(job: dict) -> None:
     for t in job["tokens"]:
         for _spec, cfg in _configs(job, t, num_sms).values():
             _compile(cfg, n, k, state["compile_s"])
-    state["compile_failures"] = {g.spec_of(c): why for c, why in _FAILED.items()}
+    state["compile_failures"] = {gemm_names.spec_of(c): why for c, why in _FAILED.items()}
     from mxfp8_fusion import api
 
     api.quantize(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16))  # its compile
@@ -316,6 +307,7 @@ def _point(job, data, t, num_sms, state, save) -> dict:
     """One token count: each contender checked, then timed. ``state["checking"]`` names
     the contender whose first launch is running, so a hang can be pinned on its spec."""
     import torch
+    from common import capture_graph
 
     n, k = job["n"], job["k"]
     flops = 2.0 * t * n * k
@@ -334,7 +326,7 @@ def _point(job, data, t, num_sms, state, save) -> dict:
         valid = math.isfinite(rel) and rel < CHECK_REL
         result["contenders"][name] = {"spec": spec, "rel_err_vs_dequant_cublas": rel}
         if valid or name == "cublas_bf16":
-            graphs[name] = _graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
+            graphs[name] = capture_graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
         else:
             result["contenders"][name]["ms"] = float("nan")
     samples = {name: [] for name in graphs}
@@ -425,7 +417,7 @@ def main(args) -> None:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
         return
     import torch
-    from machine import environment, write_receipt
+    from common import environment, write_receipt
 
     shapes = list(SHAPES)
     if args.shapes:
@@ -437,19 +429,11 @@ def main(args) -> None:
         states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
         hung_file = Path(tmp) / "hung.txt"
         hung = hung_file.read_text().splitlines() if hung_file.exists() else []
-    by_shape: dict = {}
-    for st in states:
-        if "n" in st:
-            entry = by_shape.setdefault((st["n"], st["k"]), {"points": [], "compile_s": {}})
-            entry["points"] += st["points"]
-            entry["compile_s"].update(st["compile_s"])
-            entry.setdefault("errors", {}).update(st.get("errors", {}))
-            entry.setdefault("compile_failures", {}).update(st.get("compile_failures", {}))
-            entry.setdefault("worker_status", []).append([st["status"], st["returncode"]])
+    by_shape = merge_states(states)
     mode = "tune" if args.tune else "sweep"
     base_note = {}
     if mode == "tune" and args.tune_base:
-        base_note = _merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
+        base_note = merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
         # a tune of some shapes keeps the base's others (the table is written from all)
         shapes = list(shapes) + [shape for shape in by_shape if shape not in shapes]
     receipt = {
@@ -485,7 +469,9 @@ def main(args) -> None:
                     for key, v in by_shape.get((n, k), {}).items()
                     if key in ("compile_s", "worker_status", "errors", "compile_failures")
                 },
-                "points": sorted(by_shape.get((n, k), {}).get("points", []), key=_tokens),
+                "points": sorted(
+                    by_shape.get((n, k), {}).get("points", []), key=lambda p: p["tokens"]
+                ),
             }
             for n, k in shapes
         ],
@@ -499,25 +485,6 @@ def main(args) -> None:
             plot(receipt, Path(args.out).with_suffix(".png"))
         except ImportError as e:  # matplotlib is optional (the bench extra)
             print("no PNG:", e)
-
-
-def _merge_base(by_shape: dict, base: dict) -> dict:
-    """Points of an earlier tune receipt ``base`` that this tune did not measure, each marked
-    with the revision that measured it."""
-    taken = 0
-    for shape in base["shapes"]:
-        entry = by_shape.setdefault((shape["n"], shape["k"]), {"points": [], "compile_s": {}})
-        have = {p["tokens"] for p in entry["points"]}
-        for p in shape["points"]:
-            if p["tokens"] not in have:
-                # a point the base itself kept from an earlier receipt keeps its revision
-                entry["points"].append({"measured_at": base["git_revision"], **p})
-                taken += 1
-    return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
-
-
-def _tokens(point: dict) -> int:
-    return point["tokens"]
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the kernel itself takes about 1.5 us, so the queue never fills):
 * ``tvm_ffi``: the same kernel compiled with ``options="--enable-tvm-ffi"`` and called with
   plain ints (the DSL's own fast path; needs the ``apache-tvm-ffi`` package).
 
-Also ``run_if_supported``: the eager entry point (checks + launch) as the ops call it.
+Also ``run_if_served``: the eager entry point (checks + launch) as the ops call it.
 Every path's output bytes are checked equal. Writes benchmarks/results/launch.json.
 
     python benchmarks/launch.py [--launches 5000] [--rounds 7] [--out PATH]
@@ -24,7 +24,7 @@ import statistics
 import time
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 from mxfp8_fusion.kernels import quantize_slice as qs
 from mxfp8_fusion.kernels.launcher import Launcher, raw_stream
 
@@ -96,7 +96,7 @@ def main() -> None:
     paths = {
         "launcher": lambda: launcher(call_args),
         "dsl_generic": lambda: compiled(*call_args[:-1], cuda.CUstream(call_args[-1])),
-        "run_if_supported": lambda: qs.run_if_supported(source, dest.values, dest.scales, 0),
+        "run_if_served": lambda: qs.run_if_served(source, dest.values, dest.scales, 0),
     }
     notes = {"launcher_direct_entry": launcher._entry is not None}
     try:

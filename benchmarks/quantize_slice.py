@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from machine import cutlass_dsl_version, git_revision
+from common import cutlass_dsl_version, git_revision
 from mxfp8_fusion.kernels import quantize_slice as kernel
 
 from mxfp8_fusion import reference

@@ -38,17 +38,21 @@ os.environ.update(
 import argparse
 import json
 import socket
-import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from drafter import Drafter
-from machine import environment, git_revision, write_receipt
+from common import (
+    Drafter,
+    environment,
+    git_revision,
+    time_interleaved,
+    transient_peak,
+    write_receipt,
+)
 from torch import nn
 
 import mxfp8_fusion as mf
@@ -79,9 +83,6 @@ GEOMETRIES = {
 SMOKE = Geometry("smoke: 3 x 256 -> 256, tokens 64 (CPU)", 64, 256, 3)
 MODES = ("column", "row")
 
-# about 3 ms at H200 clocks: the host launches a whole call while the GPU still sleeps
-_QUEUE_CYCLES = 6_000_000
-
 
 def write_checkpoint(geo: Geometry, path: Path, device: torch.device) -> None:
     """A full BF16 ``fc`` (weight and bias) as a torch.save file: what every rank shards.
@@ -104,41 +105,12 @@ def hidden_states(geo: Geometry, device: torch.device) -> list[torch.Tensor]:
     ]
 
 
-def transient_peak(fn, hidden) -> tuple[int, torch.Tensor]:
-    if not torch.cuda.is_initialized():  # the CPU smoke run
-        return 0, fn(*hidden)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = fn(*hidden)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before, out
-
-
-def time_interleaved(fns: dict, hidden, rounds: int, queued: bool) -> dict[str, float]:
-    """Median ms of each callable, A B A B, the order rotated each round; every call starts
-    after a barrier, so the ranks' collectives do not wait on a rank that is behind."""
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    cuda = hidden[0].device.type == "cuda"
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            dist.barrier()
-            if not cuda:  # the CPU smoke run
-                t0 = time.perf_counter()
-                fns[name](*hidden)
-                samples[name].append((time.perf_counter() - t0) * 1e3)
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            if queued:
-                torch.cuda._sleep(_QUEUE_CYCLES)
-            start.record()
-            fns[name](*hidden)
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end))
-    return {name: statistics.median(v) for name, v in samples.items()}
+def _barrier() -> None:
+    """Every rank starts a timed call together, so the ranks' collectives do not wait on a
+    rank that is behind."""
+    dist.barrier()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def shard_bytes(layer: nn.Module) -> int:
@@ -177,8 +149,8 @@ def bench_case(geo: Geometry, mode: str, checkpoint: str, rounds: int, graph_rep
             peaks[name], out = transient_peak(fn, hidden)
             outputs[name] = out.clone()
             del out
-        times = time_interleaved(fns, hidden, rounds, queued=False)
-        queued = time_interleaved(fns, hidden, rounds, queued=True)
+        times = time_interleaved(fns, hidden, rounds, queued=False, before_each=_barrier)
+        queued = time_interleaved(fns, hidden, rounds, queued=True, before_each=_barrier)
     ref = outputs["eager"].view(torch.int16)
     bitwise = {n: bool(torch.equal(o.view(torch.int16), ref)) for n, o in outputs.items()}
     if mode == "column":

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from common import command_line, convert_and_check, random_bf16
+from shared import command_line, convert_and_check, random_bf16
 from torch import nn
 
 

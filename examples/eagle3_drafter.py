@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from common import command_line, convert_and_check, random_bf16, sequence_inputs
+from shared import command_line, convert_and_check, random_bf16, sequence_inputs
 from torch import Tensor, nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from common import command_line, convert_and_check, random_bf16, sequence_inputs
+from shared import command_line, convert_and_check, random_bf16, sequence_inputs
 from torch import nn
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (

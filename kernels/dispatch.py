@@ -1,8 +1,10 @@
-"""Which calls a kernel serves, and the entry points the custom ops call.
+"""Which kernel serves a call, and the entry points the custom ops call.
 
 Each entry point checks the call's facts (device, dtype, shape, alignment: cheap, no
-compile, no device sync) and launches the kernel where it serves them, in one pass; it
-returns False where it does not, and the op runs the reference.
+compile, no device sync) and launches the kernel where it serves them, in one pass. It
+returns None once a kernel is launched, else a sentence saying why none serves the call
+(nothing launched): the op then runs the reference and names that reason in its one-time
+warning. Every kernel module answers the same way (``refusal``, ``run_if_served``).
 
 By compute capability:
 
@@ -50,24 +52,11 @@ def _device_capability(device: torch.device) -> tuple[int, int] | None:
 _CUBLAS_MAJORS = (10, 12)
 
 
-def unavailable_reason(device: torch.device, what: str = "") -> str:
-    """A sentence saying why no kernel serves a call of ``what`` (``"GEMM"`` or ``"slice
-    quantizer"``) on ``device``."""
-    cap = _device_capability(device)
+def _no_device_kernel(device: torch.device, cap: tuple[int, int] | None) -> str:
+    """Why no kernel of this library runs on ``device`` at all."""
     if cap is None:
         return f"device {device} is not a CUDA device"
-    gpu = f"GPU sm_{cap[0]}{cap[1]}"
-    if what == "GEMM" and cap[0] in _CUBLAS_MAJORS:
-        return f"{gpu}: {_gemm_cublas().last_refusal}"
-    if not cute_dsl_installed():
-        return "nvidia-cutlass-dsl is not installed"
-    if what == "GEMM" and cap != (9, 0):
-        return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"
-    if what == "GEMM":
-        return f"{gpu}: {_gemm_sm90().last_refusal}"
-    if what != "GEMM" and _quantizer_arch(cap) is None:
-        return f"{gpu}: the slice quantizer is built for {', '.join(_quantizer_archs())}"
-    return f"{gpu} with unsupported shape or dtype"
+    return "nvidia-cutlass-dsl is not installed"
 
 
 # The host modules below import torch only (cutlass loads at the first compile), but they are
@@ -104,40 +93,51 @@ def _quantizer_archs() -> list[str]:
     return list(_quantize_slice().ARCHS.values())
 
 
-def _device_quantizer_arch(device: torch.device) -> str | None:
-    """The slice quantizer's build target for ``device``, None where none runs there."""
+def _quantizer_arch_or_reason(device: torch.device) -> tuple[str | None, str]:
+    """(the slice quantizer's build target for ``device``, "") or (None, why none runs)."""
     cap = _device_capability(device)
     if cap is None or not cute_dsl_installed():
-        return None
-    return _quantizer_arch(cap)
-
-
-def quantize_slice(source, values, scales, column) -> bool:
-    """Run the slice-quantizer kernel where it serves the call; False (nothing launched)
-    where it does not, and the caller runs the reference."""
-    arch = _device_quantizer_arch(source.device)
+        return None, _no_device_kernel(device, cap)
+    arch = _quantizer_arch(cap)
     if arch is None:
-        return False
-    return _quantize_slice().run_if_supported(source, values, scales, column, arch)
+        built = ", ".join(_quantizer_archs())
+        return None, f"GPU sm_{cap[0]}{cap[1]}: the slice quantizer is built for {built}"
+    return arch, ""
 
 
-def quantize_slices(sources, values, scales, columns) -> bool:
+def quantize_slice(source, values, scales, column) -> str | None:
+    """Run the slice-quantizer kernel where it serves the call: None once launched, else why
+    not (nothing launched; the caller runs the reference)."""
+    arch, reason = _quantizer_arch_or_reason(source.device)
+    if arch is None:
+        return reason
+    return _quantize_slice().run_if_served(source, values, scales, column, arch)
+
+
+def quantize_slices(sources, values, scales, columns) -> str | None:
     """Quantize all ``sources`` in one kernel launch where that serves them (equal shapes,
-    at most 8); False (nothing launched) otherwise."""
-    arch = _device_quantizer_arch(sources[0].device) if sources else None
+    at most 8): None once launched, else why not (nothing launched)."""
+    if not sources:
+        return "no slices"
+    arch, reason = _quantizer_arch_or_reason(sources[0].device)
     if arch is None:
-        return False
-    return _quantize_slice().run_many_if_supported(sources, values, scales, columns, arch)
+        return reason
+    return _quantize_slice().run_many_if_served(sources, values, scales, columns, arch)
 
 
-def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
     """Run the MXFP8 GEMM where a kernel serves the call (by capability: see the module
-    docstring); False (nothing launched) where none does."""
+    docstring): None once launched, else why none does (nothing launched)."""
     cap = _device_capability(a_values.device)
     if cap == (9, 0):  # wgmma: exactly sm_90
         if not cute_dsl_installed():
-            return False
-        return _gemm_sm90().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)
-    if cap is not None and cap[0] in _CUBLAS_MAJORS:
-        return _gemm_cublas().run_if_supported(a_values, a_scales, b_values, b_scales, bias, out)
-    return False
+            return _no_device_kernel(a_values.device, cap)
+        reason = _gemm_sm90().run_if_served(a_values, a_scales, b_values, b_scales, bias, out)
+    elif cap is not None and cap[0] in _CUBLAS_MAJORS:
+        reason = _gemm_cublas().run_if_served(a_values, a_scales, b_values, b_scales, bias, out)
+    elif cap is None:
+        return _no_device_kernel(a_values.device, cap)
+    else:
+        gpu = f"GPU sm_{cap[0]}{cap[1]}"
+        return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"
+    return None if reason is None else f"GPU sm_{cap[0]}{cap[1]}: {reason}"

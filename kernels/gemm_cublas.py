@@ -214,9 +214,6 @@ def backend() -> tuple[object, str | None]:
 
 # --- the ops' entry point -----------------------------------------------------------------
 
-last_refusal = "no call was refused"
-"""Why the latest call cuBLAS did not serve ran the reference (the fallback warning's reason)."""
-
 # Shapes cuBLAS has no kernel for, with its answer: (device, M, N, K, out dtype, GEMM dtype,
 # bias dtype) -> reason. They run the reference without asking again.
 _rejected: dict[tuple, str] = {}
@@ -231,24 +228,20 @@ def _call_key(call: Call) -> tuple:
     )  # fmt: skip
 
 
-def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
+def run_if_served(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
     """``out[:M] = A @ B.T (+ bias)`` through cuBLAS where :func:`plan` and cuBLAS serve the
-    call; False (nothing written) where they do not, with the reason in
-    :data:`last_refusal`. Launches on the current stream; no host sync."""
-    global last_refusal
+    call: None once launched, else a sentence saying why not (nothing written). Launches on
+    the current stream; no host sync."""
     gemm, reason = backend()
     if gemm is None:
-        last_refusal = reason
-        return False
+        return reason
     call = plan(a_values, a_scales, b_values, b_scales, bias, out)
     if isinstance(call, str):
-        last_refusal = call
-        return False
+        return call
     if _rejected:
         known = _rejected.get(_call_key(call))
         if known is not None:
-            last_refusal = known
-            return False
+            return known
     try:
         call.run(gemm)
     except RuntimeError as error:
@@ -259,8 +252,6 @@ def run_if_supported(a_values, a_scales, b_values, b_scales, bias, out) -> bool:
         key = _call_key(call)
         m, n, k = key[1], key[2], key[3]
         first_line = str(error).splitlines()[0]
-        last_refusal = _rejected[key] = (
-            f"cuBLAS has no MXFP8 kernel for M={m} N={n} K={k} ({first_line})"
-        )
-        return False
-    return True
+        _rejected[key] = f"cuBLAS has no MXFP8 kernel for M={m} N={n} K={k} ({first_line})"
+        return _rejected[key]
+    return None

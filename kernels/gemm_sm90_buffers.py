@@ -17,7 +17,7 @@ from .constants import WG_THREADS
 from .launcher import compile_for_scalars, launch, raw_stream
 
 if TYPE_CHECKING:
-    from .gemm_sm90 import GemmConfig
+    from .gemm_config import GemmConfig
 
 REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
 TOKENS_KINDS = "qqqi"  # A values, A scales, BF16 tokens, M

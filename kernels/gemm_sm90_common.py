@@ -18,11 +18,11 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32, Uint32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.tensor_utils import LayoutEnum
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
 
@@ -335,7 +335,7 @@ def rs_tiled_mma(dtype, tile_mn):
 def smem_layout(dtype, rows: int, k: int, stages: int):
     """K-major 128-byte-swizzled stages: byte (r, c) of a stage at r*128 + (c ^ (r%8)*16)."""
     atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, dtype, k), dtype
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, k), dtype
     )
     return cute.tile_to_shape(atom, (rows, k, stages), order=(0, 1, 2))
 

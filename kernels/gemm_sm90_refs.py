@@ -15,6 +15,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+from cutlass.memory import SmemAllocator
 
 from mxfp8_fusion.format import (
     CHUNK_BYTES,
@@ -77,7 +78,7 @@ class RowReferencesSm90:
         bidx, _, _ = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx % 32
-        st = cutlass.utils.SmemAllocator().allocate(self.storage)
+        st = SmemAllocator().allocate(self.storage)
         mx_s = st.mx.data_ptr().toint()
         mn_s = st.mn.data_ptr().toint()
         is_b = bidx >= a_blocks

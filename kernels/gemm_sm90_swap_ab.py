@@ -64,100 +64,42 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-from cutlass import Int32, Uint32
+from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, ceil_div, row_blocks
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
-    Sm90Gemm,
-    add_parts,
     chunk_slots,
     chunk_views,
-    chunk_word,
     convert_fragment,
-    dequant_pair,
     fp8_load_pipe,
     gemm_tensors,
     load_fragment_bytes,
-    load_smem_words,
-    mul_bf16x2,
     rs_tiled_mma,
-    scale_factors,
     smem_layout,
-    store_flag,
-    store_smem_word,
     tma_load,
     tma_load_chunks,
     tma_views,
-    wait_flag,
 )
-from .ptx import store_globaltimer
-
-TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
-K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
-W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
-# named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
-
-
-# L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
-# EVICT_FIRST). On the weight stream: 16 tokens 0.572-0.574 of cuBLAS BF16's time against
-# 0.582 without, 1 token 0.576 against 0.582-0.585 (H200, two runs each, alternated).
-L2_EVICT_FIRST = 0x12F0000000000000
-# ... and the default priority (EVICT_NORMAL), spelled out for the multicast token loads,
-# whose instruction always carries a policy
-L2_EVICT_NORMAL = 0x1000000000000000
-
-# In-kernel timing (benchmarks/gemm_diag_stamps.py): with MXFP8SwapABGemmSm90.stamps_addr
-# set to a device buffer of 8 int64 per CTA before the compile, each CTA writes the GPU clock
-# there at these points (the producer's and consumer 0's), in this order. 0, the default,
-# compiles none of it (the PTX is the same as without these lines).
-STAMPS = (
-    "entry", "synced", "first_load_issued", "loads_issued", "first_stage_landed",
-    "segments_done", "fixup_done", "stages_released",
-)  # fmt: skip
+from .gemm_sm90_swap_ab_parts import (
+    K_STEPS,
+    L2_EVICT_FIRST,
+    L2_EVICT_NORMAL,
+    TILE_W,
+    W_GROUPS,
+    SwapABParts,
+)
 
 
-class MXFP8SwapABGemmSm90(Sm90Gemm):
-    """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``."""
+class MXFP8SwapABGemmSm90(SwapABParts):
+    """``out[:M] = dequant(A) @ dequant(B).T (+ bias)`` for M <= ``cfg.tokens_tile``.
 
-    stamps_addr = 0  # see STAMPS
-
-    def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
-        super().__init__(n, k, ld_out, bias_dtype, out_dtype)
-        self.tn = cfg.tokens_tile
-        # tokens already BF16 in the weight fragment's K order (gemm_sm90_tokens): TMA'd with
-        # the stage, no conversion here
-        self.bf16_tokens = bool(cfg.bf16_tokens)
-        self.stages = cfg.stages
-        self.consumers = cfg.consumers
-        # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it
-        # has its next one, so the producer needs a stage beyond the C held
-        if self.stages < self.consumers + int(self.bf16_tokens):
-            raise ValueError(f"stages must be at least consumers (+1 with bf16_tokens), got {cfg}")
-        self.num_ctas_cap = cfg.num_ctas
-        # weight rows per stage: 64, every consumer on alternate stages of them; or (row
-        # split) 64 per consumer, all of them on every stage and its one token tile
-        self.tile_w = cfg.tile_w
-        self.row_split = self.tile_w != TILE_W
-        if self.row_split and (not self.bf16_tokens or self.tile_w != TILE_W * self.consumers):
-            raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
-        # stream-K workspace slots (and flags) per CTA: one per consumer that finishes tiles
-        self.ws_slots = self.consumers if self.row_split else 1
-        # CTA clusters (cfg.cluster 2): the two CTAs of a pair take adjacent weight tiles over
-        # the same K stages, so each loads one K half of the stage's token tile for both
-        self.cluster = cfg.cluster
-        if self.cluster != 1 and not (self.cluster == 2 and self.bf16_tokens):
-            raise ValueError(f"cluster 2 needs bf16_tokens: {cfg}")
-        self.w_tiles = ceil_div(n, self.tile_w)
-        self.w_chunks = row_blocks(n) * self.k_tiles
-        # units: (group of `cluster` adjacent weight tiles, K stage), split over the groups
-        # of CTAs; a CTA takes its own tile of each group (past N: zeros, never stored)
-        self.units = ceil_div(self.w_tiles, self.cluster) * self.k_tiles
-        self.num_groups = min(self.num_ctas_cap // self.cluster, self.units)
-        self.num_ctas = self.num_groups * self.cluster
+    The launch, the producer and the consumers' main loop are here; the geometry, the
+    token tile's loads and the partial sums' reduction, fixup and store are in
+    :class:`SwapABParts`."""
 
     @cute.jit
     def __call__(
@@ -268,8 +210,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         cta, _, _ = cute.arch.block_idx()
-        if tidx == 0:
-            self._stamp(cta, "entry")
         # stream-K: CTA group q of G (a CTA, or a cluster) owns the (weight tile group, K
         # stage) units [q U / G, (q + 1) U / G)
         group, rank = self._group_rank(cta)
@@ -278,7 +218,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
         if warp == 0:
             for atom in (tma_w, tma_a, tma_sw, tma_sa):
                 cpasync.prefetch_descriptor(atom)
-        st = utils.SmemAllocator().allocate(self.storage)
+        st = SmemAllocator().allocate(self.storage)
         # each stage is consumed by one consumer warpgroup (by all of them: row split)
         load_pipe = fp8_load_pipe(
             st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes,
@@ -291,8 +231,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if tidx == 0:
-            self._stamp(cta, "synced")
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
             if cutlass.const_expr(self.bf16_tokens):
@@ -309,24 +247,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
             sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
             self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
                            mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
-
-    def _group_rank(self, cta):
-        """(CTA group, rank in it) of ``cta``: the CTA itself and 0 without clusters."""
-        if cutlass.const_expr(self.cluster == 1):
-            return cta, 0
-        return cta // self.cluster, cta % self.cluster
-
-    def _cta_of(self, group, rank):
-        """The CTA of ``rank`` in CTA group ``group``."""
-        if cutlass.const_expr(self.cluster == 1):
-            return group
-        return group * self.cluster + rank
-
-    def _w_tile(self, group_tile, rank):
-        """The weight tile a CTA of ``rank`` takes of the tile group ``group_tile``."""
-        if cutlass.const_expr(self.cluster == 1):
-            return group_tile
-        return group_tile * self.cluster + rank
 
     @cute.jit
     def _producer(
@@ -378,13 +298,7 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 cute.copy(tma_sa, tSAg[(None, 0, kt)], tSAs[(None, ps.index)], tma_bar_ptr=bar)
             load_pipe.producer_commit(ps)
             ps.advance()
-            if u == begin and cute.arch.lane_idx() == 0:
-                self._stamp(cta, "first_load_issued")
-        if cute.arch.lane_idx() == 0:
-            self._stamp(cta, "loads_issued")
         load_pipe.producer_tail(ps)
-        if cute.arch.lane_idx() == 0:
-            self._stamp(cta, "stages_released")
 
     @cute.jit
     def _consumer(
@@ -440,8 +354,6 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                 count = (seg_end - u - cw + consumers - 1) // consumers
             for _i in range(count):
                 load_pipe.consumer_wait(ls)
-                if u == begin and _i == 0 and cw == 0 and ct == 0:
-                    self._stamp(cta, "first_stage_landed")
                 w_words, w_scales = load_fragment_bytes(
                     w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
                     sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
@@ -492,163 +404,8 @@ class MXFP8SwapABGemmSm90(Sm90Gemm):
                                                  mBias, m, ct, cw, cta, mPartials, mFlags,
                                                  owned, rank)  # fmt: skip
             u = seg_end
-        if cw == 0 and ct == 0:
-            self._stamp(cta, "segments_done")
         if cutlass.const_expr(self.row_split):
             if owned >= 0:
                 self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
         elif cw == 0 and owned >= 0:
             self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
-        if cw == 0 and ct == 0:
-            self._stamp(cta, "fixup_done")
-
-    @cute.jit
-    def _stamp(self, cta, name: str):
-        """The GPU clock at point ``name`` of STAMPS into this CTA's row (stamps_addr)."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            slot = cutlass.Int64(cta) * len(STAMPS) + STAMPS.index(name)
-            store_globaltimer(cutlass.Int64(self.stamps_addr) + slot * 8)
-
-    @cute.jit
-    def _reduce_consumers(self, cw, ct, st, acc):
-        """Consumers 1.. hand their partial sums to consumer 0, which adds them in order."""
-        if cutlass.const_expr(self.consumers > 1):
-            red = st.sRed.get_tensor(
-                cute.make_layout((cute.size(acc), WG_THREADS, self.consumers - 1))
-            )
-            everyone = self.consumers * WG_THREADS
-            if cw > 0:
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    red[i, ct, cw - 1] = acc[i]
-            cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=everyone)
-            if cw == 0:
-                for c in cutlass.range_constexpr(1, self.consumers):
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        acc[i] = acc[i] + red[i, ct, c - 1]
-            # the next segment may overwrite ``red`` only after consumer 0 has read it
-            cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=everyone)
-
-    @cute.jit
-    def _finish_segment(
-        self, u, seg_end, tile, tile_end, thr, acc, mD, mBias, m, ct, cw, cta, mPartials,
-        mFlags, owned, rank,
-    ):  # fmt: skip
-        """A finishing consumer (consumer 0; each one with the row split) with the
-        segment's sum (of its weight tile of tile group ``tile``): a whole tile is stored; a
-        tile's tail is kept for the fixup (returns the tile group as the new ``owned``); a
-        head or middle part is published for the CTA holding the tail."""
-        slot = self._slot(cta, cw)
-        if u == tile * self.k_tiles and seg_end == tile_end:
-            self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
-        elif seg_end == tile_end:
-            # the tile's tail: the fixup waits for the lower CTAs' parts at the end
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 1, slot] = acc[i]
-            owned = tile
-        else:
-            # head or middle of the tile: publish it for the CTA holding the tail
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 0, slot] = acc[i]
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
-            if ct == 0:
-                store_flag(mFlags.iterator + slot, 1)
-        return owned
-
-    def _bar(self, cw):
-        """The named barrier of finishing consumer ``cw``'s warpgroup."""
-        return 1 + cw if self.row_split else 1
-
-    def _slot(self, cta, cw):
-        """The stream-K workspace slot (and flag) of ``cta``'s finishing consumer ``cw``."""
-        return cta * self.ws_slots + cw if self.row_split else cta
-
-    @cute.jit
-    def _fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
-        """Sum the tile's parts in K order (published heads/middles of the lower CTA groups'
-        CTAs of this rank, then this CTA's tail) and store it. Waits only on lower groups,
-        which never wait on higher ones and start no later, so every wait ends. The lower
-        parts' flags are awaited together (a thread each), then the parts are loaded several
-        at a time (parts_in_flight) and added in order."""
-        group, rank = self._group_rank(cta)
-        first = ((tile * self.k_tiles + 1) * self.num_groups - 1) // self.units
-        for c in range(first + ct, group, WG_THREADS):
-            wait_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw))
-        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
-        cute.arch.fence_acq_rel_gpu()
-        acc.fill(0.0)
-        add_parts(
-            acc, first, group,
-            lambda c: mPartials[None, ct, 0, self._slot(self._cta_of(c, rank), cw)],
-        )  # fmt: skip
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
-        self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
-        # every thread has read the parts: re-arm the flags for the next launch
-        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
-        for c in range(first + ct, group, WG_THREADS):
-            store_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw), 0)
-
-    def _token_units(self, ct):
-        """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""
-        units = []
-        for i in range(max(1, self.tn * 8 // WG_THREADS)):
-            q = ct + WG_THREADS * i
-            units.append((q % self.tn, q // self.tn))
-        return units
-
-    @cute.jit
-    def _load_tokens(self, ct, a8, sa, stage):
-        loaded = []
-        for row, u in self._token_units(ct):
-            words = cute.make_rmem_tensor((4,), Uint32)
-            words.fill(0)
-            scale = cute.make_rmem_tensor((1,), Uint32)
-            scale.fill(0)
-            if u < 8:  # tokens_tile 8 leaves half the threads without a unit
-                addr = a8 + stage * (self.tn * TILE_K8) + row * TILE_K8 + ((u ^ (row % 8)) << 4)
-                cute.autovec_copy(
-                    cute.make_tensor(
-                        cute.make_ptr(Uint32, addr, cute.AddressSpace.smem, assumed_align=16),
-                        cute.make_layout(4),
-                    ),
-                    words,
-                )
-                scale[0] = load_smem_words(sa + stage * CHUNK_BYTES + chunk_word(row) * 4, 1, 4)[0]
-            loaded.append((row, u, words, scale))
-        return loaded
-
-    @cute.jit
-    def _store_tokens(self, loaded, a16):
-        """Unit u = bytes 16u.. of the stage: word w's pairs go to the permuted K slots.
-
-        Byte 4w + q of unit u is K 32b + 8t + 4i + q (b = u / 2, t = 2 (u % 2) + w / 2,
-        i = w % 2); the weight fragment puts it at k16 block 2b + i, slot 2t + (q % 2) +
-        8 (q / 2). As BF16 words of the stage: 16b + 8i + 4 (q / 2) + t, i.e. half b / 2,
-        16-byte chunk 4 (b % 2) + 2i + q / 2, word t of the chunk.
-        """
-        for row, u, words, scale in loaded:
-            if u < 8:
-                b = u // 2
-                s = Int32(scale[0] >> (8 * b)) & 0xFF
-                factor, rest, _ = scale_factors(s)
-                base = a16 + (b // 2) * (self.tn * TILE_K16 * 2) + row * (TILE_K16 * 2)
-                for w in cutlass.range_constexpr(4):
-                    t = 2 * (u % 2) + w // 2
-                    for hi in cutlass.range_constexpr(2):
-                        # branch-free: ``rest`` is 1.0 for scale bytes <= 134
-                        v = mul_bf16x2(dequant_pair(words[w], factor, hi == 1), rest)
-                        chunk = 4 * (b % 2) + 2 * (w % 2) + hi
-                        store_smem_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
-
-    @cute.jit
-    def _store_tile(self, thr, acc, mD, mBias, m, tile, cw):
-        """Accumulator (weight row, token) -> out[token, column], bias in FP32: column tile *
-        64 + row (row split: tile * tile_w + 64 cw + row)."""
-        coords = thr.partition_C(cute.make_identity_tensor((TILE_W, self.tn)))
-        row0 = tile * self.tile_w + cw * TILE_W if self.row_split else tile * TILE_W
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            row, token = coords[i]
-            col = row0 + row
-            if token < m and col < self.n:
-                self.store_output(mD, mBias, token, col, acc[i])

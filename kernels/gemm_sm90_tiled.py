@@ -23,7 +23,7 @@ the lower CTAs in K order (no atomics: every call sums alike). With few output t
 than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
 keeps all of them streaming. ``stream_k`` 2 runs the full waves as whole tiles and splits
 only the rest's units that way, which keeps the whole tiles' L2 sharing and evens out the
-last round. Roles:
+last round. The tile geometry and this work split are in gemm_sm90_tiled_schedule. Roles:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
@@ -47,15 +47,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
+from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS, ceil_div, row_blocks
+from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
 
 from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from .gemm_sm90_common import (
-    Sm90Gemm,
     chunk_slots,
     chunk_views,
     fp8_load_pipe,
@@ -69,124 +68,16 @@ from .gemm_sm90_common import (
     tma_views,
 )
 from .gemm_sm90_tiled_consumer import ConsumerRole
-from .gemm_sm90_tiled_convert import HALVES, REF_STAGES, WeightConverterRole
-from .ptx import add_global_u64, clock64, store_globaltimer
-
-# (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
-# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
-# faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
-# + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 =
-# 61440. (Two converters with the consumers at 176 and the FP16 path measured 3% faster;
-# docs/gemm_log.md.)
-# Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
-# 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
-# launch are fewer than an m64n128 wgmma needs.)
-# Stream-K's segment bookkeeping lives in the converters too: at 48 (two converters) and 64
-# (three consumers) ptxas spills 56 and 36 bytes there. Two converters take 56 / 168, which
-# spills 8 bytes (none with consumers at 176, where the converters spill). Three consumers
-# keep 128 and let the converter spill: at 72 / 120 (no spills) the 192-row stream-K kernel
-# ran 8-12% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
-# consumers, stream-K).
-REGS = {
-    (1, 2, False): (40, 120, 176),
-    (2, 2, False): (32, 48, 176),
-    (1, 3, False): (32, 64, 128),
-    (1, 2, True): (40, 120, 176),
-    (2, 2, True): (32, 56, 168),
-    (1, 3, True): (32, 64, 128),
-}
-CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
-# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
-# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring
-# (REF_STAGES): words [0, tile_m) A rows, then 128 B rows (ref - 127), then the mode (1 =
-# BF16).
-SCAN_THREADS = 32
-
-# In-kernel timing (benchmarks/gemm_diag_tile_stamps.py): with MXFP8TiledGemmSm90.stamps_addr
-# set to a zeroed device buffer of STAMPED_TILES * STAMP_WORDS int64 per CTA before the
-# compile, each CTA writes the GPU clock (ns) at these points of each of its first
-# STAMPED_TILES segments (the producer's, the first converter thread's and consumer 0's),
-# then adds up the SM cycles those threads spend in each kind of wait of TILE_WAITS (and in
-# the whole segment's mainloop and conversion, the waits' denominators). 0, the
-# default, compiles none of it (the PTX is the same as without these lines).
-TILE_STAMPS = (
-    "producer_first_stage", "converter_first_stage", "converter_done", "consumer_start",
-    "consumer_refs", "consumer_first_stage", "consumer_mainloop_done", "consumer_done",
-)  # fmt: skip
-TILE_WAITS = (
-    "consumer_mainloop", "consumer_a_wait", "consumer_b_wait", "consumer_wgmma_wait",
-    "converter_tile", "converter_a_wait", "converter_slot_wait",
-)  # fmt: skip
-STAMP_WORDS = len(TILE_STAMPS) + len(TILE_WAITS)
-STAMPED_TILES = 32
+from .gemm_sm90_tiled_convert import WeightConverterRole
+from .gemm_sm90_tiled_schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
 
 
-class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
-    """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile."""
+class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
+    """Warp-specialized persistent MXFP8 GEMM: A FP8 -> BF16 registers, B FP8 -> BF16 tile.
 
-    stamps_addr = 0  # see TILE_STAMPS
-    # Diagnostics (benchmarks/gemm_diag_no_convert.py), set before the compile; wrong results
-    # on purpose: the consumers neither load nor convert A (an optimistic bound for taking
-    # A's conversion off them), the converter neither converts nor stores B. Off, the
-    # default, they compile to nothing.
-    no_a_diag = False
-    no_b_diag = False
-
-    def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
-        super().__init__(n, k, ld_out, bias_dtype, out_dtype)
-        self.cfg = cfg
-        self.tile_n = cfg.tile_n
-        # the B converter gives each of its threads whole 32-element units (_convert_b)
-        if self.tile_n not in (64, 128):
-            raise ValueError(f"tile_n must be 64 or 128, got {self.tile_n}")
-        self.tile_m = cfg.tile_m
-        if self.tile_m not in (64, 128, 192):
-            raise ValueError(f"tile_m must be 64, 128 or 192, got {self.tile_m}")
-        # 64-row tiles: two consumer warpgroups on the same rows, one per K half of every
-        # FP8 stage (their sums added at the end of a segment); else one per 64 rows
-        self.k_split = self.tile_m == 64
-        # the k-split hand-off goes through the stream-K workspace, which only stream-K
-        # launches get
-        if self.k_split and not cfg.stream_k:
-            raise ValueError(f"64-row tiles need stream_k, got {cfg}")
-        self.row_blocks = self.tile_m // 64
-        self.consumers = 2 if self.k_split else self.row_blocks
-        # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
-        # second consumer's sums (gemm_sm90.py sizes the workspace alike)
-        self.ws_blocks = 2 if self.k_split else self.row_blocks
-        self.convert_wgs = cfg.converters
-        if (self.convert_wgs, self.consumers, False) not in REGS or (
-            2 * self.tile_n < self.convert_wgs * WG_THREADS
-        ):
-            raise ValueError(f"converters must be 1, or 2 with tile 128 x 128, got {cfg}")
-        # a tile's A rows span one 512-byte scale chunk per stage up to 128 rows, two at 192
-        self.a_chunks = 1 if self.tile_m <= ROW_BLOCK else 2
-        # ring words: A rows' references, then B rows', then the mode
-        self.b_ref0 = self.tile_m
-        self.mode_word = self.tile_m + 128
-        self.ref_words = self.mode_word + 4
-        self.convert_threads = self.convert_wgs * WG_THREADS
-        self.consumer_wg0 = CONVERT_WG0 + self.convert_wgs
-        self.stages8 = cfg.stages
-        self.stages16 = cfg.stages16
-        # the converter commits both halves of an FP8 stage together and the consumers
-        # release each half one half late: two 16-bit stages deadlock (measured: a hang). A
-        # k-split consumer reads every other half and releases it once it holds its next
-        # one, so the converter's next pair needs a fourth stage (three measured a hang)
-        min16 = 2 * HALVES if self.k_split else 2 * HALVES - 1
-        if self.stages16 < min16:
-            raise ValueError(f"stages16 must be at least {min16} here, got {cfg}")
-        self.n_tiles = ceil_div(n, self.tile_n)
-        self.b_chunks = row_blocks(n) * self.k_tiles
-        self.stream_k = bool(cfg.stream_k)
-        # stream_k 2: whole tiles for the full waves, stream-K over the rest (_waves); not
-        # with k-split tiles (GemmConfig refuses it)
-        self.sk_tail = cfg.stream_k == 2
-        self.num_ctas_cap = cfg.num_ctas
-        # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
-        # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
-        # register, threads fastest so that a warp's stores are contiguous)
-        self.frag = 64 * self.tile_n // WG_THREADS
+    The launch, the producer warp and the reference warp are here; the converter and
+    consumer warpgroups' methods are in their roles, and the tile geometry and work split
+    all of them read in :class:`TiledSchedule`."""
 
     @cute.jit
     def __call__(
@@ -306,7 +197,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
         if warp == 0:
             for atom in (tma_a, tma_b, tma_sa, tma_sb):
                 cpasync.prefetch_descriptor(atom)
-        st = utils.SmemAllocator().allocate(self.storage)
+        st = SmemAllocator().allocate(self.storage)
         # the B converters and the A-converting consumers both read each FP8 stage
         readers = self.convert_threads + self.consumers * WG_THREADS
         load_pipe = fp8_load_pipe(st.load_bar.data_ptr(), self.stages8, readers, self.tx_bytes)
@@ -380,9 +271,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
             a_chunk0 = ((tm * self.tile_m) // ROW_BLOCK) * k_tiles
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
-                if cutlass.const_expr(self.stamps_addr != 0):
-                    if kt == k0:
-                        self._stamp(_t, m, "producer_first_stage")
                 bar = load_pipe.producer_get_barrier(ps)
                 cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
@@ -401,157 +289,6 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole, Sm90Gemm):
                 ps.advance()
             u = self._next_unit(seg_end, hop)
         load_pipe.producer_tail(ps)
-
-    @cute.jit
-    def _stamp(self, t, m, name: str):
-        """The GPU clock at point ``name`` of TILE_STAMPS of this CTA's segment on tile ``t``
-        into stamps_addr (segments past STAMPED_TILES are not stamped)."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            j, addr = self._stamp_slot(t, m, TILE_STAMPS.index(name))
-            if j < STAMPED_TILES:
-                store_globaltimer(addr)
-
-    @cute.jit
-    def _add_wait(self, t, m, name: str, since):
-        """Adds the SM cycles from ``since`` (clock64) to now to wait ``name`` of TILE_WAITS of
-        this CTA's segment on tile ``t``."""
-        if cutlass.const_expr(self.stamps_addr != 0):
-            cycles = clock64() - since
-            j, addr = self._stamp_slot(t, m, len(TILE_STAMPS) + TILE_WAITS.index(name))
-            if j < STAMPED_TILES:
-                add_global_u64(addr, cycles)
-
-    def _stamper(self, t, m, thread):
-        """With stamps_addr set, a segment's stamp context: (tile ``t``, ``m``, whether this
-        thread stamps); else None, and the stamp helpers compile to nothing."""
-        return (t, m, thread) if self.stamps_addr != 0 else None
-
-    @cute.jit
-    def _mark(self, stamp, name: str):
-        """``stamp`` given: its stamping thread writes the clock at point ``name``."""
-        if cutlass.const_expr(stamp is not None):
-            if stamp[2]:
-                self._stamp(stamp[0], stamp[1], name)
-
-    def _clock(self, stamp):
-        """``stamp`` given (stamps_addr set; tile, m, stamping thread): the SM's clock, else
-        0 (nothing compiled)."""
-        return clock64() if stamp is not None else 0
-
-    @cute.jit
-    def _waited(self, stamp, name: str, since):
-        """``stamp`` given: its stamping thread adds the cycles since ``since`` to ``name``."""
-        if cutlass.const_expr(stamp is not None):
-            if stamp[2]:
-                self._add_wait(stamp[0], stamp[1], name, since)
-
-    @cute.jit
-    def _stamp_slot(self, t, m, word: int):
-        """(this CTA's segment number on tile ``t``, the byte address of its ``word``)."""
-        cta, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        # persistent: tiles cta, cta + G, ...; stream-K: consecutive tiles from the first
-        j = (t - cta) // grid
-        if cutlass.const_expr(self.sk_tail):
-            _start, _stop, (_skip, whole_end, sk_start) = self._my_units(m)
-            whole = whole_end // self.k_tiles
-            j = cutlass.select_(t < whole, j, whole // grid + t - sk_start // self.k_tiles)
-        elif cutlass.const_expr(self.stream_k):
-            start, _stop, _hop = self._my_units(m)
-            j = t - start // self.k_tiles
-        slot = (cutlass.Int64(cta) * STAMPED_TILES + j) * STAMP_WORDS + word
-        return j, cutlass.Int64(self.stamps_addr) + slot * 8
-
-    def _tiles(self, m):
-        """Output tiles of ``m`` tokens."""
-        return ceil_div(m, self.tile_m) * self.n_tiles
-
-    @cute.jit
-    def _my_units(self, m):
-        """This CTA's (tile, K stage) units, tile-major: ``(start, stop, hop)``, where the
-        segment after one ending at ``e`` starts at ``_next_unit(e, hop)``. Persistent:
-        whole tiles cta, cta + G, ...; stream-K: units [cta U / G, (cta + 1) U / G);
-        ``sk_tail``: whole tiles cta, cta + G, ... below ``_waves``' first tile, then this
-        CTA's share of the units past it, split as in stream-K."""
-        cta, _, _ = cute.arch.block_idx()
-        grid, _, _ = cute.arch.grid_dim()
-        units = self._tiles(m) * self.k_tiles
-        start = cta * self.k_tiles
-        stop = units
-        hop = (grid - 1) * self.k_tiles  # from a whole tile's end to the next one's start
-        if cutlass.const_expr(self.sk_tail):
-            whole, sk_units = self._waves(m)
-            whole_end = whole * self.k_tiles
-            # in 64 bits: cta * U passes 2**31 past ~16M units
-            sk_start = whole_end + Int32((cutlass.Int64(cta) * sk_units) // grid)
-            stop = whole_end + Int32((cutlass.Int64(cta + 1) * sk_units) // grid)
-            # a CTA below the whole tiles' count starts on its first whole tile
-            start = cutlass.select_(whole > cta, start, sk_start)
-            hop = (hop, whole_end, sk_start)
-        elif cutlass.const_expr(self.stream_k):
-            # in 64 bits: cta * U passes 2**31 past ~16M units
-            start = Int32((cutlass.Int64(cta) * units) // grid)
-            stop = Int32((cutlass.Int64(cta + 1) * units) // grid)
-            hop = Int32(0)
-        return start, stop, hop
-
-    @cute.jit
-    def _waves(self, m):
-        """``sk_tail``: (tiles run whole, the units left for stream-K). The whole tiles fill
-        the full waves of the grid, in tile order (M fastest: a wave's CTAs share B tiles in
-        L2, which stream-K's scattered K offsets lose); the rest is split evenly. A thin rest
-        takes the last full wave along: under an eighth of a wave it would split each of its
-        tiles over many CTAs (one long fixup), and with fewer units than CTAs some would hold
-        none, while the fixup waits for every CTA between a tile's first and last."""
-        grid, _, _ = cute.arch.grid_dim()
-        tiles = self._tiles(m)
-        waves = tiles // grid
-        rest = tiles - waves * grid
-        thin = (rest * 8 < grid) | (rest * self.k_tiles < grid)
-        waves = cutlass.select_((waves > 0) & thin, waves - 1, waves)
-        whole = waves * grid
-        return whole, (tiles - whole) * self.k_tiles
-
-    @cute.jit
-    def _next_unit(self, seg_end, hop):
-        """The unit after a segment ending at ``seg_end`` (``hop`` from _my_units)."""
-        if cutlass.const_expr(self.sk_tail):
-            skip, whole_end, sk_start = hop
-            nxt = seg_end + skip
-            # a whole tile ends at or before whole_end, a stream-K segment past it
-            whole = seg_end <= whole_end
-            nxt = cutlass.select_(whole, cutlass.select_(nxt < whole_end, nxt, sk_start), seg_end)
-        else:
-            nxt = seg_end + hop
-        return nxt
-
-    @cute.jit
-    def _segment(self, u, stop, m):
-        """The segment starting at unit ``u``: (tile, row tile, column tile, first K stage,
-        end K stage, end unit)."""
-        t = u // self.k_tiles
-        tm, tn = self._tile_mn(t, m)
-        if cutlass.const_expr(not self.stream_k):
-            # whole tiles: static K bounds (fewer live registers in the 192-row kernel)
-            return t, tm, tn, 0, self.k_tiles, u + self.k_tiles
-        seg_end = cutlass.min(stop, (t + 1) * self.k_tiles)
-        return t, tm, tn, u - t * self.k_tiles, seg_end - t * self.k_tiles, seg_end
-
-    @cute.jit
-    def _tile_mn(self, idx, m):
-        """(row tile, column tile) of the scheduler's linear tile: the full row tiles first,
-        M fastest, then the partial row tile along N. The partial one has fewer live consumer
-        warpgroups, so it is cheaper; last, it fills the final round. (M fastest over all row
-        tiles puts it on the same CTAs every round when the grid is a multiple of the row
-        tile count: 4096 tokens in 192-row tiles are 22 row tiles, 132 SMs.)"""
-        full_m = m // self.tile_m
-        full = full_m * self.n_tiles
-        rows = cutlass.max(full_m, 1)
-        in_full = idx < full
-        return (
-            cutlass.select_(in_full, idx % rows, full_m),
-            cutlass.select_(in_full, idx // rows, idx - full),
-        )
 
     @cute.jit
     def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe):

@@ -30,15 +30,15 @@ from .gemm_sm90_common import (
     wait_flag,
 )
 from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
-from .gemm_sm90_tiled_convert import HALVES, REF_STAGES
+from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
 
 
-class ConsumerRole:
-    """Mixin of MXFP8TiledGemmSm90: the consumer warpgroups' methods. Uses the kernel's
-    tile shape (``tile_m``, ``tile_n``, ``k_split``, ``row_blocks``, ``consumers``,
-    ``a_chunks``), ``stages8``, ``stages16``, ``k_tiles``, ``n``, ``stream_k``,
-    ``has_bias``, ring offsets (``ref_words``, ``mode_word``, ``b_ref0``) and its work split
-    (``_my_units``, ``_segment``, ``_tiles``, ``_tile_mn``)."""
+class ConsumerRole(TiledSchedule):
+    """The consumer warpgroups' methods of MXFP8TiledGemmSm90. They read the tile geometry
+    and work split of :class:`TiledSchedule` (the tile shape, ``k_split``, ``row_blocks``,
+    ``consumers``, ``a_chunks``, the stage counts, ``stream_k``, the ring offsets,
+    ``_my_units``, ``_segment``, ``_tiles``, ``_tile_mn``) and :class:`Sm90Gemm`
+    (``k_tiles``, ``n``, ``has_bias``)."""
 
     @cute.jit
     def _consumer(
@@ -68,11 +68,7 @@ class ConsumerRole:
         owned = Int32(-1)  # stream-K: the tile whose tail this CTA holds for the final fixup
         while u < stop:
             t, tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
-            # in-kernel timing (gemm_sm90_tiled.TILE_STAMPS): consumer 0's first thread
-            stamp = self._stamper(t, m, (cwg == 0) & (ct == 0))
-            self._mark(stamp, "consumer_start")
             ref_pipe.consumer_wait(rfs)
-            self._mark(stamp, "consumer_refs")
             buf = refs + rfs.index * (self.ref_words * 4)
             mode = load_smem_words(buf + self.mode_word * 4, 1, 4)[0]
             scale_row0 = (tm * self.tile_m) % ROW_BLOCK  # tile row 0 within its first chunk
@@ -83,8 +79,7 @@ class ConsumerRole:
                     Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) + RING_TO_LOW
                     for rr in range(2)
                 ]
-                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0, stamp)
-                since = self._clock(stamp)
+                args = (ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k1 - k0)
                 if cutlass.const_expr(self.k_split):
                     if cwg == 0:
                         ls, rs, rel = self._mainloops(
@@ -99,8 +94,6 @@ class ConsumerRole:
                         mode, mmas, sBs, ls, rs, rel, row_lows, None, args
                     )
                 warpgroup.wait_group(0)
-                self._waited(stamp, "consumer_mainloop", since)
-                self._mark(stamp, "consumer_mainloop_done")
                 conv_pipe.consumer_release(rel)
                 for _s in cutlass.range_constexpr(self._stride16()):
                     rel.advance()
@@ -123,7 +116,6 @@ class ConsumerRole:
                             rel.advance()
                     load_pipe.consumer_release(ls)
                     ls.advance()
-            self._mark(stamp, "consumer_done")
             ref_pipe.consumer_release(rfs)
             rfs.advance()
             u = self._next_unit(seg_end, hop)
@@ -138,16 +130,16 @@ class ConsumerRole:
     @cute.jit
     def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
         """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
-        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages, stamp = args
+        ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
         if mode != 0:
             ls, rs, rel = self._mainloop(
                 ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                ls, rs, rel, None, k_stages, k_half, stamp,
+                ls, rs, rel, None, k_stages, k_half,
             )  # fmt: skip
         else:
             ls, rs, rel = self._mainloop(
                 ct, mmas[1], sBs[1], acc, st, row0, scale_row0, load_pipe, conv_pipe,
-                ls, rs, rel, row_lows, k_stages, k_half, stamp,
+                ls, rs, rel, row_lows, k_stages, k_half,
             )  # fmt: skip
         return ls, rs, rel
 
@@ -236,7 +228,7 @@ class ConsumerRole:
     @cute.jit
     def _mainloop(
         self, ct, tiled_mma, sB16, acc, st, row0, scale_row0, load_pipe, conv_pipe, ls, rs, rel,
-        row_lows, k_stages, k_half=None, stamp=None,
+        row_lows, k_stages, k_half=None,
     ):  # fmt: skip
         """One segment's K loop over ``k_stages`` FP8 stages: per K 64 (only half ``k_half`` of
         each stage where given: k-split), convert A into the fragment (FP16 with
@@ -253,35 +245,22 @@ class ConsumerRole:
         t = ct % 4
         halves = [h for h in range(HALVES) if k_half is None or h == k_half]
         stride = self._stride16()
-        if cutlass.const_expr(self.no_a_diag):
-            frag.fill(0.0)
         for _kt in range(k_stages):
-            since = self._clock(stamp)
             load_pipe.consumer_wait(ls)
-            self._waited(stamp, "consumer_a_wait", since)
             for h in halves:
-                since = self._clock(stamp)
                 conv_pipe.consumer_wait(rs)
-                self._waited(stamp, "consumer_b_wait", since)
-                if cutlass.const_expr(stamp is not None and h == halves[0]):
-                    if _kt == 0:
-                        self._mark(stamp, "consumer_first_stage")
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                if cutlass.const_expr(not self.no_a_diag):
-                    words, scales = load_fragment_bytes(
-                        a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                        sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
-                    )  # fmt: skip
+                words, scales = load_fragment_bytes(
+                    a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
+                    sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
+                )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
-                since = self._clock(stamp)
                 warpgroup.wait_group(0)
-                self._waited(stamp, "consumer_wgmma_wait", since)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
                     for _s in cutlass.range_constexpr(stride):
                         rel.advance()
-                if cutlass.const_expr(not self.no_a_diag):
-                    convert_fragment(words, scales, groups, frag_words, row_lows)
+                convert_fragment(words, scales, groups, frag_words, row_lows)
                 if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)
                 warpgroup.fence()
@@ -318,7 +297,7 @@ class ConsumerRole:
 
         The accumulator gives a thread two adjacent columns per row and n8 block: stored as
         they lie, a warp's store touches eight rows at 4-byte steps, and a 192 x 128 tile's
-        epilogue took as long as five K stages (gemm_diag_tile_stamps). So the rounded pairs
+        epilogue took as long as five K stages (in-kernel clock stamps, docs/gemm_log.md). So the rounded pairs
         are transposed across each quad first (quad_transpose): a thread then holds 8
         consecutive columns of a row and stores them as 16 bytes (gemm_sm90 serves only
         outputs whose address and row stride are 16-byte aligned). Where a row or its 8

@@ -24,15 +24,13 @@ from .gemm_sm90_common import (
     scale_factors,
 )
 from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
-
-HALVES = TILE_K8 // TILE_K16
-REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
+from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
 
 
-class WeightConverterRole:
-    """Mixin of MXFP8TiledGemmSm90: the B-converter warpgroups' methods. Uses the kernel's
-    ``tile_n``, ``convert_threads``, ``stages8``, ``stages16``, ring offsets (``ref_words``,
-    ``mode_word``, ``b_ref0``) and its work split (``_my_units``, ``_segment``)."""
+class WeightConverterRole(TiledSchedule):
+    """The B-converter warpgroups' methods of MXFP8TiledGemmSm90. They read the tile
+    geometry and work split of :class:`TiledSchedule` (``tile_n``, ``convert_threads``,
+    ``stages8``, ``stages16``, the ring offsets, ``_my_units``, ``_segment``)."""
 
     @cute.jit
     def _converter(self, ct, m, st, load_pipe, conv_pipe, ref_pipe):
@@ -45,7 +43,7 @@ class WeightConverterRole:
         rfs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, REF_STAGES)
         rows = self._converter_rows(ct)
         while u < stop:
-            t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
+            _t, _tm, tn, k0, k1, seg_end = self._segment(u, stop, m)
             b_row0 = (tn * self.tile_n) % ROW_BLOCK  # tile_n 64: the tile's rows in its chunk
             ref_pipe.consumer_wait(rfs)
             buf = refs + rfs.index * (self.ref_words * 4)
@@ -57,23 +55,14 @@ class WeightConverterRole:
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            # in-kernel timing (gemm_sm90_tiled.TILE_STAMPS): the first converter thread
-            stamp = self._stamper(t, m, ct == 0)
-            if cutlass.const_expr(stamp is not None):
-                if ct == 0:
-                    load_pipe.consumer_wait(ls)
-                    self._mark(stamp, "converter_first_stage")
-            since = self._clock(stamp)
             if mode != 0:
                 ls, cs = self._convert_tile(
-                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0, stamp
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
                 )
             else:
                 ls, cs = self._convert_tile(
-                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0, stamp
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k1 - k0
                 )
-            self._waited(stamp, "converter_tile", since)
-            self._mark(stamp, "converter_done")
             u = self._next_unit(seg_end, hop)
 
     def _converter_rows(self, ct):
@@ -82,35 +71,27 @@ class WeightConverterRole:
         return [(ct // 16) * 8 + ct % 8 + u * (self.convert_threads // 2) for u in range(units)]
 
     @cute.jit
-    def _convert_tile(
-        self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k_stages, stamp=None
-    ):
-        """One segment's ``k_stages`` B stages (FP16 with ``row_lows``, else BF16). ``stamp``
-        (stamps_addr set): (tile, m, stamping thread), whose waits are added up."""
+    def _convert_tile(self, ct, st, b_row0, load_pipe, conv_pipe, ls, cs, row_lows, k_stages):
+        """One segment's ``k_stages`` B stages (FP16 with ``row_lows``, else BF16)."""
         b8 = st.sB8.data_ptr().toint()
         b16 = st.sB16.data_ptr().toint()
         sb = st.sSB.data_ptr().toint()
         for _kt in range(k_stages):
-            since = self._clock(stamp)
             load_pipe.consumer_wait(ls)
-            self._waited(stamp, "converter_a_wait", since)
             first = cs.clone()
             for h in cutlass.range_constexpr(HALVES):
                 if cutlass.const_expr(h > 0):
                     cs.advance()
-                since = self._clock(stamp)
                 conv_pipe.producer_acquire(cs)
-                self._waited(stamp, "converter_slot_wait", since)
-                if cutlass.const_expr(not self.no_b_diag):
-                    self._convert_b(
-                        ct,
-                        h,
-                        b_row0,
-                        b8 + ls.index * (self.tile_n * TILE_K8),
-                        sb + ls.index * CHUNK_BYTES,
-                        b16 + cs.index * (self.tile_n * TILE_K16 * 2),
-                        row_lows,
-                    )
+                self._convert_b(
+                    ct,
+                    h,
+                    b_row0,
+                    b8 + ls.index * (self.tile_n * TILE_K8),
+                    sb + ls.index * CHUNK_BYTES,
+                    b16 + cs.index * (self.tile_n * TILE_K16 * 2),
+                    row_lows,
+                )
             # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
             cute.arch.fence_proxy("async.shared", space="cta")
             conv_pipe.producer_commit(first)

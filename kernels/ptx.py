@@ -2,9 +2,6 @@
 
 :func:`inline_ptx` emits one ``llvm.inline_asm`` block; :func:`asm_u32` is its common form
 (32-bit register operands, one 32-bit result); :func:`prefetch_l2` is a plain L2 prefetch.
-:func:`store_globaltimer` writes the GPU's nanosecond clock, :func:`clock64` reads the SM's
-cycle counter and :func:`add_global_u64` adds to a global counter (in-kernel timing
-diagnostics).
 The kernels' own instruction sequences live beside them (``quantize_ptx``, ``gemm_sm90_*``).
 """
 
@@ -46,28 +43,3 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
     issued before a programmatic-dependent-launch wait."""
     operand = Int64(addr).ir_value(loc=loc, ip=ip)
     inline_ptx("prefetch.global.L2 [$0];", "l", [operand], None, True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def store_globaltimer(addr, *, loc=None, ip=None) -> None:
-    """Write ``%globaltimer`` (nanoseconds, one clock for the whole GPU) as a 64-bit integer
-    to global byte address ``addr``."""
-    i64 = ir.IntegerType.get_signless(64)
-    now = inline_ptx("mov.u64 $0, %globaltimer;", "=l", [], i64, True, loc=loc, ip=ip)
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip), now]
-    inline_ptx("st.global.u64 [$0], $1;", "l,l", operands, None, True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def clock64(*, loc=None, ip=None) -> Int64:
-    """The SM's cycle counter ``%clock64`` (volatile: it stays in order with the waits around
-    it)."""
-    i64 = ir.IntegerType.get_signless(64)
-    return Int64(inline_ptx("mov.u64 $0, %clock64;", "=l", [], i64, True, loc=loc, ip=ip))
-
-
-@dsl_user_op
-def add_global_u64(addr, value, *, loc=None, ip=None) -> None:
-    """``*addr += value`` on a 64-bit global counter at byte address ``addr`` (atomic)."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip), Int64(value).ir_value(loc=loc, ip=ip)]
-    inline_ptx("red.global.add.u64 [$0], $1;", "l,l", operands, None, True, loc=loc, ip=ip)

@@ -2,8 +2,8 @@
 
 Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` launcher and ``@cute.kernel``
 body) -> :func:`_compiled` (one compile per :class:`QuantizerConfig`, cached on compile-time
-facts only) -> :func:`run_if_supported` (what the ops call: checks and launches in one pass
-over the call's facts), with :func:`supported` and :func:`run` as its two halves for tests
+facts only) -> :func:`run_if_served` (what the ops call: checks and launches in one pass
+over the call's facts), with :func:`refusal` and :func:`run` as its two halves for tests
 and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
 (the same tile code; one launch instead of six removes the gaps between kernels). The config,
 tile shapes and grid both sides read are in ``quantize_geometry``.
@@ -49,7 +49,6 @@ chosen from the device's capability; the arch is a compile-time fact of the conf
 """
 
 import functools
-import threading
 
 import torch
 
@@ -78,20 +77,11 @@ def _kinds(config: QuantizerConfig) -> str:
     return _ONE_KINDS if config.slices == 1 else _MANY_KINDS
 
 
-_cache: dict[QuantizerConfig, object] = {}
-_lock = threading.Lock()
-
-
+@functools.cache
 def _compiled(config: QuantizerConfig):
-    """The compiled kernel for ``config``; compiles at most once per config per process."""
-    fn = _cache.get(config)
-    if fn is None:
-        with _lock:
-            fn = _cache.get(config)
-            if fn is None:
-                fn = compile_kernel(config)
-                _cache[config] = fn
-    return fn
+    """The compiled kernel for ``config``, compiled once per config per process (the
+    launcher compiles only for a (config, device) it has no launcher for yet)."""
+    return compile_kernel(config)
 
 
 def compile_kernel(config: QuantizerConfig):
@@ -146,39 +136,41 @@ _cached_config = functools.cache(QuantizerConfig)
 _SOURCE_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def _row_stride_if_served(source: torch.Tensor, values: torch.Tensor, column: int) -> int | None:
-    """``source``'s row stride where :func:`run` serves the call, else None: the checks of
-    :func:`supported` in one pass that also yields what the launch needs (an eager call
-    pays each tensor attribute read once)."""
+def _row_stride_or_refusal(source: torch.Tensor, values: torch.Tensor, column: int) -> int | str:
+    """``source``'s row stride where :func:`run` serves the call, else a sentence saying why
+    not: the checks of :func:`refusal` in one pass that also yields what the launch needs
+    (an eager call pays each tensor attribute read once)."""
     if source.dtype not in _SOURCE_DTYPES or source.dim() != 2 or values.dim() != 2:
-        return None
+        return "the source must be a 2-D BF16 or FP16 tensor and the values 2-D"
     if values.dtype != torch.float8_e4m3fn or not values.is_contiguous():
-        return None
+        return "the values must be a contiguous float8_e4m3fn tensor"
     tokens, width = source.shape
     k = values.shape[1]
     if width == 0 or width % TILE_COLS or column % TILE_COLS or column + width > k:
-        return None
+        return f"width {width} and column {column} must be multiples of {TILE_COLS} within K={k}"
     row, unit = source.stride()
     if tokens > values.shape[0] or unit != 1:
-        return None
+        return "the source must have unit column stride and no more rows than the values"
     if padded_rows(tokens) // DEFAULT_TILE_ROWS > 65535:  # grid.y limit
-        return None
+        return f"{tokens} tokens are more than one launch's grid holds"
     src_ld = row if tokens > 1 else width
     if src_ld % 8 or src_ld < width or source.data_ptr() % 16:
-        return None
+        return "the source's rows must start 16-byte aligned"
     if k % 8 or values.data_ptr() % 8 or source.device != values.device:
-        return None
+        return "the values' rows must start 8-byte aligned, on the source's device"
     return src_ld
 
 
-def supported(source: torch.Tensor, values: torch.Tensor, column: int) -> bool:
-    """Whether :func:`run` serves this call: layout and alignment facts only, no compile.
+def refusal(source: torch.Tensor, values: torch.Tensor, column: int) -> str | None:
+    """Why :func:`run` does not serve this call, None where it does: layout and alignment
+    facts only, no compile.
 
     Needs a BF16/FP16 source with unit column stride, width a multiple of 128, 16-byte
     aligned rows (data pointer and row stride), a contiguous E4M3 destination with 8-byte
     aligned rows, and a column that is a multiple of 128 inside the destination.
     """
-    return _row_stride_if_served(source, values, column) is not None
+    served = _row_stride_or_refusal(source, values, column)
+    return served if isinstance(served, str) else None
 
 
 def _launch(config: QuantizerConfig, device: int, args: tuple) -> None:
@@ -207,7 +199,7 @@ def run(
     """Quantize ``source`` into ``values[:tokens, column:column+width]`` and its scales.
 
     Same contract and bytes as ``mxfp8_fusion.reference.quantize_slice_``; only where
-    :func:`supported` holds. Launches on the current stream; no sync, no allocation.
+    :func:`refusal` has no reason. Launches on the current stream; no sync, no allocation.
     ``tile_rows`` and ``small_tokens`` select the compiled tile shapes (benchmarks, tests);
     every choice writes the same bytes. ``pdl`` launches with programmatic dependent launch:
     the grid may be scheduled while the previous kernel's last CTAs run and waits for that
@@ -222,22 +214,23 @@ def run(
     _launch_one(config, source, values, scales, column, _row_stride(source))
 
 
-def run_if_supported(
+def run_if_served(
     source: torch.Tensor,
     values: torch.Tensor,
     scales: torch.Tensor,
     column: int,
     arch: str | None = None,
-) -> bool:
-    """:func:`run` with the default tiles where :func:`supported` holds; False (nothing
-    launched) where it does not. The eager and compiled calls' one entry point; they pass
-    ``arch`` (the device's build target, looked up once per call by the dispatcher)."""
-    src_ld = _row_stride_if_served(source, values, column)
-    if src_ld is None:
-        return False
+) -> str | None:
+    """:func:`run` with the default tiles where :func:`refusal` has no reason: None once
+    launched, else the reason (nothing launched). The eager and compiled calls' one entry
+    point; they pass ``arch`` (the device's build target, looked up once per call by the
+    dispatcher)."""
+    src_ld = _row_stride_or_refusal(source, values, column)
+    if isinstance(src_ld, str):
+        return src_ld
     config = config_for(source, arch=arch or _device_arch(source))
     _launch_one(config, source, values, scales, column, src_ld)
-    return True
+    return None
 
 
 def _launch_one(config: QuantizerConfig, source, values, scales, column: int, src_ld: int) -> None:
@@ -257,14 +250,14 @@ def _launch_one(config: QuantizerConfig, source, values, scales, column: int, sr
     _launch(config, device, args)
 
 
-def _row_strides_if_served(sources, values: torch.Tensor, columns) -> list[int] | None:
-    """Each slice's row stride where :func:`run_many` serves the call, else None."""
+def _row_strides_or_refusal(sources, values: torch.Tensor, columns) -> list[int] | str:
+    """Each slice's row stride where :func:`run_many` serves the call, else why not."""
     if not 1 <= len(sources) <= MAX_SLICES or len(columns) != len(sources):
-        return None
+        return f"one launch takes 1 to {MAX_SLICES} slices, each with a column"
     first = sources[0]
-    first_ld = _row_stride_if_served(first, values, columns[0])
-    if first_ld is None:
-        return None
+    first_ld = _row_stride_or_refusal(first, values, columns[0])
+    if isinstance(first_ld, str):
+        return first_ld
     # the rest share the first's dtype and shape, so the facts checked above on it hold for
     # them too: only each one's own layout, pointer, column and device remain
     strides = [first_ld]
@@ -272,21 +265,22 @@ def _row_strides_if_served(sources, values: torch.Tensor, columns) -> list[int] 
     tokens, width = shape
     for source, column in zip(sources[1:], columns[1:], strict=True):
         if source.dtype != dtype or source.shape != shape:
-            return None
+            return "the slices must share one dtype and shape"
         row, unit = source.stride()
         src_ld = row if tokens > 1 else width
         if unit != 1 or src_ld % 8 or src_ld < width or source.data_ptr() % 16:
-            return None
+            return "every slice's rows must start 16-byte aligned"
         if column % TILE_COLS or column + width > k or source.device != device:
-            return None
+            return f"every column must be a multiple of {TILE_COLS} within K, on one device"
         strides.append(src_ld)
     return strides
 
 
-def supported_many(sources, values: torch.Tensor, columns) -> bool:
-    """Whether :func:`run_many` serves this call: 1 to 8 slices of one dtype, one width and
-    one token count, each one :func:`supported`."""
-    return _row_strides_if_served(sources, values, columns) is not None
+def refusal_many(sources, values: torch.Tensor, columns) -> str | None:
+    """Why :func:`run_many` does not serve this call, None where it does: it takes 1 to 8
+    slices of one dtype, one width and one token count, each one :func:`run` serves."""
+    served = _row_strides_or_refusal(sources, values, columns)
+    return served if isinstance(served, str) else None
 
 
 def run_many(
@@ -300,7 +294,8 @@ def run_many(
     prefetch: bool = True,
     arch: str | None = None,
 ) -> None:
-    """:func:`run` for several equal-shape slices in one launch (where :func:`supported_many`).
+    """:func:`run` for several equal-shape slices in one launch (where :func:`refusal_many`
+    has no reason).
 
     Slice ``i`` goes to columns ``[columns[i], columns[i] + width)``; the bytes written are
     exactly those of calling :func:`run` once per slice.
@@ -310,17 +305,17 @@ def run_many(
     _launch_many(config, sources, values, scales, columns, [_row_stride(s) for s in sources])
 
 
-def run_many_if_supported(
+def run_many_if_served(
     sources, values: torch.Tensor, scales: torch.Tensor, columns, arch: str | None = None
-) -> bool:
-    """:func:`run_many` with the default tiles where :func:`supported_many` holds; False
-    (nothing launched) where it does not."""
-    strides = _row_strides_if_served(sources, values, columns)
-    if strides is None:
-        return False
+) -> str | None:
+    """:func:`run_many` with the default tiles where :func:`refusal_many` has no reason:
+    None once launched, else the reason (nothing launched)."""
+    strides = _row_strides_or_refusal(sources, values, columns)
+    if isinstance(strides, str):
+        return strides
     config = config_for(sources[0], slices=len(sources), arch=arch or _device_arch(sources[0]))
     _launch_many(config, sources, values, scales, columns, strides)
-    return True
+    return None
 
 
 def _launch_many(config: QuantizerConfig, sources, values, scales, columns, strides) -> None:

@@ -46,12 +46,12 @@ def _define(name: str, body, mutates_args=()):
     return op
 
 
-def _fallback_warning(what: str, device: torch.device) -> None:
+def _fallback_warning(what: str, device: torch.device, reason: str) -> None:
     if device.type == "cuda" and what not in _warned:
         _warned.add(what)
         warnings.warn(
             f"mxfp8_fusion: no {what} kernel for this device or shape "
-            f"({kernels.unavailable_reason(device, what)}); using the plain-torch reference",
+            f"({reason}); using the plain-torch reference",
             stacklevel=3,
         )
 
@@ -73,9 +73,10 @@ def _quantize_slice_body(source: Tensor, values: Tensor, scales: Tensor, column:
     """Quantize ``source`` ``[tokens, width]`` into columns ``[column, column+width)``."""
     if source.shape[0] == 0:
         return
-    if kernels.quantize_slice(source, values, scales, column):
+    reason = kernels.quantize_slice(source, values, scales, column)
+    if reason is None:
         return
-    _fallback_warning("slice quantizer", source.device)
+    _fallback_warning("slice quantizer", source.device, reason)
     reference.quantize_slice_(source, values, scales, column)
 
 
@@ -97,7 +98,7 @@ def _quantize_slices_body(
     calling :func:`quantize_slice_` per slice, in as few kernel launches as possible."""
     if not sources or sources[0].shape[0] == 0:
         return
-    if kernels.quantize_slices(sources, values, scales, columns):
+    if kernels.quantize_slices(sources, values, scales, columns) is None:
         return
     for source, column in zip(sources, columns, strict=True):
         _quantize_slice_body(source, values, scales, column)
@@ -122,9 +123,10 @@ def _quantize_body(x: Tensor) -> tuple[Tensor, Tensor]:
     values, scales = _empty_storage(x.shape[0], x.shape[1], x.device)
     if x.shape[0] == 0:
         return values, scales
-    if kernels.quantize_slice(x, values, scales, 0):
+    reason = kernels.quantize_slice(x, values, scales, 0)
+    if reason is None:
         return values, scales
-    _fallback_warning("slice quantizer", x.device)
+    _fallback_warning("slice quantizer", x.device, reason)
     return reference.quantize(x)
 
 
@@ -151,9 +153,10 @@ def _mm_into_body(
     """``out[:M] = A @ B.T (+ bias)`` with ``A`` ``[M, K]`` and ``B`` ``[N, K]`` MXFP8."""
     if a_values.shape[0] == 0:
         return
-    if kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out):
+    reason = kernels.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
+    if reason is None:
         return
-    _fallback_warning("GEMM", a_values.device)
+    _fallback_warning("GEMM", a_values.device, reason)
     reference.mm_into(a_values, a_scales, b_values, b_scales, bias, out)
 
 

@@ -1,0 +1,200 @@
+"""What the benchmarks share: the machine and code facts every receipt records, and the
+model they measure (a speculative-decoding drafter's input projection
+``fc(cat([h1, ..., hn], -1))`` with an MXFP8 ``fc``, its random inputs, and the staged eager
+path that replaces the concatenation)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+import mxfp8_fusion as mf
+
+# --- receipts ------------------------------------------------------------------------------
+
+
+def git_revision(given: str | None = None) -> str:
+    """``given``, else ``$MXFP8_GIT_REV``, else ``git rev-parse HEAD`` (``-dirty`` when the
+    tree has changes), else ``"unknown"`` (a copy of the tree without .git)."""
+    if given or os.environ.get("MXFP8_GIT_REV"):
+        return given or os.environ["MXFP8_GIT_REV"]
+    try:
+        rev = subprocess.check_output(
+            ["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL
+        ).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet"], check=False).returncode != 0
+    return rev + ("-dirty" if dirty else "")
+
+
+def cutlass_dsl_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:  # unpacked on PYTHONPATH, no metadata
+        import cutlass
+
+        return getattr(cutlass, "__version__", "unknown")
+
+
+def gpu_driver() -> str:
+    result = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or "unknown"
+
+
+def environment(git_rev: str | None = None) -> dict:
+    """GPU, driver, torch, nvidia-cutlass-dsl and git revision, for a receipt."""
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": gpu_driver(),
+        "torch": torch.__version__,
+        "nvidia_cutlass_dsl": cutlass_dsl_version(),
+        "git_revision": git_revision(git_rev),
+    }
+
+
+def write_receipt(path: str, receipt: dict) -> None:
+    """``receipt`` as indented JSON at ``path`` (folders made as needed)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(receipt, indent=2) + "\n")
+    print("wrote", path)
+
+
+# --- the drafter projection --------------------------------------------------------------
+
+
+class Drafter(nn.Module):
+    """``fc(cat([h1, ..., hn], -1))``."""
+
+    def __init__(self, fc: nn.Module):
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, *hidden: Tensor) -> Tensor:
+        return self.fc(torch.cat(hidden, dim=-1))
+
+
+def make_drafter(
+    tokens: int,
+    hidden: int,
+    slices: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> tuple[Drafter, list[Tensor]]:
+    """A drafter projecting ``slices`` x ``hidden`` features to ``hidden`` with a random
+    MXFP8 weight and bias, and ``slices`` random ``[tokens, hidden]`` inputs (seeded)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = hidden * slices
+    linear = nn.Linear(k, hidden, bias=True, dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(hidden, k, generator=gen) * k**-0.5)
+        linear.bias.copy_(torch.randn(hidden, generator=gen) * 0.1)
+    fc = mf.MXFP8Linear.from_linear(linear.to(device))
+    inputs = [
+        torch.randn(tokens, hidden, generator=gen).to(device=device, dtype=dtype)
+        for _ in range(slices)
+    ]
+    return Drafter(fc).eval(), inputs
+
+
+def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
+    """``model(*hidden)`` without the concatenation: ``empty_input``, one
+    ``quantize_input_slice`` per slice, then ``mm_quantized_into`` a fresh output."""
+    fc = model.fc
+    tokens, device, dtype = hidden[0].shape[0], hidden[0].device, hidden[0].dtype
+    staged = mf.empty_input(tokens, fc.in_features, device, dtype)
+    column = 0
+    for h in hidden:
+        mf.quantize_input_slice(h, staged, column)
+        column += h.shape[1]
+    out = torch.empty(tokens, fc.out_features, dtype=dtype, device=device)
+    return mf.mm_quantized_into(staged, fc.weight, out, bias=fc.bias)
+
+
+# --- timing and memory -------------------------------------------------------------------
+
+
+def transient_peak(fn, hidden) -> tuple[int, object]:
+    """(bytes allocated above the start at the peak of one call of ``fn``, its output); 0 on
+    a CPU (the smoke runs)."""
+    if not torch.cuda.is_initialized():
+        return 0, fn(*hidden)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(*hidden)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, out
+
+
+# Long enough (about 3 ms at H200 clocks) that the host finishes launching a whole call
+# while the GPU still sleeps: the "queued" timing then holds only GPU work, as in a serving
+# loop where the host runs ahead of the GPU.
+QUEUE_CYCLES = 6_000_000
+
+
+def time_interleaved(
+    fns: dict, hidden, rounds: int, queued: bool, before_each=None
+) -> dict[str, float]:
+    """Median ms of each callable, timed A B A B with CUDA events around one call, the
+    order rotated by one each round (wall clock on a CPU, the smoke runs).
+
+    ``queued=False``: the GPU is idle when the call starts, so host launch time before each
+    kernel is on the clock. ``queued=True``: a sleep kernel runs first and the events bracket
+    the call's kernels only, so the time is GPU work plus the gaps the GPU cannot hide.
+    ``before_each`` runs before every call, off the clock (a barrier across ranks).
+    """
+    samples = {name: [] for name in fns}
+    names = list(fns)
+    cuda = hidden[0].device.type == "cuda"
+    for r in range(rounds):
+        # each round starts at the next variant, so none always follows the same one (the
+        # previous call's power draw changes the clock the next one starts at)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = fns[name]
+            if before_each is not None:
+                before_each()
+            if not cuda:
+                t0 = time.perf_counter()
+                fn(*hidden)
+                samples[name].append((time.perf_counter() - t0) * 1e3)
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if queued:
+                torch.cuda._sleep(QUEUE_CYCLES)
+            start.record()
+            fn(*hidden)
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def capture_graph(fns) -> torch.cuda.CUDAGraph:
+    """A CUDA Graph of the calls ``fns`` in order, after one warm-up call of the first on the
+    capture stream (its first launch compiles and allocates outside the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fns[0]()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    return graph

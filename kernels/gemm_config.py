@@ -1,0 +1,185 @@
+"""The SM90 GEMM kernels' compile-time configs: one frozen class per kernel (no torch, no
+cutlass), and the constructors that give each tile its standard stage counts.
+
+Which config serves a call is chosen in ``gemm_select``; the kernels read these fields in
+their constructors (``gemm_sm90_tiled``, ``gemm_sm90_swap_ab``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mxfp8_fusion.format import CHUNK_BYTES, fail
+
+from .constants import TILE_K8, TILE_K16
+
+# Tokens up to this many can take the swap-AB kernel: it streams the weight once, converting
+# it in registers, while every CTA converts all tokens (so its cost grows with them).
+SWAP_AB_MAX_TOKENS = 64
+# The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
+# whole 16-byte units of the tile's tokens (8 per token and stage). 128 only with tile_w
+# 128 (BF16 tokens through TMA; a 64 x 128 accumulator per consumer).
+SWAP_AB_TILES = (8, 16, 32, 64, 128)
+SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TILES[-1]
+_SMEM_BYTES = 227 * 1024
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """The tiled kernel (gemm_sm90_tiled): persistent CTAs over output tiles, or their
+    (tile, K stage) units split evenly (stream-K).
+
+    Raises:
+        ValueError: naming ``stream_k`` where the tile does not allow it.
+    """
+
+    tile_m: int = 128
+    """Output tile rows: 128 (two consumer warpgroups), 192 (three, one converter) or 64
+    (two consumer warpgroups splitting K; stream-K only)."""
+    tile_n: int = 128
+    """Output tile columns: 128 or 64."""
+    converters: int = 1
+    """B-converter warpgroups: 1, or 2 with tile N 128."""
+    stream_k: int = 0
+    """0: whole tiles per CTA; 1: the (tile, K stage) units split evenly over the CTAs;
+    2 (tile M 128 or 192): whole tiles for the full waves, the last wave's units split."""
+    stages: int = 4
+    """FP8 stages of K 128 (A, B and their scale chunks)."""
+    stages16: int = 4
+    """16-bit weight stages of K 64."""
+    num_ctas: int = 132
+    """Persistent CTAs (the SM count)."""
+    fp16_tiles: bool = True
+    """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
+    the GEMM (gemm_sm90_refs); False: every tile takes the BF16 path and nothing runs
+    before the GEMM (the same compiled kernel)."""
+
+    kernel = "tiled"
+
+    def __post_init__(self):
+        if self.stream_k not in (0, 1, 2) or (self.stream_k == 2 and self.tile_m == 64):
+            fail(ValueError, "stream_k", "0, 1 or 2 (2: tile_m 128 or 192)", self.stream_k)
+
+
+@dataclass(frozen=True)
+class SwapABConfig:
+    """The swap-AB kernel (gemm_sm90_swap_ab): the weight is the wgmma M operand, the tokens
+    a small N tile; the (64-row weight tile, K stage) units are split evenly over the CTAs.
+
+    Raises:
+        ValueError: naming ``tokens_tile``, ``tile_w`` or ``cluster`` where they do not go
+            together.
+    """
+
+    tokens_tile: int
+    """The most tokens a launch serves (the wgmma N): 8, 16, 32 or 64; 128 with tile_w 128."""
+    stages: int
+    """FP8 weight stages."""
+    consumers: int = 3
+    """Consumer warpgroups, converting alternate stages."""
+    bf16_tokens: bool = False
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90_tokens) and the
+    kernel reads them through TMA instead of converting them in every CTA."""
+    tile_w: int = 64
+    """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer
+    converts 64 of them and both read the stage's one token tile, so the tokens cross L2
+    half as often per weight byte."""
+    cluster: int = 1
+    """2 (with bf16_tokens): CTA pairs take adjacent weight tiles over the same K stages, and
+    each loads one K half of every stage's token tile for both (TMA multicast)."""
+    num_ctas: int = 132
+    """CTAs sharing the units (the SM count; even with cluster 2)."""
+
+    kernel = "swap-ab"
+
+    def __post_init__(self):
+        if self.cluster != 1 and not (
+            self.cluster == 2 and self.bf16_tokens and self.num_ctas % 2 == 0
+        ):
+            fail(ValueError, "cluster", "1, or 2 with bf16_tokens and an even num_ctas",
+                 self.cluster)  # fmt: skip
+        if self.tile_w != 64 and not (
+            self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
+        ):
+            fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
+        if self.tokens_tile not in SWAP_AB_TILES or (
+            self.tokens_tile > SWAP_AB_MAX_TOKENS and self.tile_w == 64
+        ):
+            fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (128 with tile_w 128)",
+                 self.tokens_tile)  # fmt: skip
+
+
+GemmConfig = TiledConfig | SwapABConfig
+
+
+# FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
+# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
+# was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
+_TILED_STAGES = (4, 4)
+# 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
+# (3.73 ms at 4096 tokens; docs/gemm_log.md)
+_TALL_STAGES = (3, 4)
+
+
+def tiled_config(
+    tile_m: int,
+    tile_n: int,
+    converters: int,
+    stream_k: int = 0,
+    num_sms: int = 132,
+    stages: tuple[int, int] | None = None,
+    fp16_tiles: bool = True,
+) -> TiledConfig:
+    """The tiled config of that tile and schedule on ``num_sms`` CTAs, with the tile's
+    standard (FP8, 16-bit) stage counts unless ``stages`` gives them."""
+    standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
+    stages8, stages16 = stages or standard
+    return TiledConfig(
+        tile_m=tile_m, tile_n=tile_n, converters=converters, stream_k=stream_k,
+        stages=stages8, stages16=stages16, num_ctas=num_sms, fp16_tiles=fp16_tiles,
+    )  # fmt: skip
+
+
+def swap_ab_config(
+    tokens: int,
+    num_sms: int = 132,
+    consumers: int = 3,
+    bf16_tokens: bool = False,
+    tile_w: int = 64,
+    cluster: int = 1,
+) -> SwapABConfig:
+    """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
+    with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
+    FP8 stages (up to 16) as shared memory holds.
+
+    By default three consumer warpgroups (512 threads, 128 registers each). Four (640
+    threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
+    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
+    see :class:`SwapABConfig`.
+
+    Raises:
+        ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
+            2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`SwapABConfig` does.
+    """
+    limit = SWAP_AB_WIDE_MAX_TOKENS if tile_w == 128 else SWAP_AB_MAX_TOKENS
+    if tokens > limit:
+        fail(ValueError, "tokens", f"at most {limit} for this swap-AB schedule", tokens)
+    tokens_tile = 8
+    while tokens_tile < tokens:
+        tokens_tile *= 2
+    if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
+        fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
+    if bf16_tokens:
+        # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
+        # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
+        per_stage = tile_w * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
+        fixed = (consumers - 1) * 64 * tokens_tile * 4 * (tile_w == 64) + 6144
+    else:
+        per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
+        # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
+        fixed = consumers * (2 * tokens_tile * TILE_K16 * 2 + 64 * tokens_tile * 4) + 4096
+    stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
+    return SwapABConfig(
+        tokens_tile=tokens_tile, stages=stages, consumers=consumers,
+        bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
+    )  # fmt: skip

@@ -1,0 +1,545 @@
+"""The ``mxfp8_fusion`` backend: entry point, mode/options, composition with a user pass,
+``install`` for Inductor setups the user owns, ``explain``, uuid and the FX graph cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, randn
+from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
+from torch._dynamo.utils import counters
+from torch._inductor.compile_fx import compile_fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.utils import run_and_get_code
+
+import mxfp8_fusion as mf
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def inputs(widths=(128, 128), tokens=8):
+    return [randn(tokens, w, seed=i) for i, w in enumerate(widths)]
+
+
+def run_backend(model, xs, **compile_kwargs):
+    """Compile with ``backend="mxfp8_fusion"`` (caches off), check bitwise, return the code."""
+    with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
+        expected = model(*xs)
+        compiled = torch.compile(model, backend="mxfp8_fusion", **compile_kwargs)
+        got, codes = run_and_get_code(compiled, *xs)
+    assert_bitwise(got, expected)
+    return "\n".join(codes)
+
+
+class Recorder(CustomGraphPass):
+    """A user's own post-grad pass: records that it ran."""
+
+    def __init__(self, tag: str = "v1"):
+        self.tag = tag
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return f"recorder-{self.tag}"
+
+
+# --- backend arguments ----------------------------------------------------------------------
+
+
+def test_backend_by_name_rewrites():
+    code = run_backend(CatLinear(256), inputs())
+    assert "quantize_slices_" in code
+    assert counters["mxfp8_fusion"]["sites_rewritten"] == 1
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_backend_accepts_mode(mode):
+    code = run_backend(CatLinear(256), inputs(), mode=mode)
+    assert "quantize_slices_" in code
+
+
+def test_backend_accepts_inductor_options():
+    code = run_backend(CatLinear(256), inputs(), options={"epilogue_fusion": False})
+    assert "quantize_slices_" in code
+
+
+def test_backend_pass_options_through_torch_compile_options():
+    xs = inputs((128, 128, 128))
+    code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
+    assert "quantize_slices_" not in code
+    assert counters["mxfp8_fusion"]["sites_skipped"] == 1
+
+
+def test_backend_rejects_unknown_option():
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options={"no_such": 1})
+    with pytest.raises(Exception, match="Unexpected optimization option no_such"):
+        compiled(*inputs())
+
+
+def test_backend_keeps_user_post_pass():
+    user = Recorder()
+    with torch._inductor.config.patch(post_grad_custom_post_pass=user):
+        code = run_backend(CatLinear(256), inputs())
+        assert torch._inductor.config.post_grad_custom_post_pass is user  # not replaced
+    assert user.calls == 1
+    assert "quantize_slices_" in code
+
+
+def test_backend_keeps_user_post_pass_given_in_options():
+    user = Recorder()
+    code = run_backend(CatLinear(256), inputs(), options={"post_grad_custom_post_pass": user})
+    assert user.calls == 1 and "quantize_slices_" in code
+
+
+BAD_OPTIONS = [
+    pytest.param(
+        {"enabled": "false"},
+        TypeError,
+        "enabled must be True or False, got 'false' (str)",
+        id="enabled-str",
+    ),
+    pytest.param(
+        {"enabled": 0}, TypeError, "enabled must be True or False, got 0 (int)", id="enabled-int"
+    ),
+    pytest.param(
+        {"enabled": None},
+        TypeError,
+        "enabled must be True or False, got None (NoneType)",
+        id="enabled-none",
+    ),
+    pytest.param(
+        {"max_slices": "8"},
+        TypeError,
+        "max_slices must be None or an int >= 1, got '8' (str)",
+        id="max-str",
+    ),
+    pytest.param(
+        {"max_slices": 1.5},
+        TypeError,
+        "max_slices must be None or an int >= 1, got 1.5 (float)",
+        id="max-float",
+    ),
+    pytest.param(
+        {"max_slices": True},
+        TypeError,
+        "max_slices must be None or an int >= 1, got True (bool)",
+        id="max-bool",
+    ),
+    pytest.param(
+        {"max_slices": -1},
+        ValueError,
+        "max_slices must be None or an int >= 1, got -1 (to leave every site unchanged, set enabled to False)",
+        id="max-negative",
+    ),
+    pytest.param(
+        {"max_slices": 0},
+        ValueError,
+        "max_slices must be None or an int >= 1, got 0 (to leave every site unchanged, set enabled to False)",
+        id="max-zero",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_pass_options_checked_when_built(fields, error, message):
+    with pytest.raises(error) as info:
+        FusionOptions(**fields)
+    assert str(info.value) == message
+    with pytest.raises(error, match=re.escape(message)):
+        FusionPass(**fields)
+    with pytest.raises(error, match=re.escape(message)):
+        install({}, **fields)
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"enabled": False}, {"max_slices": 1}, {"max_slices": None}]
+)
+def test_pass_options_accept_their_values(fields):
+    assert dataclasses.asdict(FusionOptions(**fields)) == {
+        **dataclasses.asdict(FusionOptions()),
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(("fields", "error", "message"), BAD_OPTIONS)
+def test_backend_names_bad_pass_option_as_written(fields, error, message):
+    """Through ``torch.compile(options=...)`` the error names ``mxfp8_fusion.<field>``; Dynamo
+    wraps what a backend raises, with the original as ``inner_exception``."""
+    ((name, value),) = fields.items()
+    options = {f"mxfp8_fusion.{name}": value}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        with torch.no_grad():
+            compiled(*inputs())
+    assert isinstance(info.value.inner_exception, error)
+    assert str(info.value.inner_exception) == f"mxfp8_fusion.{message}"
+
+
+def test_backend_rejects_unknown_pass_option():
+    options = {"mxfp8_fusion.max_slice": 2}
+    compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(*inputs())
+    assert isinstance(info.value.inner_exception, TypeError)
+    assert str(info.value.inner_exception) == (
+        "options: unknown pass option 'mxfp8_fusion.max_slice' (did you mean "
+        "'mxfp8_fusion.max_slices'?); the pass options are "
+        "mxfp8_fusion.enabled, mxfp8_fusion.max_slices, mxfp8_fusion.warn_skipped"
+    )
+
+
+# --- install / compose / uuid ---------------------------------------------------------------
+
+
+def test_install_into_config_dict_for_own_compile_fx():
+    user = Recorder()
+    config = {"post_grad_custom_post_pass": user, **NO_CACHE}
+    fusion = install(config)
+    install(config, fusion)  # installing again does not run the pass twice
+    composed = config["post_grad_custom_post_pass"]
+    assert isinstance(composed, ComposedPass) and composed.passes == (user, fusion)
+
+    model, xs = CatLinear(256), inputs()
+
+    def own_backend(gm, example_inputs):  # what a serving engine owning compile_fx does
+        return compile_fx(gm, example_inputs, config_patches=config)
+
+    with torch.no_grad():
+        assert_bitwise(torch.compile(model, backend=own_backend)(*xs), model(*xs))
+    assert fusion.matches == 1 and user.calls == 1
+
+
+def test_install_globally():
+    with torch._inductor.config.patch(post_grad_custom_post_pass=None, **NO_CACHE):
+        fusion = install(max_slices=8)
+        assert torch._inductor.config.post_grad_custom_post_pass is fusion
+        model, xs = CatLinear(256), inputs()
+        with torch.no_grad():
+            assert_bitwise(torch.compile(model)(*xs), model(*xs))
+    assert fusion.matches == 1
+
+
+def test_pass_pickles_and_keeps_its_uuid():
+    import pickle
+
+    fusion = FusionPass(max_slices=3)
+    assert pickle.loads(pickle.dumps(fusion)).uuid() == fusion.uuid()
+
+
+def test_uuid_covers_options_and_composition():
+    default = FusionPass().uuid()
+    assert default == FusionPass(FusionOptions()).uuid()
+    assert FusionPass(max_slices=4).uuid() != default
+    assert FusionPass(enabled=False).uuid() != default
+    composed = compose(Recorder("v1"), FusionPass()).uuid()
+    assert composed not in (None, default)
+    assert compose(Recorder("v2"), FusionPass()).uuid() != composed
+    assert compose(lambda g: None, FusionPass()).uuid() is None  # a plain callable: no caching
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def test_explain_lists_every_site_with_reasons(caplog):
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.good = CatLinear(256)
+            self.bad = CatLinear(256)
+
+        def forward(self, a, b, c, d):
+            return self.good(a, b), self.bad(c, d)
+
+    xs = [*inputs(), randn(8, 96, seed=3), randn(8, 160, seed=4)]
+    with caplog.at_level(logging.DEBUG, logger="mxfp8_fusion"):
+        report = mf.explain(Two(), *xs)
+    assert [s.rewritten for s in report.sites] == [True, False]
+    assert report.sites[1].reason == "slice 0 has width 96, not a positive multiple of 128"
+    text = str(report)
+    assert "2 candidate site(s) in 1 graph(s), 1 rewritten, 1 not rewritten" in text
+    assert "rewritten (staged quantization)" in text
+    assert "not rewritten: slice 0 has width 96, not a positive multiple of 128" in text
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("mxfp8_fusion")]
+    assert sum("width 96" in m for m in logged) == 1
+    assert sum("rewritten (staged" in m for m in logged) == 1
+
+
+def test_explain_without_candidates():
+    report = mf.explain(torch.nn.Linear(8, 8), torch.randn(2, 8))
+    assert report.sites == [] and "0 candidate site(s)" in str(report)
+    assert "the model is a bare nn.Linear, which convert does not swap" in str(report)
+    assert "weight dtype torch.float32 is not bfloat16 or float16" in str(report)
+    assert "no torch.cat in the compiled graph(s)" in str(report)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_slices": 1},
+        {"mxfp8_fusion.max_slices": 1},
+        {"mxfp8_fusion.max_slices": 1, "epilogue_fusion": False},
+        FusionOptions(max_slices=1),
+    ],
+    ids=["bare-key", "prefixed-key", "with-inductor-option", "FusionOptions"],
+)
+def test_explain_accepts_options_as_dict_or_fusion_options(options):
+    report = mf.explain(CatLinear(256), *inputs(), options=options)
+    (site,) = report.sites
+    assert site.reason == "2 slices exceed the pass option max_slices=1"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (2, TypeError, "options must be a FusionOptions, a dict or None, got int"),
+        ({"max_slices": "8"}, TypeError, "max_slices must be None or an int >= 1, got '8' (str)"),
+        (
+            {"mxfp8_fusion.enabled": "false"},
+            TypeError,
+            "mxfp8_fusion.enabled must be True or False, got 'false' (str)",
+        ),
+        (
+            {"max_slices": 2, "mxfp8_fusion.max_slices": 3},
+            TypeError,
+            "options: 'max_slices' and 'mxfp8_fusion.max_slices' set the same option",
+        ),
+        (
+            {"no_such": 1},
+            ValueError,
+            "explain: Unexpected optimization option no_such for backend mxfp8_fusion; known "
+            "options are Inductor's config keys and mxfp8_fusion.<FusionOptions field>",
+        ),
+    ],
+    ids=["int", "bad-value", "bad-value-prefixed", "twice", "unknown-key"],
+)
+def test_explain_rejects_bad_options_before_compiling(options, error, message):
+    def model(*xs):
+        raise AssertionError("not called")
+
+    with pytest.raises(error) as info:
+        mf.explain(model, *inputs(), options=options)
+    assert str(info.value) == message
+
+
+def test_explain_takes_compile_keywords_and_model_kwargs_apart():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = CatLinear(256)
+
+        def forward(self, a, b, *, scale=1.0):
+            return self.inner(a, b) * scale
+
+    report = mf.explain(
+        Scaled(),
+        *inputs(),
+        mode="max-autotune-no-cudagraphs",
+        fullgraph=True,
+        kwargs={"scale": 2.0},
+    )
+    assert [s.rewritten for s in report.sites] == [True]
+    with pytest.raises(TypeError) as info:
+        mf.explain(Scaled(), *inputs(), scale=2.0)
+    assert str(info.value) == (
+        "explain: unexpected keyword argument(s) scale; pass the model's keyword arguments as "
+        "kwargs={...} (explain's own keywords are options, mode, dynamic, fullgraph and kwargs)"
+    )
+    with pytest.raises(ValueError, match="Unrecognized mode=fastest"):
+        mf.explain(Scaled(), *inputs(), mode="fastest")
+
+
+def test_explain_counts_the_gemm_of_a_site_left_unchanged():
+    class ReturnsCat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = CatLinear(256)
+
+        def forward(self, a, b):
+            x = torch.cat([a, b], -1)
+            return self.inner.fc(x), x
+
+    (site,) = mf.explain(ReturnsCat(), *inputs()).sites
+    assert site.consumers == 1
+    assert str(site).splitlines()[0] == (
+        "graph 1, cat: cat of 2 bfloat16 slices [128, 128] -> 1 MXFP8 GEMM(s): not rewritten: "
+        "the concatenation is also used by the graph output (it is returned)"
+    )
+
+
+class PlainCatLinear(torch.nn.Module):
+    """The drafter's projection left as a BF16 nn.Linear (not converted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 64, dtype=torch.bfloat16)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+class BreakBetween(CatLinear):
+    def forward(self, *slices):
+        x = torch.cat(slices, -1)
+        torch._dynamo.graph_break()
+        return self.fc(x)
+
+
+class ScaledCat(CatLinear):
+    def forward(self, *slices):
+        return self.fc(torch.cat(slices, -1) * 2)
+
+
+def test_explain_without_candidates_says_why():
+    assert_expected_inline(
+        str(mf.explain(PlainCatLinear(), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - no MXFP8 linear in the compiled graph(s): convert the model first with mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass leaves alone)""",
+    )
+    assert_expected_inline(
+        str(mf.explain(BreakBetween(256), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 2 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - the torch.cat and the MXFP8 linear are in different graphs (2 compiled): a graph break between them; find it with torch._dynamo.explain(model)(*inputs), or compile with fullgraph=True""",
+    )
+    assert_expected_inline(
+        str(mf.explain(ScaledCat(256), *inputs())),
+        """\
+mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
+  no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
+  - a torch.cat and an MXFP8 linear are in one graph, but the cat does not feed the linear directly: an op other than a reshape between them (a dtype cast, arithmetic, a transpose) hides the site""",
+    )
+
+
+# --- fresh processes ------------------------------------------------------------------------
+
+_CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    from mxfp8_fusion.nn import MXFP8Linear
+
+    torch.manual_seed(0)
+    fc = MXFP8Linear.from_linear(nn.Linear(256, 64, dtype=torch.bfloat16))
+    def f(a, b):
+        return fc(torch.cat([a, b], -1))
+    a, b = (torch.randn(8, 128, dtype=torch.bfloat16) for _ in range(2))
+    options = json.loads(sys.argv[1]) or None
+    with torch.no_grad():
+        out, code = run_and_get_code(
+            torch.compile(f, backend="mxfp8_fusion", options=options), a, b
+        )
+        same = torch.equal(out.view(torch.int16), f(a, b).view(torch.int16))
+    print(json.dumps({
+        "rewritten": "quantize_slices_" in "".join(code),
+        "fx_hit": counters["inductor"]["fxgraph_cache_hit"]
+        + counters["aot_autograd"]["autograd_cache_hit"] > 0,
+        "pass_ran": counters["mxfp8_fusion"]["sites_rewritten"]
+        + counters["mxfp8_fusion"]["sites_skipped"]
+        - counters["mxfp8_fusion"]["graphs_from_cache"],
+        "replayed": counters["mxfp8_fusion"]["graphs_from_cache"],
+        "bitwise": same,
+    }))
+    """
+)
+
+
+def _run(script: str, *args: str, env: dict | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def test_fx_graph_cache_serves_rewritten_program_in_new_process(tmp_path):
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+    }
+    first = json.loads(_run(_CACHE_SCRIPT, "{}", env=env).splitlines()[-1])
+    second = json.loads(_run(_CACHE_SCRIPT, "{}", env=env).splitlines()[-1])
+    miss = {"rewritten": True, "fx_hit": False, "pass_ran": 1, "replayed": 0, "bitwise": True}
+    assert first == miss
+    # the pass does not run on a hit; its stored report is replayed (counted once)
+    assert second == {**miss, "fx_hit": True, "pass_ran": 0, "replayed": 1}
+    # Other pass options -> another uuid -> a cache miss; the pass runs and skips the site.
+    opts = json.dumps({"mxfp8_fusion.max_slices": 1})
+    third = json.loads(_run(_CACHE_SCRIPT, opts, env=env).splitlines()[-1])
+    assert third == {**miss, "rewritten": False}
+
+
+def test_backend_by_name_without_importing_the_package():
+    script = textwrap.dedent(
+        """
+        import sys
+        import torch
+        assert "mxfp8_fusion" not in sys.modules
+        f = torch.compile(lambda a, b: (torch.cat([a, b], -1) * 2), backend="mxfp8_fusion")
+        a, b = torch.randn(4, 8), torch.randn(4, 8)
+        assert torch.equal(f(a, b), (torch.cat([a, b], -1) * 2))
+        # The entry point imported the package (and its ops): an MXFP8 model now compiles
+        # with the backend found by name, and its cat site is rewritten.
+        from torch import nn
+        from torch._dynamo.utils import counters
+        from mxfp8_fusion.nn import MXFP8Linear
+        fc = MXFP8Linear.from_linear(nn.Linear(256, 64, dtype=torch.bfloat16))
+        g = torch.compile(lambda a, b: fc(torch.cat([a, b], -1)), backend="mxfp8_fusion")
+        x, y = (torch.randn(8, 128, dtype=torch.bfloat16) for _ in range(2))
+        with torch._inductor.config.patch(fx_graph_cache=False, force_disable_caches=True):
+            same = torch.equal(g(x, y), fc(torch.cat([x, y], -1)))
+        print("ok", "mxfp8_fusion" in sys.modules, same, counters["mxfp8_fusion"]["sites_rewritten"])
+        """
+    )
+    assert _run(script).split()[-4:] == ["ok", "True", "True", "1"]
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_with_fresh_kernel_buffers():
+    """mode="reduce-overhead" on the GPU kernels whose per-stream buffers are first made
+    during cudagraph trees' warm-up, which sends the thread's allocations to the graph's
+    private pool: kept buffers must come from outside it (a kept one inside failed the
+    pool's check: "tensors in the cudagraph pool not tracked as outputs")."""
+    from mxfp8_fusion.kernels import gemm_sm90_buffers
+
+    gemm_sm90_buffers.kept_buffers.clear()
+    model = CatLinear(512, n=256).cuda()
+    for tokens in (300, 16):  # the tiled kernel's references, the swap-AB workspace
+        xs = [x.cuda() for x in inputs((256, 256), tokens=tokens)]
+        with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
+            expected = model(*xs)
+            compiled = torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead")
+            for _ in range(3):
+                got = compiled(*xs).clone()
+        assert_bitwise(got, expected)
+        torch._dynamo.reset()

@@ -1,0 +1,113 @@
+"""A site left unchanged is visible by default: a warning at the user's line, once per site
+and reason, and the same counters and reports when Inductor serves the graph from its
+cache."""
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.passes import NO_CACHE, linear, randn
+from mxfp8_fusion.passes import FusionPass, FusionSkippedWarning, report
+
+import mxfp8_fusion as mf
+
+
+class Narrow(torch.nn.Module):
+    """Slices 96 wide: not a multiple of 128, so the site is left unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = linear(192)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+_CAT_LINE = inspect.getsourcelines(Narrow.forward)[1] + 1
+_REASON = "slice 0 has width 96, not a positive multiple of 128"
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(report, "_warned", set())
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _compile_twice(options=None) -> list[warnings.WarningMessage]:
+    xs = [randn(8, 96, seed=i) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(2):
+            torch._dynamo.reset()
+            with torch._inductor.config.patch(NO_CACHE):
+                torch.compile(Narrow(), backend="mxfp8_fusion", options=options)(*xs)
+    return [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+
+
+def test_skipped_site_warns_once_at_the_users_line():
+    (warning,) = _compile_twice()
+    assert warning.filename == __file__ and warning.lineno == _CAT_LINE
+    assert str(warning.message).endswith(_REASON)
+    assert "BF16 concatenation is still materialized" in str(warning.message)
+
+
+def test_warning_can_be_silenced_per_compile():
+    assert _compile_twice({"mxfp8_fusion.warn_skipped": False}) == []
+    # it changes no graph, so it is not part of the pass's cache identity
+    assert FusionPass(warn_skipped=False).uuid() == FusionPass().uuid()
+
+
+def test_report_only_pass_and_explain_do_not_warn():
+    assert _compile_twice({"mxfp8_fusion.enabled": False}) == []
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        explained = mf.explain(Narrow(), *[randn(8, 96, seed=i) for i in range(2)])
+    assert explained.sites[0].reason == _REASON
+    assert not [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+
+
+_TESTS = Path(__file__).resolve().parents[1]  # the helpers package's folder
+
+
+def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
+    """Two fresh processes on one Inductor cache: the second is served from the FX graph
+    cache, the pass does not run, and it still counts and warns about the site."""
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        sys.path[:0] = sys.argv[1:3]  # this folder, and tests/ for the helpers
+        from test_pass_visibility import Narrow
+        from helpers.passes import randn
+
+        xs = [randn(8, 96, seed=i) for i in range(2)]
+        with torch.no_grad():
+            torch.compile(Narrow(), backend="mxfp8_fusion")(*xs)
+        counters = torch._dynamo.utils.counters
+        print(counters["inductor"]["fxgraph_cache_hit"], dict(counters["mxfp8_fusion"]))
+        """
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", script, os.path.dirname(__file__), str(_TESTS)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert _REASON in run.stderr
+    last = [run.stdout.strip().splitlines()[-1] for run in runs]
+    assert last[0] == "0 {'sites_skipped': 1}"
+    assert last[1] == "1 {'graphs_from_cache': 1, 'sites_skipped': 1}"
