@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import torch
-from machine import environment, write_receipt
+from common import environment, write_receipt
 from torch import nn
 
 from mxfp8_fusion.vllm import linear

@@ -69,9 +69,13 @@ def _summary(output: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", choices=sorted(GROUPS), required=True)
+    parser.add_argument(
+        "--workers", type=int, default=0, help="pytest-xdist processes (kernel builds are CPU)"
+    )
     args = parser.parse_args()
     paths = GROUPS[args.group]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rfE", *paths]
+    workers = ["-n", str(args.workers)] if args.workers else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rfE", *workers, *paths]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     print(run.stdout[-6000:], run.stderr[-2000:], sep="\n")
     result = _summary(run.stdout)

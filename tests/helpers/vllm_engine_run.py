@@ -1,6 +1,6 @@
 """One vLLM engine run for ``test_vllm_engine.py``, in a process of its own.
 
-    python tests/vllm_engine_run.py TARGET DRAFT PROMPTS_JSON OUT_JSON [--eager]
+    python tests/helpers/vllm_engine_run.py TARGET DRAFT PROMPTS_JSON OUT_JSON [--eager]
 
 Runs the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the plugin's
 counters read here are the engine's. Generates greedily from the prompts' token ids with
