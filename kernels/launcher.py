@@ -14,6 +14,8 @@ import threading
 
 import torch
 
+from ..progress import notice
+
 
 def raw_stream(device_index: int) -> int:
     # The raw handle of the current stream without building a torch.cuda.Stream object
@@ -105,6 +107,10 @@ def compile_for_scalars(kernel, kinds: str, arch: str | None = None):
 
     fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
     args = (*(fake[kind] for kind in kinds), make_fake_stream())
+    notice(
+        f"building the {type(kernel).__name__} kernel{f' for {arch}' if arch else ''} "
+        "(a CuTe DSL compile: seconds; once per shape and config in a process)"
+    )
     if arch is None:
         return cute.compile(kernel, *args)
     return cute.compile(kernel, *args, options=f"--gpu-arch {arch}")

@@ -3,6 +3,7 @@ warnings from the package's own calls."""
 
 import importlib.metadata
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,3 +64,26 @@ def test_first_compile_says_so_and_explain_warns_nothing():
     assert run.stdout.strip() == "True"
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("mxfp8_fusion: compiling with Inductor")
+
+
+def test_a_kernel_build_says_so():
+    """A CuTe DSL compile takes seconds: one line says which kernel is being built (here the
+    quantizer for sm_90a, compiled on the CPU)."""
+    script = textwrap.dedent(
+        """
+        from mxfp8_fusion.kernels import quantize_slice as kernel
+        kernel.compile_kernel(kernel.QuantizerConfig(fp16=False, width=1024, arch="sm_90a"))
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUTE_DSL_ARCH": "sm_90a"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if line.startswith("mxfp8_fusion:")]
+    assert lines == [
+        "mxfp8_fusion: building the SliceQuantizer kernel for sm_90a (a CuTe DSL compile: "
+        "seconds; once per shape and config in a process)"
+    ]
