@@ -170,6 +170,7 @@ def test_empty_token_count():
     assert mf.mm(torch.empty(0, 256, dtype=torch.bfloat16), weight).shape == (0, 128)
 
 
+@pytest.mark.slow
 def test_compiled_eager_api_matches_eager():
     weight = make_weight(512)
     bias = torch.randn(128, dtype=torch.bfloat16)

@@ -72,6 +72,7 @@ def test_grad_mode_forward_is_bitwise_and_backward_raises_when_it_runs(backend):
     assert model.norm.weight.grad is None and model.norm.bias.grad is None
 
 
+@pytest.mark.slow
 def test_pass_rewrites_the_site_when_inputs_require_grad():
     """The partitioned forward still holds the site: the cat is not saved for backward (the
     backward needs only shapes), so the pass rewrites it and no BF16 concatenation is made."""
@@ -89,6 +90,7 @@ def test_pass_rewrites_the_site_when_inputs_require_grad():
     assert [site.rewritten for site in report.sites] == [True]
 
 
+@pytest.mark.slow
 def test_compiled_dynamic_tokens_in_grad_mode():
     model = NormCat()
     compiled = torch.compile(model, backend="mxfp8_fusion", dynamic=True)
@@ -115,6 +117,7 @@ def test_nothing_is_saved_for_backward():
     assert packed == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", *NO_SITE_BACKENDS])
 def test_quantize_then_fewer_token_gemms_backward_raises(backend):
     """The float8 storage's history crosses row views and several GEMMs; the compiled

@@ -99,6 +99,7 @@ def test_matches_torchao_emulated_output(k):
         assert_bitwise(got, expected)
 
 
+@pytest.mark.slow
 def test_compiled_site_is_staged_and_bitwise_equal_to_one_shot():
     model = _torchao(CatProjection(768, 128)).eval()
     mf.convert(model)

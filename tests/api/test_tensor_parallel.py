@@ -354,6 +354,7 @@ def checkpoints(tmp_path_factory):
     return str(path / "bf16.pt"), str(path / "mxfp8.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_ranks_match_the_single_process_layer(world, checkpoints):
     """Eager and compiled, column and row parallel, with bias, dynamic token counts, a model

@@ -10,6 +10,7 @@ import torch
 from mxfp8_fusion.__main__ import main
 
 
+@pytest.mark.slow
 def test_demo_runs_and_paths_are_bitwise_equal():
     result = subprocess.run(
         [sys.executable, "-m", "mxfp8_fusion", "demo", "--device", "cpu"],
@@ -21,6 +22,7 @@ def test_demo_runs_and_paths_are_bitwise_equal():
     assert "bitwise: True" in result.stdout
 
 
+@pytest.mark.slow
 def test_bogus_device_is_a_one_line_usage_error():
     result = subprocess.run(
         [sys.executable, "-m", "mxfp8_fusion", "demo", "--device", "bogus"],

@@ -23,6 +23,7 @@ _SNIPPETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("page", "index"), _SNIPPETS, ids=lambda v: getattr(v, "name", v))
 def test_readme_snippet_runs(page, index):
     """Each snippet of the README and the guides in a fresh interpreter, as a reader would

@@ -48,6 +48,7 @@ def _run(name: str, device: str):
     return check(model, [ex.make_inputs(cfg, t, device) for t in TOKENS], dims), sites
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["dflash", "mtp", "eagle3"])
 def test_sites_rewritten_and_projection_bitwise(name, device):

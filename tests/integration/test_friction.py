@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import mxfp8_fusion as mf
 from mxfp8_fusion import progress
 
@@ -32,6 +34,7 @@ def test_notice_prints_where_logging_is_not_configured_and_logs_where_it_is(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_first_compile_says_so_and_explain_warns_nothing():
     """In a fresh interpreter without logging set up: one notice line on stderr for the
     first compile, and no warning from explain's own settings (such as Dynamo's
@@ -66,6 +69,7 @@ def test_first_compile_says_so_and_explain_warns_nothing():
     assert len(lines) == 1 and lines[0].startswith("mxfp8_fusion: compiling with Inductor")
 
 
+@pytest.mark.slow
 def test_a_kernel_build_says_so():
     """A CuTe DSL compile takes seconds: one line says which kernel is being built (here the
     quantizer for sm_90a, compiled on the CPU)."""

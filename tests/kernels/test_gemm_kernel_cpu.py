@@ -22,6 +22,7 @@ from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 from mxfp8_fusion.format import scale_bytes
 
 
+@pytest.mark.slow
 @requires_cutlass
 def test_compiles_for_sm90a_without_gpu():
     """CI proof: the kernel compiles for Hopper on a CPU-only machine (CUTE_DSL_ARCH), and

@@ -73,6 +73,7 @@ def test_build_target_per_capability():
 _ARCH_SPECIFIC_PTX = ("wgmma", "cp.async.bulk", "mbarrier", "setmaxnreg", "cluster", "tcgen05")
 
 
+@pytest.mark.slow
 @requires_cutlass
 def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
     """CI proof for every target in ARCHS (sm_90a and the Blackwell builds): the one- and
@@ -221,6 +222,7 @@ def _modelled_writes(config, tokens: int, k: int, columns: list[int]):
 MODEL_VARIANTS = [dict(v, width=min(v["width"], 1024)) for v in VARIANTS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", MODEL_VARIANTS, ids=lambda v: "-".join(f"{k}{v[k]}" for k in v))
 def test_work_split_writes_each_byte_once(variant):
     """CPU model of the launch: every value byte of the live rows, every scale byte of the

@@ -479,6 +479,7 @@ def _run(script: str, *args: str, env: dict | None = None) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_fx_graph_cache_serves_rewritten_program_in_new_process(tmp_path):
     env = {
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
@@ -496,6 +497,7 @@ def test_fx_graph_cache_serves_rewritten_program_in_new_process(tmp_path):
     assert third == {**miss, "rewritten": False}
 
 
+@pytest.mark.slow
 def test_backend_by_name_without_importing_the_package():
     script = textwrap.dedent(
         """

@@ -48,6 +48,7 @@ def _run(code: str, device: str = "cpu") -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_fallbacks_registered_before_the_first_lowering():
     """At the first compile's post-grad stage (before lowering), Inductor already treats the
     MXFP8 ops as fallbacks that need realized inputs, as it does in every later compile."""
@@ -73,6 +74,7 @@ def test_fallbacks_registered_before_the_first_lowering():
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["inductor", "mxfp8_fusion"])
 def test_same_program_same_bytes_in_one_process(device, backend):
     """The same function compiled twice in one process (Dynamo reset, caches off) gives the

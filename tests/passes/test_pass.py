@@ -287,6 +287,7 @@ UNCHANGED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make_model", "make_inputs", "reason"), UNCHANGED)
 def test_non_qualifying_site_left_exactly_unchanged(make_model, make_inputs, reason):
     cap = compile_and_check(make_model(), *make_inputs())

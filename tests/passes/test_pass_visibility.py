@@ -77,6 +77,7 @@ def test_report_only_pass_and_explain_do_not_warn():
 _TESTS = Path(__file__).resolve().parents[1]  # the helpers package's folder
 
 
+@pytest.mark.slow
 def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
     """Two fresh processes on one Inductor cache: the second is served from the FX graph
     cache, the pass does not run, and it still counts and warns about the site."""
