@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.demo import Drafter
 
 # --- receipts ------------------------------------------------------------------------------
 
@@ -75,17 +76,6 @@ def write_receipt(path: str, receipt: dict) -> None:
 
 
 # --- the drafter projection --------------------------------------------------------------
-
-
-class Drafter(nn.Module):
-    """``fc(cat([h1, ..., hn], -1))``."""
-
-    def __init__(self, fc: nn.Module):
-        super().__init__()
-        self.fc = fc
-
-    def forward(self, *hidden: Tensor) -> Tensor:
-        return self.fc(torch.cat(hidden, dim=-1))
 
 
 def make_drafter(
