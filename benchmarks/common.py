@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 import mxfp8_fusion as mf
-from mxfp8_fusion.demo import Drafter
+from mxfp8_fusion.demo import Drafter, run_staged  # noqa: F401  (the fixture's staged path)
 
 # --- receipts ------------------------------------------------------------------------------
 
@@ -100,20 +100,6 @@ def make_drafter(
         for _ in range(slices)
     ]
     return Drafter(fc).eval(), inputs
-
-
-def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
-    """``model(*hidden)`` without the concatenation: ``empty_input``, one
-    ``quantize_input_slice`` per slice, then ``mm_quantized_into`` a fresh output."""
-    fc = model.fc
-    tokens, device, dtype = hidden[0].shape[0], hidden[0].device, hidden[0].dtype
-    staged = mf.empty_input(tokens, fc.in_features, device, dtype)
-    column = 0
-    for h in hidden:
-        mf.quantize_input_slice(h, staged, column)
-        column += h.shape[1]
-    out = torch.empty(tokens, fc.out_features, dtype=dtype, device=device)
-    return mf.mm_quantized_into(staged, fc.weight, out, bias=fc.bias)
 
 
 # --- timing and memory -------------------------------------------------------------------
