@@ -43,9 +43,10 @@ import torch
 from mxfp8_fusion.format import CHUNK_BYTES, GROUP, padded_rows
 
 from . import gemm_sm90_buffers as buffers
+from . import launcher
 from .gemm_config import GemmConfig, SwapABConfig
 from .gemm_select import choose_config
-from .launcher import compile_for_scalars, launch, raw_stream
+from .launcher import int32, pointer, raw_stream
 
 _TORCH_TO_CUTLASS = {
     torch.bfloat16: "BFloat16",
@@ -92,17 +93,20 @@ def refusal(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
     return shape if isinstance(shape, str) else None
 
 
-# Launch arguments after the six addresses (A, A scales, B, B scales, bias, out): the token
-# count, the A scale chunk count, then more addresses: the swap-AB kernel's stream-K
-# workspace (partial sums, flags); the tiled kernel's per-row FP16 references of A and of B
-# (gemm_sm90_refs), then its stream-K workspace (partial sums, flags).
-_KINDS = "qqqqqqiiqq"
-_TILED_KINDS = "qqqqqqiiqqqq"
-
-
-def kinds(cfg: GemmConfig) -> str:
-    """The launch-argument kinds of ``cfg``'s kernel (see launcher.Launcher)."""
-    return _KINDS if isinstance(cfg, SwapABConfig) else _TILED_KINDS
+def compile_args(cfg: GemmConfig, out_dtype, bias_dtype) -> tuple:
+    """Compile-time placeholders of ``cfg``'s kernel arguments (see launcher.compile_kernel):
+    A values, A scales, B values, B scales, bias (None in a build without bias), out, M, the
+    A scale chunk count; then the swap-AB kernel's stream-K workspace (partial sums, flags),
+    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90_refs) and its
+    stream-K workspace (None in a build without stream-K)."""
+    fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
+    bias = pointer(_TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
+    args = (fp8, scales, fp8, scales, bias, pointer(_TORCH_TO_CUTLASS[out_dtype]), int32(), int32())
+    workspace = (pointer("Float32"), pointer("Int32"))
+    if isinstance(cfg, SwapABConfig):
+        return (*args, *workspace)
+    refs = (pointer("Int32", 4), pointer("Int32", 4))
+    return (*args, *refs, *(workspace if cfg.stream_k else (None, None)))
 
 
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
@@ -114,11 +118,10 @@ def compiled_config(cfg: GemmConfig) -> GemmConfig:
     return replace(cfg, fp16_tiles=True)
 
 
-@functools.cache
 def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
-    """The compiled kernel for ``cfg`` and the compile-time facts (N, K, the output's row
-    stride, its dtype and the bias dtype or None); the token count M stays a runtime value.
-    Works on a CPU under ``CUTE_DSL_ARCH``."""
+    """Compile ``cfg``'s kernel for the compile-time facts (N, K, the output's row stride, its
+    dtype and the bias dtype or None); the token count M stays a runtime value. Works on a
+    CPU under ``CUTE_DSL_ARCH``."""
     import cutlass
 
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
@@ -129,7 +132,14 @@ def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_d
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
-    return compile_for_scalars(kernel, kinds(cfg))
+    return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype))
+
+
+def gemm_build(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
+    """The kernel binary of a call (see launcher.Build): ``cfg`` as compiled
+    (:func:`compiled_config`) and the compile-time facts of :func:`compile_gemm`."""
+    facts = (compiled_config(cfg), n, k, ld_out, out_dtype, bias_dtype)
+    return launcher.Build("gemm", facts, buffers.ARCH)
 
 
 @functools.cache
@@ -180,7 +190,7 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         a_scales_ptr,
         b_values.data_ptr(),
         b_scales_ptr,
-        bias.data_ptr() if bias is not None else out_ptr,
+        bias.data_ptr() if bias is not None else None,
         out_ptr,
         m,
         a_scales.numel() // CHUNK_BYTES,
@@ -211,9 +221,8 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
             )  # fmt: skip
             args += (partials.data_ptr(), flags.data_ptr())
         else:
-            args += (out_ptr, out_ptr)  # unused
-    key = (
-        compiled_config(cfg), n, k, out.stride(0), out.dtype,
-        bias.dtype if bias is not None else None, dev,
-    )  # fmt: skip
-    launch(key, lambda: compile_gemm(*key[:-1]), kinds(cfg), (*args, stream), dev)
+            args += (None, None)  # a build without stream-K has no workspace
+    build = gemm_build(
+        cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None
+    )
+    launcher.launch(build, (*args, stream))

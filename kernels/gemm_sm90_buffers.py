@@ -5,7 +5,6 @@ conversion)."""
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import TYPE_CHECKING
 
@@ -13,30 +12,42 @@ import torch
 
 from mxfp8_fusion.format import padded_rows
 
+from . import launcher
 from .constants import WG_THREADS
-from .launcher import compile_for_scalars, launch, raw_stream
+from .launcher import int32, pointer, raw_stream
 
 if TYPE_CHECKING:
     from .gemm_config import GemmConfig
 
-REFS_KINDS = "qqqii"  # A scales, B scales, references, M, N
-TOKENS_KINDS = "qqqi"  # A values, A scales, BF16 tokens, M
+ARCH = "sm_90a"  # the GEMM and its helper launches are built for Hopper only
 
 
-@functools.cache
-def compiled_tokens(k: int):
-    """The swap-AB kernel's token conversion (gemm_sm90_tokens): one compile per K."""
+def compile_tokens(k: int):
+    """The swap-AB kernel's token conversion (gemm_sm90_tokens) for K: arguments A values,
+    A scales, the BF16 tokens, M."""
     from .gemm_sm90_tokens import TokensToBF16Sm90
 
-    return compile_for_scalars(TokensToBF16Sm90(k), TOKENS_KINDS)
+    args = (pointer("Float8E4M3FN"), pointer("Uint8"), pointer("BFloat16"), int32())
+    return launcher.compile_kernel(TokensToBF16Sm90(k), args)
 
 
-@functools.cache
-def compiled_refs(k: int):
-    """The per-row FP16 reference scan (gemm_sm90_refs): one compile per K."""
+def compile_refs(k: int):
+    """The per-row FP16 reference scan (gemm_sm90_refs) for K: arguments A scales, B scales,
+    the references, M, N."""
     from .gemm_sm90_refs import RowReferencesSm90
 
-    return compile_for_scalars(RowReferencesSm90(k), REFS_KINDS)
+    args = (pointer("Uint8"), pointer("Uint8"), pointer("Int32"), int32(), int32())
+    return launcher.compile_kernel(RowReferencesSm90(k), args)
+
+
+def tokens_build(k: int) -> launcher.Build:
+    """The token conversion's binary for K (see launcher.Build)."""
+    return launcher.Build("gemm tokens", (k,), ARCH)
+
+
+def refs_build(k: int) -> launcher.Build:
+    """The reference scan's binary for K (see launcher.Build)."""
+    return launcher.Build("gemm refs", (k,), ARCH)
 
 
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
@@ -134,7 +145,7 @@ def convert_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tens
         lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
     )  # fmt: skip
     convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
-    launch(("tokens", k, dev), lambda: compiled_tokens(k), TOKENS_KINDS, convert, dev)
+    launcher.launch(tokens_build(k), convert)
     return tokens
 
 
@@ -154,5 +165,5 @@ def launch_row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stre
         lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
     )  # fmt: skip
     scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
-    launch(("refs", k, dev), lambda: compiled_refs(k), REFS_KINDS, scan, dev)
+    launcher.launch(refs_build(k), scan)
     return refs

@@ -36,6 +36,7 @@ from .gemm_sm90_f16 import (
     u16x2_max,
     u16x2_min,
 )
+from .launcher import address
 
 WARPS = 16
 
@@ -52,13 +53,14 @@ class RowReferencesSm90:
     @cute.jit
     def __call__(
         self,
-        sa_addr: cutlass.Int64,
-        sb_addr: cutlass.Int64,
-        refs_addr: cutlass.Int64,
+        sa: cute.Pointer,
+        sb: cute.Pointer,
+        refs: cute.Pointer,
         m: cutlass.Int32,
         n: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        sa_addr, sb_addr, refs_addr = address(sa), address(sb), address(refs)
         a_blocks = row_blocks(m)
         b_blocks = row_blocks(n)
 

@@ -92,6 +92,7 @@ from .gemm_sm90_swap_ab_parts import (
     W_GROUPS,
     SwapABParts,
 )
+from .launcher import address
 
 
 class MXFP8SwapABGemmSm90(SwapABParts):
@@ -104,33 +105,29 @@ class MXFP8SwapABGemmSm90(SwapABParts):
     @cute.jit
     def __call__(
         self,
-        a_addr: cutlass.Int64,
-        sa_addr: cutlass.Int64,
-        b_addr: cutlass.Int64,
-        sb_addr: cutlass.Int64,
-        bias_addr: cutlass.Int64,
-        out_addr: cutlass.Int64,
+        a: cute.Pointer,
+        sa: cute.Pointer,
+        b: cute.Pointer,
+        sb: cute.Pointer,
+        bias,
+        out: cute.Pointer,
         m: cutlass.Int32,
         sa_chunks: cutlass.Int32,
-        partials_addr: cutlass.Int64,
-        flags_addr: cutlass.Int64,
+        partials: cute.Pointer,
+        flags: cute.Pointer,
         stream: cuda.CUstream,
     ):
+        """Launch on ``stream``. ``a`` holds the BF16 tokens in a ``bf16_tokens`` build;
+        ``bias`` is None in a build without bias; ``partials`` and ``flags`` are the stream-K
+        workspace."""
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
-        addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
+        a_addr = address(a)
+        addrs = (a_addr, *(address(p) for p in (sa, b, sb, bias, out)))
         mA, mSA, mW, mSW, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.w_chunks)
         gmem = cute.AddressSpace.gmem
-        partials_ptr = cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16)
-        flags_ptr = cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16)
         tn = self.tn
-        frag_size = TILE_W * tn // WG_THREADS
-        # per CTA: slot 0 = its published head/middle partial, slot 1 = its own tail partial
-        slots = self.num_ctas * self.ws_slots
-        mPartials = cute.make_tensor(
-            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, slots))
-        )
-        mFlags = cute.make_tensor(flags_ptr, cute.make_layout((slots,)))
+        mPartials, mFlags = self._workspace(address(partials), address(flags))
 
         tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
         w8_layout = smem_layout(fp8, self.tile_w, TILE_K8, self.stages)
@@ -159,6 +156,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         sa_words = CHUNK_WORDS * (1 if self.bf16_tokens else stages)
         # consumers 2..'s partial sums for consumer 0 (none with the row split: each
         # consumer finishes its own rows)
+        frag_size = TILE_W * tn // WG_THREADS
         red_words = 4 if self.row_split else (self.consumers - 1) * WG_THREADS * frag_size
 
         @cute.struct
@@ -183,6 +181,21 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    @cute.jit
+    def _workspace(self, partials_addr, flags_addr):
+        """The stream-K workspace tensors: per CTA, slot 0 holds its published head or middle
+        partial sum, slot 1 its own tail partial; one flag per slot."""
+        gmem = cute.AddressSpace.gmem
+        partials_ptr = cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16)
+        flags_ptr = cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16)
+        frag_size = TILE_W * self.tn // WG_THREADS
+        slots = self.num_ctas * self.ws_slots
+        mPartials = cute.make_tensor(
+            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, slots))
+        )
+        mFlags = cute.make_tensor(flags_ptr, cute.make_layout((slots,)))
+        return mPartials, mFlags
 
     @cute.kernel
     def kernel(

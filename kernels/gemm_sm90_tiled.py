@@ -70,6 +70,7 @@ from .gemm_sm90_common import (
 from .gemm_sm90_tiled_consumer import ConsumerRole
 from .gemm_sm90_tiled_convert import WeightConverterRole
 from .gemm_sm90_tiled_schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
+from .launcher import address
 
 
 class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
@@ -82,24 +83,28 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     @cute.jit
     def __call__(
         self,
-        a_addr: cutlass.Int64,
-        sa_addr: cutlass.Int64,
-        b_addr: cutlass.Int64,
-        sb_addr: cutlass.Int64,
-        bias_addr: cutlass.Int64,
-        out_addr: cutlass.Int64,
+        a: cute.Pointer,
+        sa: cute.Pointer,
+        b: cute.Pointer,
+        sb: cute.Pointer,
+        bias,
+        out: cute.Pointer,
         m: cutlass.Int32,
         sa_chunks: cutlass.Int32,
-        refs_a: cutlass.Int64,
-        refs_b: cutlass.Int64,
-        partials_addr: cutlass.Int64,
-        flags_addr: cutlass.Int64,
+        refs_a: cute.Pointer,
+        refs_b: cute.Pointer,
+        partials,
+        flags,
         stream: cuda.CUstream,
     ):
+        """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
+        ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
+        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90_refs)."""
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
-        addrs = (a_addr, sa_addr, b_addr, sb_addr, bias_addr, out_addr)
+        addrs = tuple(address(p) for p in (a, sa, b, sb, bias, out))
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
+        refs_a, refs_b = address(refs_a), address(refs_b)
 
         mmas = [rs_tiled_mma(dtype, (64, self.tile_n)) for dtype in (bf16, cutlass.Float16)]
         a8_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
@@ -121,20 +126,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         if cutlass.const_expr(self.stream_k):
             work = work * self.k_tiles
         grid = [cutlass.min(work, self.num_ctas_cap), 1, 1]
-        gmem = cute.AddressSpace.gmem
-        cap, cons, frag = self.num_ctas_cap, self.ws_blocks, self.frag
-        mPartials = cute.make_tensor(
-            cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
-            cute.make_layout(
-                (frag, WG_THREADS, 2, cons, cap),
-                stride=(WG_THREADS, 1, frag * WG_THREADS, 2 * frag * WG_THREADS,
-                        cons * 2 * frag * WG_THREADS),
-            ),
-        )  # fmt: skip
-        mFlags = cute.make_tensor(
-            cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16),
-            cute.make_layout((cons, cap)),
-        )
+        mPartials, mFlags = self._workspace(address(partials), address(flags))
         stages8 = self.stages8
         stages16 = self.stages16
         ref_words = self.ref_words
@@ -164,6 +156,26 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             min_blocks_per_mp=1,
             stream=stream,
         )
+
+    @cute.jit
+    def _workspace(self, partials_addr, flags_addr):
+        """The stream-K workspace tensors: per CTA and consumer warpgroup two partial-sum
+        slots and a flag (unread by a build without stream-K)."""
+        gmem = cute.AddressSpace.gmem
+        cap, cons, frag = self.num_ctas_cap, self.ws_blocks, self.frag
+        mPartials = cute.make_tensor(
+            cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
+            cute.make_layout(
+                (frag, WG_THREADS, 2, cons, cap),
+                stride=(WG_THREADS, 1, frag * WG_THREADS, 2 * frag * WG_THREADS,
+                        cons * 2 * frag * WG_THREADS),
+            ),
+        )  # fmt: skip
+        mFlags = cute.make_tensor(
+            cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16),
+            cute.make_layout((cons, cap)),
+        )
+        return mPartials, mFlags
 
     @cute.kernel
     def kernel(

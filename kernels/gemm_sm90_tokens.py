@@ -24,6 +24,7 @@ from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
 from .constants import TILE_K8
 from .gemm_sm90_common import chunk_word, dequant_pair, load_gmem_word, mul_bf16x2, scale_factors
+from .launcher import address
 
 THREADS = 128
 UNITS = TILE_K8 // 16  # 16-byte units per row and 128-K stage
@@ -50,12 +51,13 @@ class TokensToBF16Sm90:
     @cute.jit
     def __call__(
         self,
-        a_addr: cutlass.Int64,
-        sa_addr: cutlass.Int64,
-        out_addr: cutlass.Int64,
+        a: cute.Pointer,
+        sa: cute.Pointer,
+        out: cute.Pointer,
         m: cutlass.Int32,
         stream: cuda.CUstream,
     ):
+        a_addr, sa_addr, out_addr = address(a), address(sa), address(out)
         blocks = (m * self.units_per_row + THREADS - 1) // THREADS
         self.kernel(a_addr, sa_addr, out_addr, m).launch(
             grid=[blocks, 1, 1], block=[THREADS, 1, 1], stream=stream

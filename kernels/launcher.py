@@ -1,20 +1,43 @@
-"""Fast host launch of compiled CuTe DSL kernels whose arguments are all scalars.
+"""Compiling, caching and launching the CuTe DSL kernels.
 
-The DSL's generic call path converts every argument on every call: about 60-80 us per
-launch on the H200 host, longer than a few-token GEMM or a slice quantization on the GPU.
-Kernels here take integer addresses and sizes instead of tensors, so a :class:`Launcher`
-keeps their C storage, packed once, and refills it per call. Also here: the device side of
-programmatic dependent launch, :func:`wait_for_previous_kernel`.
+Every kernel is compiled with the DSL's TVM-FFI calling convention (``--enable-tvm-ffi``):
+its host entry takes typed pointers, 32-bit integers and a stream, and a call passes plain
+Python ints (``tensor.data_ptr()``, the raw stream handle) or ``None`` for an argument the
+build leaves out. TVM-FFI converts them in C: about 4 us per launch on the H200 host,
+against 60-80 us for the DSL's generic Python call path.
+
+A build is named by a :class:`Build` (which kernel, its compile-time facts, its arch). The
+first call of a build in a process takes it from, in order: this process's table, the disk
+cache (``kernel_cache``: an object file per build, once per machine), a compile (seconds,
+then stored on disk). :func:`launch` is that lookup plus the call. Also here: the device
+side of programmatic dependent launch, :func:`wait_for_previous_kernel`.
 """
 
 from __future__ import annotations
 
-import ctypes
+import importlib
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
-from ..progress import notice
+from . import kernel_cache
+
+
+class Build(NamedTuple):
+    """One kernel binary: ``kind`` names the kernel (``"gemm"``, ``"quantizer"``, ...),
+    ``facts`` are its compile-time facts (a tuple of hashable values with a stable
+    ``repr``: configs, sizes, dtypes), ``arch`` the target (``"sm_90a"``). A tuple, so that
+    making and looking one up per launch costs little."""
+
+    kind: str
+    facts: tuple
+    arch: str
+
+    def describe(self) -> str:
+        """One line naming the build, for notices and cache entries."""
+        return f"{self.kind} {', '.join(map(str, self.facts))} for {self.arch}"
 
 
 def raw_stream(device_index: int) -> int:
@@ -26,94 +49,98 @@ def raw_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-class Launcher:
-    """Launches one compiled kernel on one device with reusable argument buffers.
-
-    ``kinds`` names each argument but the trailing stream: ``q`` a 64-bit integer, ``i`` a
-    32-bit one. The layout is checked once against the DSL's own marshalling of
-    ``probe_args``; if it ever differs, or the executor's internals are not as expected,
-    every call takes the DSL's generic path.
-    """
-
-    def __init__(self, compiled, kinds: str, probe_args: tuple) -> None:
-        self._compiled = compiled
-        self._lock = threading.Lock()
-        ctype = {"q": ctypes.c_int64, "i": ctypes.c_int32}
-        self._slots = [ctype[kind]() for kind in kinds]
-        self._stream = ctypes.c_uint64()
-        self._args = [ctypes.c_void_p(ctypes.addressof(v)) for v in self._slots]
-        self._args.append(ctypes.addressof(self._stream))
-        self._entry = None
-        try:
-            import cuda.bindings.driver as cuda
-
-            probe = (*probe_args[:-1], cuda.CUstream(probe_args[-1]))
-            generic, _ = compiled.execution_args.generate_execution_args(probe, {})
-            if self._same_layout(generic, probe_args):
-                self._entry = self._direct_entry(compiled.to(None))
-        except Exception:  # any internal change: keep the generic path
-            self._entry = None
-
-    def _direct_entry(self, executor):
-        """(C entry point, its packed argument array, CUDA result slot or None).
-
-        The executor's ``run_compiled_program`` re-packs the argument pointers on every call
-        (a Python loop over them: several us per launch). Ours never move, so they are
-        packed once here, with the executor's own trailing arguments (result slot, kernel
-        handles); a launch is then one ctypes call."""
-        packed = executor._get_invoke_packed_args(self._args)
-        count = len(self._args) + executor._num_extra_args
-        if len(packed) < count:
-            raise ValueError("unexpected packed-argument layout")
-        own = (ctypes.c_void_p * count)(*packed[:count])
-        result = executor.cuda_result if executor._has_cuda_result else None
-        return executor.capi_func, own, result
-
-    def _same_layout(self, generic: list, probe_args: tuple) -> bool:
-        if len(generic) != len(self._slots) + 1 or isinstance(generic[-1], ctypes.c_void_p):
-            return False
-        for slot, arg, value in zip(self._slots, generic, probe_args, strict=False):
-            if type(slot).from_address(arg.value).value != value:
-                return False
-        return ctypes.c_uint64.from_address(generic[-1]).value == probe_args[-1]
-
-    def __call__(self, args: tuple) -> None:
-        if self._entry is None:
-            import cuda.bindings.driver as cuda
-
-            self._compiled(*args[:-1], cuda.CUstream(args[-1]))
-            return
-        entry, packed, result = self._entry
-        with self._lock:
-            for slot, value in zip(self._slots, args, strict=False):
-                slot.value = value
-            self._stream.value = args[-1]
-            entry(packed)
-            if result is not None and result.value != 0:
-                raise RuntimeError(f"CUDA error {result.value} launching a CuTe DSL kernel")
-
-
-def compile_for_scalars(kernel, kinds: str, arch: str | None = None):
-    """``cute.compile`` of a scalar-argument kernel: ``kinds`` as for :class:`Launcher`, each
-    argument a placeholder of its type, then a placeholder stream (works without a GPU
-    under ``CUTE_DSL_ARCH``). ``arch`` (``"sm_100a"``, ...) names the target; None leaves it
-    to the DSL (``CUTE_DSL_ARCH``, else the current GPU's).
-
-    A binary for another arch than the DSL's runtime one compiles, but has no execution
-    engine: it can be inspected (PTX), not launched."""
+def pointer(dtype_name: str, align: int = 16):
+    """A compile-time placeholder for a typed global-memory pointer argument: ``dtype_name``
+    is a ``cutlass`` numeric type's name (``"Float8E4M3FN"``), ``align`` the alignment in
+    bytes every call's pointer has (the refusal checks guarantee it)."""
     import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(getattr(cutlass, dtype_name), 0, cute.AddressSpace.gmem, assumed_align=align)
+
+
+def int32():
+    """A compile-time placeholder for a 32-bit integer argument."""
+    import cutlass
+
+    return cutlass.Int32(1)
+
+
+def address(ptr):
+    """Inside a ``@cute.jit`` entry: the 64-bit address of a typed pointer argument, 0 for one
+    the build leaves out (``None``). The kernels do their address arithmetic on integers."""
+    import cutlass
+
+    return cutlass.Int64(0) if ptr is None else ptr.toint()
+
+
+def int32_or_zero(value):
+    """Inside a ``@cute.jit`` entry: a 32-bit integer argument, 0 for one the build leaves out."""
+    import cutlass
+
+    return cutlass.Int32(0) if value is None else value
+
+
+def compile_kernel(kernel, args: tuple, arch: str | None = None):
+    """``cute.compile`` of ``kernel`` for ``args`` (placeholders: :func:`pointer`,
+    :func:`int32`, ``None`` for a left-out argument; a stream is appended) with TVM-FFI.
+    ``arch`` (``"sm_100a"``, ...) names the target; None leaves it to the DSL
+    (``CUTE_DSL_ARCH``, else the current GPU's). Works without a GPU; a binary for another
+    arch than the machine's can be inspected (``__ptx__``) but not launched."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
 
-    fake = {"q": cutlass.Int64(1 << 20), "i": cutlass.Int32(1)}
-    args = (*(fake[kind] for kind in kinds), make_fake_stream())
-    notice(
-        f"building the {type(kernel).__name__} kernel{f' for {arch}' if arch else ''} "
-        "(a CuTe DSL compile: seconds; once per shape and config in a process)"
-    )
-    if arch is None:
-        return cute.compile(kernel, *args)
-    return cute.compile(kernel, *args, options=f"--gpu-arch {arch}")
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    return cute.compile(kernel, *args, make_fake_stream(), options=options)
+
+
+# Each kind's compile function, by module and name: ``function(*build.facts)``. A build
+# names everything its compile needs, so any process (a warm-up worker too) can make it.
+_COMPILERS = {
+    "quantizer": ("quantize_slice", "compile_kernel"),
+    "gemm": ("gemm_sm90", "compile_gemm"),
+    "gemm tokens": ("gemm_sm90_buffers", "compile_tokens"),
+    "gemm refs": ("gemm_sm90_buffers", "compile_refs"),
+}
+
+
+def compile_build(build: Build):
+    """Compile ``build`` (seconds; no cache involved)."""
+    module, name = _COMPILERS[build.kind]
+    compile_fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    return compile_fn(*build.facts)
+
+
+_functions: dict[Build, Callable] = {}
+_lock = threading.Lock()
+
+
+def function(build: Build) -> Callable:
+    """The launchable function of ``build``: from this process's table, else the disk cache,
+    else a compile (stored on disk for the next process)."""
+    fn = _functions.get(build)
+    if fn is None:
+        with _lock:
+            fn = _functions.get(build)
+            if fn is None:
+                fn = kernel_cache.load_or_build(build, lambda: compile_build(build))
+                _functions[build] = fn
+    return fn
+
+
+def launch(build: Build, args: tuple) -> None:
+    """Call ``build``'s kernel with ``args`` (ints, ``None`` for left-out arguments, the raw
+    stream last)."""
+    fn = _functions.get(build)
+    if fn is None:
+        fn = function(build)
+    fn(*args)
+
+
+def loaded(build: Build) -> bool:
+    """Whether ``build`` is ready in this process (no compile or disk read on its next call)."""
+    return build in _functions
 
 
 def wait_for_previous_kernel() -> None:
@@ -132,21 +159,3 @@ def wait_for_previous_kernel() -> None:
 
     cute.arch.griddepcontrol_wait()
     cute.arch.griddepcontrol_launch_dependents()
-
-
-_launchers: dict = {}
-_launchers_lock = threading.Lock()
-
-
-def launch(key, compile_fn, kinds: str, args: tuple, device: int) -> None:
-    """Launch ``args`` (trailing raw stream included) with the :class:`Launcher` cached under
-    ``key``, made on first use from ``compile_fn()`` on ``device``."""
-    launcher = _launchers.get(key)
-    if launcher is None:
-        compiled = compile_fn()
-        with _launchers_lock:
-            launcher = _launchers.get(key)
-            if launcher is None:
-                with torch.cuda.device(device):
-                    launcher = _launchers[key] = Launcher(compiled, kinds, args)
-    launcher(args)

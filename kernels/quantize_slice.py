@@ -1,10 +1,10 @@
 """CuTe DSL slice quantizer: BF16/FP16 ``[tokens, width]`` -> MXFP8 columns of a destination.
 
-Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` launcher and ``@cute.kernel``
-body) -> :func:`_compiled` (one compile per :class:`QuantizerConfig`, cached on compile-time
-facts only) -> :func:`run_if_served` (what the ops call: checks and launches in one pass
-over the call's facts), with :func:`refusal` and :func:`run` as its two halves for tests
-and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
+Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` entry and ``@cute.kernel``
+body) -> :func:`compile_kernel` (one build per :class:`QuantizerConfig`, kept by the launcher
+in memory and on disk: launcher.py) -> :func:`run_if_served` (what the ops call: checks and
+launches in one pass over the call's facts), with :func:`refusal` and :func:`run` as its two
+halves for tests and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
 (the same tile code; one launch instead of six removes the gaps between kernels). The config,
 tile shapes and grid both sides read are in ``quantize_geometry``.
 
@@ -54,7 +54,8 @@ import torch
 
 from mxfp8_fusion.format import GROUP, group_blocks, padded_rows
 
-from .launcher import compile_for_scalars, launch, raw_stream
+from . import launcher
+from .launcher import int32, pointer, raw_stream
 from .quantize_geometry import (
     ARCHS,
     DEFAULT_ARCH,
@@ -66,22 +67,25 @@ from .quantize_geometry import (
     check_config,
 )
 
-# Scalar arguments of the two launchers, in order: q = 64-bit, i = 32-bit (then the stream).
-#   one slice:  src, dst, scales, tokens, src_ld, dst_ld, column, scale_g4
-#   many:       dst, scales, tokens, dst_ld, scale_g4, src[8], src_ld[8], column[8]
-_ONE_KINDS = "qqqiiiii"
-_MANY_KINDS = "qqiii" + "q" * MAX_SLICES + "i" * (2 * MAX_SLICES)
 
+def compile_args(config: QuantizerConfig) -> tuple:
+    """Compile-time placeholders of the kernel's arguments (see launcher.compile_kernel).
 
-def _kinds(config: QuantizerConfig) -> str:
-    return _ONE_KINDS if config.slices == 1 else _MANY_KINDS
-
-
-@functools.cache
-def _compiled(config: QuantizerConfig):
-    """The compiled kernel for ``config``, compiled once per config per process (the
-    launcher compiles only for a (config, device) it has no launcher for yet)."""
-    return compile_kernel(config)
+    One slice: source, values, scales, tokens, source row stride, values row stride (K),
+    column, scale chunk groups. Several: values, scales, tokens, K, scale chunk groups, then
+    8 slots each of sources, row strides and columns, those past ``config.slices`` None.
+    """
+    source = pointer("Float16" if config.fp16 else "BFloat16", 16)
+    values, scales = pointer("Float8E4M3FN", 8), pointer("Uint8", 1)
+    if config.slices == 1:
+        return (source, values, scales, *(int32() for _ in range(5)))
+    absent = (None,) * (MAX_SLICES - config.slices)
+    return (
+        values, scales, int32(), int32(), int32(),
+        *(source,) * config.slices, *absent,
+        *(int32() for _ in range(config.slices)), *absent,
+        *(int32() for _ in range(config.slices)), *absent,
+    )  # fmt: skip
 
 
 def compile_kernel(config: QuantizerConfig):
@@ -93,7 +97,12 @@ def compile_kernel(config: QuantizerConfig):
     from .quantize_slice_kernel import build
 
     check_config(config)
-    return compile_for_scalars(build(config), _kinds(config), config.arch)
+    return launcher.compile_kernel(build(config), compile_args(config), config.arch)
+
+
+def build_of(config: QuantizerConfig) -> launcher.Build:
+    """The kernel binary ``config`` names (see launcher.Build)."""
+    return launcher.Build("quantizer", (config,), config.arch)
 
 
 def arch_for(capability: tuple[int, int]) -> str | None:
@@ -126,6 +135,12 @@ def config_for(
     fp16 = source.dtype == torch.float16
     width = source.shape[1]
     return _cached_config(fp16, width, tile_rows, slices, small_tokens, pdl, prefetch, arch)
+
+
+def config_of(fp16: bool, width: int, slices: int, arch: str) -> QuantizerConfig:
+    """The config the ops launch for ``slices`` slices of ``width`` columns (FP16 sources
+    where ``fp16``, else BF16) on ``arch``: the default tiles."""
+    return _cached_config(fp16, width, DEFAULT_TILE_ROWS, slices, SMALL_TOKENS, True, True, arch)
 
 
 # One instance per set of facts, made once: building a frozen dataclass per call costs more
@@ -173,8 +188,8 @@ def refusal(source: torch.Tensor, values: torch.Tensor, column: int) -> str | No
     return served if isinstance(served, str) else None
 
 
-def _launch(config: QuantizerConfig, device: int, args: tuple) -> None:
-    launch((config, device), lambda: _compiled(config), _kinds(config), args, device)
+def _launch(config: QuantizerConfig, args: tuple) -> None:
+    launcher.launch(build_of(config), args)
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -235,7 +250,6 @@ def run_if_served(
 
 def _launch_one(config: QuantizerConfig, source, values, scales, column: int, src_ld: int) -> None:
     k = values.shape[1]
-    device = _device_index(source)
     args = (
         source.data_ptr(),
         values.data_ptr(),
@@ -245,9 +259,9 @@ def _launch_one(config: QuantizerConfig, source, values, scales, column: int, sr
         k,
         column,
         group_blocks(k // GROUP),
-        raw_stream(device),
+        raw_stream(_device_index(source)),
     )
-    _launch(config, device, args)
+    _launch(config, args)
 
 
 def _row_strides_or_refusal(sources, values: torch.Tensor, columns) -> list[int] | str:
@@ -319,12 +333,11 @@ def run_many_if_served(
 
 
 def _launch_many(config: QuantizerConfig, sources, values, scales, columns, strides) -> None:
-    if config.slices == 1:  # the one-slice kernel: its own argument list (_ONE_KINDS)
+    if config.slices == 1:  # the one-slice kernel: its own argument list
         _launch_one(config, sources[0], values, scales, columns[0], strides[0])
         return
     k = values.shape[1]
-    device = _device_index(sources[0])
-    pad = [0] * (MAX_SLICES - len(sources))
+    absent = (None,) * (MAX_SLICES - len(sources))
     args = (
         values.data_ptr(),
         scales.data_ptr(),
@@ -332,11 +345,11 @@ def _launch_many(config: QuantizerConfig, sources, values, scales, columns, stri
         k,
         group_blocks(k // GROUP),
         *[s.data_ptr() for s in sources],
-        *pad,
+        *absent,
         *strides,
-        *pad,
+        *absent,
         *columns,
-        *pad,
-        raw_stream(device),
+        *absent,
+        raw_stream(_device_index(sources[0])),
     )
-    _launch(config, device, args)
+    _launch(config, args)

@@ -14,7 +14,7 @@ from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
 
 from . import quantize_ptx as qptx
-from .launcher import wait_for_previous_kernel
+from .launcher import address, int32_or_zero, wait_for_previous_kernel
 from .ptx import prefetch_l2
 from .quantize_geometry import (
     ROWS_PER_PASS,
@@ -279,9 +279,9 @@ class SliceQuantizer:
     @cute.jit
     def __call__(
         self,
-        src_addr: Int64,
-        dst_addr: Int64,
-        scale_addr: Int64,
+        source: cute.Pointer,
+        values: cute.Pointer,
+        scales: cute.Pointer,
         tokens: Int32,
         src_ld: Int32,
         dst_ld: Int32,
@@ -289,6 +289,7 @@ class SliceQuantizer:
         scale_g4: Int32,
         stream,
     ):
+        src_addr, dst_addr, scale_addr = address(source), address(values), address(scales)
         self.kernel(
             src_addr, dst_addr, scale_addr, tokens, src_ld, dst_ld, column, scale_g4
         ).launch(
@@ -324,21 +325,26 @@ class ManySliceQuantizer(SliceQuantizer):
     @cute.jit
     def __call__(
         self,
-        dst_addr: Int64,
-        scale_addr: Int64,
+        values: cute.Pointer,
+        scales: cute.Pointer,
         tokens: Int32,
         dst_ld: Int32,
         scale_g4: Int32,
-        a0: Int64, a1: Int64, a2: Int64, a3: Int64,
-        a4: Int64, a5: Int64, a6: Int64, a7: Int64,
-        l0: Int32, l1: Int32, l2: Int32, l3: Int32,
-        l4: Int32, l5: Int32, l6: Int32, l7: Int32,
-        c0: Int32, c1: Int32, c2: Int32, c3: Int32,
-        c4: Int32, c5: Int32, c6: Int32, c7: Int32,
+        p0, p1, p2, p3, p4, p5, p6, p7,
+        l0, l1, l2, l3, l4, l5, l6, l7,
+        c0, c1, c2, c3, c4, c5, c6, c7,
         stream,
     ):  # fmt: skip
+        # slots past the build's slice count are None: compile-time absent, 0 in the kernel
+        a0, a1, a2, a3, a4, a5, a6, a7 = (address(p) for p in (p0, p1, p2, p3, p4, p5, p6, p7))
+        l0, l1, l2, l3, l4, l5, l6, l7 = (
+            int32_or_zero(v) for v in (l0, l1, l2, l3, l4, l5, l6, l7)
+        )
+        c0, c1, c2, c3, c4, c5, c6, c7 = (
+            int32_or_zero(v) for v in (c0, c1, c2, c3, c4, c5, c6, c7)
+        )
         self.kernel(
-            dst_addr, scale_addr, tokens, dst_ld, scale_g4,
+            address(values), address(scales), tokens, dst_ld, scale_g4,
             a0, a1, a2, a3, a4, a5, a6, a7,
             l0, l1, l2, l3, l4, l5, l6, l7,
             c0, c1, c2, c3, c4, c5, c6, c7,

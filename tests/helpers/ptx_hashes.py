@@ -135,8 +135,8 @@ def all_hashes(builds: list[dict]) -> dict[str, str]:
     for build in builds:
         hashes[_name(build)] = sha(_gemm_ptx(build))
         print(len(hashes), _name(build), flush=True)
-    hashes["refs k=1056"] = sha(buffers.compiled_refs(1056).__ptx__)
-    hashes["tokens k=4160"] = sha(buffers.compiled_tokens(4160).__ptx__)
+    hashes["refs k=1056"] = sha(buffers.compile_refs(1056).__ptx__)
+    hashes["tokens k=4160"] = sha(buffers.compile_tokens(4160).__ptx__)
     for arch in quantizer.ARCHS.values():
         for config in (
             quantizer.QuantizerConfig(fp16=False, width=7168, arch=arch),

@@ -37,21 +37,18 @@ def test_compiles_for_sm90a_without_gpu(dtype, width, monkeypatch):
     assert compiled is not None
 
 
-@requires_cutlass
-def test_compile_cache_is_keyed_on_compile_time_facts(monkeypatch):
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+def test_one_build_per_compile_time_facts():
     from mxfp8_fusion.kernels import quantize_slice as kernel
 
     a = torch.empty(5, 256, dtype=torch.bfloat16)
     b = torch.empty(4097, 512, dtype=torch.bfloat16)[:, :256]  # other tokens, other stride
     assert kernel.config_for(a) == kernel.config_for(b)
-    first = kernel._compiled(kernel.config_for(a))
-    assert kernel._compiled(kernel.config_for(b)) is first
-    # the target is a compile-time fact: another arch is another compile
+    assert kernel.build_of(kernel.config_for(a)) == kernel.build_of(kernel.config_for(b))
+    # the target is a compile-time fact: another arch is another build
     blackwell = kernel.config_for(a, arch="sm_120a")
     assert blackwell != kernel.config_for(a) and blackwell.arch == "sm_120a"
-    assert kernel._compiled(blackwell) is not first
+    assert kernel.build_of(blackwell) != kernel.build_of(kernel.config_for(a))
+    assert kernel.config_of(False, 256, 1, "sm_90a") == kernel.config_for(a)
 
 
 def test_build_target_per_capability():
@@ -252,34 +249,6 @@ def test_work_split_writes_each_byte_once(variant):
         ):
             assert got.numel() == got.unique().numel(), f"tokens {tokens}: {what} written twice"
             assert torch.equal(got.sort().values, want.sort().values), f"tokens {tokens}: {what}"
-
-
-@requires_cutlass
-def test_fast_launch_argument_layout_matches_the_dsl(monkeypatch):
-    """The reusable argument buffers of run() mirror the DSL's own marshalling."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    import cuda.bindings.driver as cuda
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-    from mxfp8_fusion.kernels.launcher import Launcher
-
-    compiled = kernel._compiled(kernel.QuantizerConfig(fp16=False, width=256))
-    probe = (1 << 40, (1 << 40) + 4096, (1 << 41) + 512, 4097, 1024, 2048, 768, 16, 0xABC)
-    generic, _ = compiled.execution_args.generate_execution_args(
-        (*probe[:-1], cuda.CUstream(probe[-1])), {}
-    )
-    launcher = Launcher(compiled, kernel._ONE_KINDS, probe)  # no GPU: generic path
-    assert launcher._same_layout(generic, probe)
-    assert not launcher._same_layout(generic, (*probe[:3], 4096, *probe[4:]))
-
-    many = kernel._compiled(kernel.QuantizerConfig(fp16=False, width=256, slices=3))
-    probe = (1 << 40, 1 << 41, 300, 768, 6, *range(1 << 42, (1 << 42) + 8))
-    probe += (*range(256, 264), *range(0, 1024, 128), 0x5)
-    generic, _ = many.execution_args.generate_execution_args(
-        (*probe[:-1], cuda.CUstream(probe[-1])), {}
-    )
-    launcher = Launcher(many, kernel._MANY_KINDS, probe)
-    assert launcher._same_layout(generic, probe)
 
 
 def test_import_does_not_import_cutlass():

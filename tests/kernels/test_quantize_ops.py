@@ -18,8 +18,9 @@ from mxfp8_fusion import reference
 @requires_sm90
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_cuda_graph_capture_and_replay(dtype):
+    import tvm_ffi
+    from mxfp8_fusion.kernels import launcher
     from mxfp8_fusion.kernels import quantize_slice as kernel
-    from mxfp8_fusion.kernels.launcher import _launchers
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     static = wide_range(200, 1024, dtype, "cuda", gen)
@@ -29,8 +30,8 @@ def test_cuda_graph_capture_and_replay(dtype):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kernel.run(static, values, scales, 1024)
-    # every launcher took the one-ctypes-call path, not the DSL's generic call
-    assert all(launcher._entry is not None for launcher in _launchers.values())
+    # every build launches through its TVM-FFI entry loaded from the kernel cache
+    assert all(isinstance(fn, tvm_ffi.Function) for fn in launcher._functions.values())
     for seed in (4, 5):
         gen.manual_seed(seed)
         static.copy_(wide_range(200, 1024, dtype, "cuda", gen))

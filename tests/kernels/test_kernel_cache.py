@@ -1,0 +1,206 @@
+"""The kernel cache on disk (kernels/kernel_cache.py), on the CPU: keys, corruption,
+concurrent writers, unusable directories. Real builds compile under ``CUTE_DSL_ARCH``."""
+
+import hashlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+requires_cutlass = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
+)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache directory for this test, builds forgotten before and after."""
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.setenv(kernel_cache.ENV, str(tmp_path / "kernels"))
+    monkeypatch.setattr(launcher, "_functions", {})
+    monkeypatch.setattr(kernel_cache, "_unwritable", set())
+    return tmp_path / "kernels"
+
+
+def _build(width=256, arch="sm_90a"):
+    from mxfp8_fusion.kernels import quantize_slice as qs
+
+    return qs.build_of(qs.config_of(False, width, 1, arch))
+
+
+def _counting(monkeypatch):
+    from mxfp8_fusion.kernels import launcher
+
+    calls = []
+    real = launcher.compile_build
+    monkeypatch.setattr(launcher, "compile_build", lambda b: calls.append(b) or real(b))
+    return calls
+
+
+def test_key_names_everything_that_changes_the_binary(monkeypatch):
+    from mxfp8_fusion.kernels import kernel_cache
+
+    key = kernel_cache.entry_key(_build())
+    assert key == kernel_cache.entry_key(_build())
+    assert key != kernel_cache.entry_key(_build(width=384))
+    assert key != kernel_cache.entry_key(_build(arch="sm_100a"))
+    monkeypatch.setattr(kernel_cache, "source_hash", lambda: "edited kernel source")
+    assert key != kernel_cache.entry_key(_build())
+    monkeypatch.undo()
+    toolchain = {"packages": {"nvidia-cutlass-dsl": "9.9"}, "machine": "x86_64"}
+    monkeypatch.setattr(kernel_cache, "toolchain", lambda: toolchain)
+    assert key != kernel_cache.entry_key(_build())
+
+
+def test_key_is_the_same_in_another_process():
+    from mxfp8_fusion.kernels import kernel_cache
+
+    code = (
+        "from mxfp8_fusion.kernels import kernel_cache, quantize_slice as qs;"
+        "print(kernel_cache.entry_key(qs.build_of(qs.config_of(False, 256, 1, 'sm_90a'))))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == kernel_cache.entry_key(_build())
+
+
+def test_default_location_and_override(monkeypatch, tmp_path):
+    from mxfp8_fusion.kernels import kernel_cache
+
+    monkeypatch.delenv(kernel_cache.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernel_cache.cache_dir() == tmp_path / "mxfp8_fusion" / "kernels"
+    monkeypatch.setenv(kernel_cache.ENV, "off")
+    assert kernel_cache.cache_dir() is None
+    monkeypatch.setattr(kernel_cache, "_override", [])
+    kernel_cache.set_cache_dir(tmp_path / "mine")
+    assert kernel_cache.cache_dir() == tmp_path / "mine"
+    with pytest.raises(TypeError, match="^path:"):
+        kernel_cache.set_cache_dir(3)
+
+
+@requires_cutlass
+def test_entry_is_reused_by_a_fresh_process(cache, monkeypatch):
+    from mxfp8_fusion.kernels import launcher
+
+    calls = _counting(monkeypatch)
+    launcher.function(_build())
+    assert calls == [_build()] and len(list(cache.glob("*.o"))) == 1
+    code = (
+        "from mxfp8_fusion.kernels import launcher, quantize_slice as qs;"
+        "launcher.compile_build = None;"  # a compile would fail: the entry must be loaded
+        "launcher.function(qs.build_of(qs.config_of(False, 256, 1, 'sm_90a')))"
+    )
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+@requires_cutlass
+@pytest.mark.parametrize("damage", ["truncate", "flip", "drop record", "other key"])
+def test_a_damaged_entry_is_rebuilt_not_loaded(cache, monkeypatch, damage):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    build = _build()
+    launcher.function(build)
+    key = kernel_cache.entry_key(build)
+    obj, record = cache / f"{key}.o", cache / f"{key}.json"
+    data = obj.read_bytes()
+    if damage == "truncate":
+        obj.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        obj.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "drop record":
+        record.unlink()
+    else:
+        fields = json.loads(record.read_text())
+        record.write_text(json.dumps({**fields, "key": "0" * 64}))
+    assert not kernel_cache.stored(cache, build)
+    launcher._functions.clear()
+    calls = _counting(monkeypatch)
+    launcher.function(build)
+    assert calls == [build]  # rebuilt, and the entry repaired
+    assert kernel_cache.stored(cache, build)
+    assert hashlib.sha256(obj.read_bytes()).hexdigest() == json.loads(record.read_text())["sha256"]
+
+
+def _store_concurrently(directory: str, rounds: int) -> None:
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    class Slow:  # a compiled build whose object file is written in pieces
+        def export_to_c(self, path, function_name):
+            with open(path, "wb") as f:
+                for i in range(64):
+                    f.write(bytes([i]) * 4096)
+                    f.flush()
+
+    build = launcher.Build("quantizer", ("concurrency",), "sm_90a")
+    key = kernel_cache.entry_key(build)
+    for _ in range(rounds):
+        kernel_cache.store(kernel_cache.Path(directory), key, build, Slow())
+        record = kernel_cache._verified(kernel_cache.Path(directory), key)
+        assert record is not None and record["size"] == 64 * 4096
+
+
+def test_concurrent_writers_never_leave_half_an_entry(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_store_concurrently, args=(str(tmp_path), 20)) for _ in range(4)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries
+
+
+@requires_cutlass
+def test_unwritable_directory_warns_once_and_still_runs(cache, monkeypatch, tmp_path):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv(kernel_cache.ENV, str(blocker / "kernels"))  # cannot be made
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="cannot write its kernel cache"):
+        first = launcher.function(_build())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = launcher.function(_build(width=384))
+    assert callable(first) and callable(second)
+
+
+@requires_cutlass
+def test_full_directory_falls_back_with_one_warning(cache, monkeypatch):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    real = kernel_cache.store
+
+    def full(directory, *args):
+        if directory == cache:
+            raise OSError(28, "No space left on device")
+        return real(directory, *args)
+
+    monkeypatch.setattr(kernel_cache, "store", full)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="No space left"):
+        fn = launcher.function(_build())
+    assert callable(fn) and not kernel_cache.stored(cache, _build())
+
+
+@requires_cutlass
+def test_read_only_cache_with_entries_is_still_read(cache, monkeypatch):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    launcher.function(_build())
+    launcher._functions.clear()
+    kernel_cache._unwritable.add(cache)  # as after a failed write
+    calls = _counting(monkeypatch)
+    launcher.function(_build())
+    assert calls == []
