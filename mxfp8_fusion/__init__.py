@@ -7,6 +7,8 @@ Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice
 Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``
 so the BF16 concatenation is never materialized; :func:`explain` reports what it did at
 every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
+Start-up: :func:`warmup` compiles the kernels a model will launch, once per machine (they are
+kept on disk: ``MXFP8_FUSION_CACHE_DIR``, :func:`set_kernel_cache_dir`).
 """
 
 __version__ = "0.2.0"
@@ -23,6 +25,9 @@ from .api import (
     quantize_input_slices,
 )
 from .format import MXFP8Input, MXFP8Weight
+from .kernel_warmup import warmup
+from .kernels.kernel_cache import KernelCacheWarning
+from .kernels.kernel_cache import set_cache_dir as set_kernel_cache_dir
 from .nn import MXFP8Linear, convert
 from .stager import InputStager
 
@@ -31,6 +36,7 @@ __all__ = [
     "FusionPass",
     "FusionSkippedWarning",
     "InputStager",
+    "KernelCacheWarning",
     "MXFP8Input",
     "MXFP8Linear",
     "MXFP8Weight",
@@ -44,6 +50,8 @@ __all__ = [
     "quantize",
     "quantize_input_slice",
     "quantize_input_slices",
+    "set_kernel_cache_dir",
+    "warmup",
 ]
 
 _PASS_EXPORTS = ("FusionOptions", "FusionPass", "FusionSkippedWarning", "explain")

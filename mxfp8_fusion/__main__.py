@@ -1,4 +1,6 @@
 """``python -m mxfp8_fusion demo``: the main job (see ``demo.py``).
+``python -m mxfp8_fusion warmup OUTxIN ...``: compile the kernels of MXFP8 projections into
+the kernel cache before a server starts (see ``kernel_warmup.py``).
 
 The benchmarks are scripts of a repository checkout, run by path (``python
 benchmarks/end_to_end.py``); they are not part of the installed package.
@@ -30,10 +32,73 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--device", type=_device, default=None, help="cuda or cpu (default: cuda when present)"
     )
+    _add_warmup(commands)
     args = parser.parse_args(argv)
+    if args.command == "warmup":
+        return _warmup(args)
     from .demo import main as demo_main
 
     return demo_main(args.device)
+
+
+def _shape(text: str):
+    """``OUTxIN`` (``4096x12288``), IN optionally slice widths joined by ``+``."""
+    try:
+        out, _, inputs = text.lower().partition("x")
+        widths = [int(w) for w in inputs.split("+")]
+        return int(out), widths[0] if len(widths) == 1 else widths
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected OUTxIN, e.g. 4096x12288 or 4096x4096+4096+4096"
+        ) from None
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected token counts like 1,2,4,8") from None
+
+
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+def _add_warmup(commands) -> None:
+    warm = commands.add_parser(
+        "warmup", help="compile the kernels of MXFP8 projections into the kernel cache"
+    )
+    warm.add_argument("shapes", nargs="+", type=_shape, metavar="OUTxIN",
+                      help="weight shape; IN may be slice widths joined by +")  # fmt: skip
+    warm.add_argument("--tokens", type=_token_list, default=None,
+                      help="token counts, comma-separated (default: capture sizes)")  # fmt: skip
+    warm.add_argument("--max-tokens", type=int, default=512,
+                      help="largest default capture size (default: 512)")  # fmt: skip
+    warm.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    warm.add_argument("--bias-dtype", choices=[*sorted(_DTYPES), "fp32", "none"], default="none")
+    warm.add_argument("--workers", type=int, default=None,
+                      help="parallel compile processes (default: CPU count, at most 16)")  # fmt: skip
+
+
+def _warmup(args) -> int:
+    import torch
+
+    from .kernel_warmup import warmup
+
+    bias = {"none": None, "fp32": "float32"}.get(args.bias_dtype, _DTYPES.get(args.bias_dtype))
+    try:
+        report = warmup(
+            args.shapes, args.tokens, max_tokens=args.max_tokens,
+            dtype=getattr(torch, _DTYPES[args.dtype]),
+            bias_dtype=getattr(torch, bias) if bias else None, workers=args.workers,
+        )  # fmt: skip
+    except (TypeError, ValueError, RuntimeError) as error:
+        print(f"python -m mxfp8_fusion warmup: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"{report.builds} kernel builds ready in {report.seconds:.1f} s: "
+        f"{report.compiled} compiled, {report.from_disk} read from the kernel cache"
+    )
+    return 0
 
 
 if __name__ == "__main__":

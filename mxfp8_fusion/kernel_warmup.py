@@ -1,0 +1,249 @@
+"""Compile the kernels a model will launch before its first call: :func:`warmup`.
+
+A kernel build is compiled the first time a process launches it (seconds each; a GEMM
+projection meets several builds across a serving engine's CUDA graph capture sizes), then
+kept on disk (``MXFP8_FUSION_CACHE_DIR``) for every later process. :func:`warmup` makes
+those builds ready up front: it reads the ones already on disk and compiles the rest in
+parallel worker processes (compiling is host CPU work), with a progress bar.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .format import SOURCE_DTYPES
+from .kernels import kernel_cache, launcher
+from .progress import Bar
+
+_GEMM_CAPABILITY = (9, 0)  # the CuTe DSL GEMM is Hopper's; others use cuBLAS or the reference
+
+
+def capture_sizes(max_tokens: int = 512) -> list[int]:
+    """A serving engine's usual CUDA graph capture sizes up to ``max_tokens``: 1, 2, 4, then
+    8 to ``max_tokens`` in steps of 8 (vLLM's default)."""
+    return [t for t in (1, 2, 4) if t <= max_tokens] + list(range(8, max_tokens + 1, 8))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One MXFP8 projection: ``out_features`` x ``in_features`` weight, its input quantized
+    as ``slices`` (widths side by side, summing to ``in_features``; one slice for a plain
+    input), computed in ``dtype`` with a bias of ``bias_dtype`` (None: no bias)."""
+
+    out_features: int
+    in_features: int
+    slices: tuple[int, ...]
+    dtype: torch.dtype = torch.bfloat16
+    bias_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    """What :func:`warmup` did: ``builds`` kernel builds needed, of which ``ready`` were
+    already loaded in this process, ``from_disk`` read from the kernel cache, ``compiled``
+    compiled now; in ``seconds``."""
+
+    builds: int
+    ready: int
+    from_disk: int
+    compiled: int
+    seconds: float
+
+
+def projections_of(model: nn.Module, dtype: torch.dtype) -> list[Projection]:
+    """Every :class:`~mxfp8_fusion.MXFP8Linear` of ``model`` as a :class:`Projection` whose
+    input (of ``dtype``) is quantized whole."""
+    from .nn import MXFP8Linear
+
+    found = []
+    for layer in model.modules():
+        if isinstance(layer, MXFP8Linear):
+            bias = layer.bias.dtype if layer.bias is not None else None
+            k = layer.in_features
+            found.append(Projection(layer.out_features, k, (k,), dtype, bias))
+    return found
+
+
+def _projection(item, dtype: torch.dtype, bias_dtype) -> Projection:
+    if isinstance(item, Projection):
+        return item
+    if not isinstance(item, Sequence) or len(item) != 2:
+        raise TypeError(
+            "projections: expected (out_features, in_features) pairs, in_features an int or "
+            f"a sequence of slice widths; got {item!r}"
+        )
+    n, k = item
+    slices = (k,) if isinstance(k, int) else tuple(k)
+    if not all(isinstance(w, int) and w > 0 for w in (n, *slices)):
+        raise ValueError(f"projections: sizes must be positive ints, got {item!r}")
+    return Projection(n, sum(slices), slices, dtype, bias_dtype)
+
+
+def builds_for(
+    projection: Projection, tokens: Iterable[int], capability: tuple[int, int], sms: int
+) -> list[launcher.Build]:
+    """The kernel builds ``projection`` launches at each token count on a GPU of compute
+    ``capability`` with ``sms`` SMs: its input slices' quantizer and, on Hopper, each GEMM
+    config the selection picks and the launch that runs before it."""
+    from .kernels import gemm_sm90_buffers as buffers
+    from .kernels import quantize_slice
+    from .kernels.gemm_config import SwapABConfig
+    from .kernels.gemm_select import choose_config
+    from .kernels.gemm_sm90 import gemm_build
+
+    builds: dict[launcher.Build, None] = {}
+    arch = quantize_slice.arch_for(capability)
+    if arch is not None:
+        fp16 = projection.dtype == torch.float16
+        widths = projection.slices
+        equal = len(set(widths)) == 1 and len(widths) <= quantize_slice.MAX_SLICES
+        for width, count in ((widths[0], len(widths)),) if equal else ((w, 1) for w in widths):
+            config = quantize_slice.config_of(fp16, width, count, arch)
+            builds[quantize_slice.build_of(config)] = None
+    if tuple(capability) != _GEMM_CAPABILITY:
+        return list(builds)
+    n, k = projection.out_features, projection.in_features
+    for m in tokens:
+        cfg = choose_config(m, n, k, sms)
+        if isinstance(cfg, SwapABConfig) and cfg.bf16_tokens:
+            builds[buffers.tokens_build(k)] = None
+        elif not isinstance(cfg, SwapABConfig) and cfg.fp16_tiles:
+            builds[buffers.refs_build(k)] = None
+        builds[gemm_build(cfg, n, k, n, projection.dtype, projection.bias_dtype)] = None
+    return list(builds)
+
+
+def warmup(
+    projections,
+    tokens: Iterable[int] | None = None,
+    *,
+    max_tokens: int = 512,
+    dtype: torch.dtype = torch.bfloat16,
+    bias_dtype: torch.dtype | None = None,
+    device: torch.device | str | int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> WarmupReport:
+    """Make ready every kernel ``projections`` launch at ``tokens``, before the first call.
+
+    Args:
+        projections: a model (its :class:`~mxfp8_fusion.MXFP8Linear` layers), or
+            ``(out_features, in_features)`` pairs where ``in_features`` is an int or the
+            widths of the slices staged side by side (``(4096, [4096] * 3)``).
+        tokens: the token counts the model will be called with; by default
+            :func:`capture_sizes` up to ``max_tokens``.
+        dtype: the activations' dtype (BF16 or FP16), also the output's.
+        bias_dtype: the bias dtype of the pairs (None: no bias); a model's layers say theirs.
+        device: the CUDA device the kernels will run on (default: the current one).
+        workers: parallel compile processes (default: the CPU count, at most 16; 1 compiles
+            in this process).
+        progress: show a progress bar on stderr.
+
+    Kernels already on disk are read (milliseconds each); the others are compiled and
+    stored there for the next process.
+
+    Raises:
+        TypeError, ValueError: naming the argument, before anything is compiled.
+        RuntimeError: without a CUDA device.
+    """
+    start = time.perf_counter()
+    plan = _plan(projections, tokens, max_tokens, dtype, bias_dtype, device)
+    ready = [b for b in plan if launcher.loaded(b)]
+    todo = [b for b in plan if not launcher.loaded(b)]
+    directory = kernel_cache.cache_dir()
+    on_disk = [b for b in todo if kernel_cache.stored(directory, b)]
+    missing = [b for b in todo if b not in set(on_disk)]
+    bar = Bar("warming up mxfp8_fusion kernels", len(todo), enabled=progress)
+    for build in on_disk:
+        launcher.function(build)
+        bar.advance()
+    workers = _workers(workers, len(missing))
+    if workers > 1 and directory is not None and kernel_cache.writable(directory):
+        _compile_in_workers(missing, directory, workers, bar)
+    else:
+        for build in missing:
+            launcher.function(build)
+            bar.advance()
+    bar.close()
+    return WarmupReport(
+        len(plan), len(ready), len(on_disk), len(missing), time.perf_counter() - start
+    )
+
+
+def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[launcher.Build]:
+    if dtype not in SOURCE_DTYPES:
+        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
+    tokens = capture_sizes(max_tokens) if tokens is None else list(tokens)
+    if not tokens or not all(isinstance(t, int) and t > 0 for t in tokens):
+        raise ValueError(f"tokens: expected positive ints, got {tokens!r}")
+    if isinstance(projections, nn.Module):
+        items = projections_of(projections, dtype)
+    elif isinstance(projections, Iterable):
+        items = [_projection(p, dtype, bias_dtype) for p in projections]
+    else:
+        raise TypeError(f"projections: expected a model or (out, in) pairs, got {projections!r}")
+    index = _cuda_index(device)
+    capability = torch.cuda.get_device_capability(index)
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    plan: dict[launcher.Build, None] = {}
+    for item in items:
+        plan.update(dict.fromkeys(builds_for(item, tokens, capability, sms)))
+    return list(plan)
+
+
+def _cuda_index(device) -> int:
+    if not torch.cuda.is_available():
+        raise RuntimeError("warmup: no CUDA device (kernels are built for the GPU they run on)")
+    if device is None:
+        return torch.cuda.current_device()
+    try:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device: {error}") from None
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _workers(workers: int | None, jobs: int) -> int:
+    if workers is None:
+        workers = min(16, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers: expected a positive int, got {workers!r}")
+    return min(workers, jobs)
+
+
+def _compile_in_workers(builds, directory, workers: int, bar: Bar) -> None:
+    """Compile ``builds`` in ``workers`` fresh processes, which store them in ``directory``;
+    each is then read back here. A worker that fails leaves its build to this process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    context = multiprocessing.get_context("spawn")  # no CUDA state is forked
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_worker_init,
+        initargs=(str(directory), builds[0].arch),
+    ) as pool:  # fmt: skip
+        jobs = {pool.submit(_compile_and_store, build): build for build in builds}
+        for done in as_completed(jobs):
+            done.exception()  # a failed worker: the build is compiled below instead
+            launcher.function(jobs[done])
+            bar.advance()
+
+
+def _worker_init(directory: str, arch: str) -> None:
+    os.environ[kernel_cache.ENV] = directory
+    os.environ["CUTE_DSL_ARCH"] = arch  # the target of builds that do not name one
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compiling needs no GPU: no context per worker
+
+
+def _compile_and_store(build: launcher.Build) -> None:
+    kernel_cache.build_and_store(build, lambda: launcher.compile_build(build))
