@@ -196,13 +196,12 @@ def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str,
     }
 
 
-def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
-    torch._dynamo.reset()
-    model, hidden = make_drafter(geo.tokens, geo.hidden, geo.slices, torch.device("cuda"))
+def variants_of(model: Drafter) -> dict[str, tuple[str, str, object]]:
+    """name -> (mode, what, callable) of the six ways to run ``model``'s projection."""
     weight_bf16 = mf.reference.dequantize(model.fc.weight_values, model.fc.weight_scales).to(
         torch.bfloat16
     )
-    variants = {
+    return {
         "1_concatenated_eager": ("eager", "torch.cat + one-shot mxfp8_fusion.mm", model),
         "2_staged_eager": (
             "eager",
@@ -230,54 +229,39 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead"),
         ),
     }
-    fns = {name: v[2] for name, v in variants.items()}
-    # (6) reads its own static copies of the same slices
-    static_hidden = [h.clone() for h in hidden]
-    for h in static_hidden:
-        torch._dynamo.mark_static_address(h)
-    graphed = fns["6_graph_replay_mxfp8_fusion"]
-    fns["6_graph_replay_mxfp8_fusion"] = lambda *_: graphed(*static_hidden)
-    outputs = {}
+
+
+def measure(fns: dict, hidden, rounds: int, breakdown: bool) -> dict:
+    """Every variant warmed up, then its transient peak and output, its times (idle and
+    queued), host time, isolated timeline, optionally its kernels, and the allocation traces
+    of (1)-(3); ``resident`` is what the warm-up left allocated (graph pools)."""
+    found = {"peaks": {}, "outputs": {}}
     with torch.no_grad():
         base = torch.cuda.memory_allocated()
         for fn in fns.values():  # warm-up: compiles, autotuning, graph capture
             for _ in range(3):
                 fn(*hidden)
-        resident = torch.cuda.memory_allocated() - base
-        peaks = {}
+        found["resident"] = torch.cuda.memory_allocated() - base
         for name, fn in fns.items():
-            peaks[name], out = transient_peak(fn, hidden)
-            outputs[name] = out.clone()
-        times = time_interleaved(fns, hidden, rounds, queued=False)
-        queued = time_interleaved(fns, hidden, rounds, queued=True)
-        host = {name: host_ms(fn, hidden) for name, fn in fns.items()}
-        timeline = isolated_timeline(fns, hidden)
-        diagnosis = kernel_breakdown(fns, hidden) if breakdown else None
-        traces = {
+            found["peaks"][name], out = transient_peak(fn, hidden)
+            found["outputs"][name] = out.clone()
+        found["times"] = time_interleaved(fns, hidden, rounds, queued=False)
+        found["queued"] = time_interleaved(fns, hidden, rounds, queued=True)
+        found["host"] = {name: host_ms(fn, hidden) for name, fn in fns.items()}
+        found["timeline"] = isolated_timeline(fns, hidden)
+        found["diagnosis"] = kernel_breakdown(fns, hidden) if breakdown else None
+        found["traces"] = {
             name: allocation_trace(fns[name], hidden)
             for name in ("1_concatenated_eager", "2_staged_eager", "3_compiled_mxfp8_fusion")
         }
-    ref = outputs["1_concatenated_eager"].view(torch.int16)
-    bitwise = {
-        name: bool(torch.equal(outputs[name].view(torch.int16), ref))
-        for name in ("2_staged_eager", "3_compiled_mxfp8_fusion", "6_graph_replay_mxfp8_fusion")
-    }
-    measurements = []
-    for name, (mode, what, _) in variants.items():
-        measurements.append(
-            Measurement(
-                name,
-                mode,
-                what,
-                times[name],
-                queued[name],
-                host[name],
-                peaks[name],
-                resident if name.startswith("6") else 0,
-            )
-        )
-    t1, p1 = times["1_concatenated_eager"], peaks["1_concatenated_eager"]
-    q1 = queued["1_concatenated_eager"]
+    return found
+
+
+def ratios_to_first(measurements: list[Measurement], times, queued) -> dict[str, float]:
+    """Each variant's time, queued time and transient peak over (1)'s, and (3) over (2) and
+    (5), each key naming its direction."""
+    first = measurements[0]
+    t1, q1, p1 = first.median_ms, first.median_ms_queued, first.transient_peak_bytes
     ratios = (
         {f"{m.variant}_over_1_time (lower is faster)": m.median_ms / t1 for m in measurements}
         | {
@@ -289,19 +273,40 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             for m in measurements
         }
     )
-    ratios["3_over_2_time (lower is faster)"] = (
-        times["3_compiled_mxfp8_fusion"] / times["2_staged_eager"]
-    )
-    ratios["3_over_5_time (lower is faster)"] = (
-        times["3_compiled_mxfp8_fusion"] / times["5_bf16_cat_cublas"]
-    )
-    ratios["3_over_2_time_queued (lower is faster)"] = (
-        queued["3_compiled_mxfp8_fusion"] / queued["2_staged_eager"]
-    )
-    ratios["3_over_5_time_queued (lower is faster)"] = (
-        queued["3_compiled_mxfp8_fusion"] / queued["5_bf16_cat_cublas"]
-    )
+    three, others = "3_compiled_mxfp8_fusion", (("2", "2_staged_eager"), ("5", "5_bf16_cat_cublas"))
+    for key, other in others:
+        ratios[f"3_over_{key}_time (lower is faster)"] = times[three] / times[other]
+    for key, other in others:
+        ratios[f"3_over_{key}_time_queued (lower is faster)"] = queued[three] / queued[other]
+    return ratios
+
+
+def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
+    """One geometry's receipt entry: the six variants measured side by side (module doc)."""
+    torch._dynamo.reset()
+    model, hidden = make_drafter(geo.tokens, geo.hidden, geo.slices, torch.device("cuda"))
+    variants = variants_of(model)
+    fns = {name: v[2] for name, v in variants.items()}
+    # (6) reads its own static copies of the same slices
+    static_hidden = [h.clone() for h in hidden]
+    for h in static_hidden:
+        torch._dynamo.mark_static_address(h)
+    graphed = fns["6_graph_replay_mxfp8_fusion"]
+    fns["6_graph_replay_mxfp8_fusion"] = lambda *_: graphed(*static_hidden)
+    found = measure(fns, hidden, rounds, breakdown)
+    times, queued, peaks, outputs = (found[key] for key in ("times", "queued", "peaks", "outputs"))
+    ref = outputs["1_concatenated_eager"].view(torch.int16)
+    bitwise = {
+        name: bool(torch.equal(outputs[name].view(torch.int16), ref))
+        for name in ("2_staged_eager", "3_compiled_mxfp8_fusion", "6_graph_replay_mxfp8_fusion")
+    }
+    measurements = []
+    for name, (mode, what, _) in variants.items():
+        resident = found["resident"] if name.startswith("6") else 0
+        row = (times[name], queued[name], found["host"][name], peaks[name], resident)
+        measurements.append(Measurement(name, mode, what, *row))
     k = geo.hidden * geo.slices
+    diagnosis = found["diagnosis"]
     return {
         "geometry": asdict(geo)
         | {"in_features": k, "out_features": geo.hidden, "tflop_per_call": geo.flops / 1e12},
@@ -311,10 +316,10 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             "output": geo.tokens * geo.hidden * 2,
         },
         "measurements": [asdict(m) for m in measurements],
-        "ratios": ratios,
+        "ratios": ratios_to_first(measurements, times, queued),
         "bitwise_equal_to_1": bitwise,
-        "isolated_timeline_us": timeline,
-        "memory_traces": traces,
+        "isolated_timeline_us": found["timeline"],
+        "memory_traces": found["traces"],
     } | ({"kernel_breakdown": diagnosis} if diagnosis else {})
 
 
