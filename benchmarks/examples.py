@@ -95,6 +95,66 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
 
 
+def compiled_variants(converted, bf16) -> dict[str, tuple[str, object]]:
+    """name -> (what, compiled program) of the three programs (module doc)."""
+    return {
+        "1_fused": (
+            "converted model, torch.compile(backend='mxfp8_fusion', fullgraph=True)",
+            torch.compile(converted, backend="mxfp8_fusion", fullgraph=True),
+        ),
+        "2_inductor": (
+            "converted model, torch.compile(backend='inductor', fullgraph=True), no pass",
+            torch.compile(converted, backend="inductor", fullgraph=True),
+        ),
+        "3_bf16": (
+            "BF16 model (before convert), torch.compile(backend='inductor', fullgraph=True)",
+            torch.compile(bf16, backend="inductor", fullgraph=True),
+        ),
+    }
+
+
+def _ratios(times, queued, peaks) -> dict[str, float]:
+    """(1) over (2) and over (3): time, queued time, transient peak."""
+    return {
+        "1_over_2_time (lower is faster)": times["1_fused"] / times["2_inductor"],
+        "1_over_3_time (lower is faster)": times["1_fused"] / times["3_bf16"],
+        "1_over_2_time_queued (lower is faster)": queued["1_fused"] / queued["2_inductor"],
+        "1_over_3_time_queued (lower is faster)": queued["1_fused"] / queued["3_bf16"],
+        "1_over_2_transient_peak (lower is less memory)": peaks["1_fused"] / peaks["2_inductor"],
+        "1_over_3_transient_peak (lower is less memory)": peaks["1_fused"] / peaks["3_bf16"],
+    }
+
+
+def bench_tokens(variants: dict, inputs, rounds: int) -> dict:
+    """One token count's row: the programs of ``variants`` warmed up on ``inputs``, their
+    transient peaks and outputs, their times (idle and queued), and the outputs compared."""
+    fns = {name: v[1] for name, v in variants.items()}
+    with torch.no_grad():
+        for fn in fns.values():  # warm-up: compile (first token count), autotune
+            for _ in range(2):
+                fn(*inputs)
+        peaks, outs = {}, {}
+        for name, fn in fns.items():
+            peaks[name], out = transient_peak(fn, inputs)
+            outs[name] = tuple(o.clone() for o in out)
+            del out
+        times = time_interleaved(fns, inputs, rounds, queued=False)
+        queued = time_interleaved(fns, inputs, rounds, queued=True)
+    measurements = [
+        Measurement(name, variants[name][0], times[name], queued[name], peaks[name]) for name in fns
+    ]
+    f, i, b = (outs[n] for n in ("1_fused", "2_inductor", "3_bf16"))
+    return {
+        "measurements": [asdict(m) for m in measurements],
+        "ratios": _ratios(times, queued, peaks),
+        "bitwise_1_vs_2": {"output": _bitwise(f[0], i[0]), "projection": _bitwise(f[1], i[1])},
+        "rel_error_1_vs_3": {
+            "output": _rel_error(f[0], b[0]),
+            "projection": _rel_error(f[1], b[1]),
+        },
+    }
+
+
 def bench_example(
     example: Example, tokens_list, rounds: int, device: torch.device | None = None, cfg=None
 ) -> dict:
@@ -115,72 +175,14 @@ def bench_example(
     with torch.no_grad():
         report = mf.explain(converted, *first)
     torch._dynamo.reset()
-    variants = {
-        "1_fused": (
-            "converted model, torch.compile(backend='mxfp8_fusion', fullgraph=True)",
-            torch.compile(converted, backend="mxfp8_fusion", fullgraph=True),
-        ),
-        "2_inductor": (
-            "converted model, torch.compile(backend='inductor', fullgraph=True), no pass",
-            torch.compile(converted, backend="inductor", fullgraph=True),
-        ),
-        "3_bf16": (
-            "BF16 model (before convert), torch.compile(backend='inductor', fullgraph=True)",
-            torch.compile(bf16, backend="inductor", fullgraph=True),
-        ),
-    }
-    fns = {name: v[1] for name, v in variants.items()}
+    variants = compiled_variants(converted, bf16)
     rows = []
     for tokens in tokens_list:
         inputs = module.make_inputs(cfg, tokens, device)
         for x, dim in zip(inputs, token_dims, strict=True):
             torch._dynamo.mark_dynamic(x, dim)
-        with torch.no_grad():
-            for fn in fns.values():  # warm-up: compile (first token count), autotune
-                for _ in range(2):
-                    fn(*inputs)
-            peaks, outs = {}, {}
-            for name, fn in fns.items():
-                peaks[name], out = transient_peak(fn, inputs)
-                outs[name] = tuple(o.clone() for o in out)
-                del out
-            times = time_interleaved(fns, inputs, rounds, queued=False)
-            queued = time_interleaved(fns, inputs, rounds, queued=True)
-        measurements = [
-            Measurement(name, variants[name][0], times[name], queued[name], peaks[name])
-            for name in fns
-        ]
-        f, i, b = (outs[n] for n in ("1_fused", "2_inductor", "3_bf16"))
-        rows.append(
-            {
-                "tokens": tokens,
-                "measurements": [asdict(m) for m in measurements],
-                "ratios": {
-                    "1_over_2_time (lower is faster)": times["1_fused"] / times["2_inductor"],
-                    "1_over_3_time (lower is faster)": times["1_fused"] / times["3_bf16"],
-                    "1_over_2_time_queued (lower is faster)": (
-                        queued["1_fused"] / queued["2_inductor"]
-                    ),
-                    "1_over_3_time_queued (lower is faster)": queued["1_fused"] / queued["3_bf16"],
-                    "1_over_2_transient_peak (lower is less memory)": (
-                        peaks["1_fused"] / peaks["2_inductor"]
-                    ),
-                    "1_over_3_transient_peak (lower is less memory)": (
-                        peaks["1_fused"] / peaks["3_bf16"]
-                    ),
-                },
-                "bitwise_1_vs_2": {
-                    "output": _bitwise(f[0], i[0]),
-                    "projection": _bitwise(f[1], i[1]),
-                },
-                "rel_error_1_vs_3": {
-                    "output": _rel_error(f[0], b[0]),
-                    "projection": _rel_error(f[1], b[1]),
-                },
-            }
-        )
+        rows.append({"tokens": tokens} | bench_tokens(variants, inputs, rounds))
         print_row(example, rows[-1])
-        del outs, f, i, b
     return {
         "example": example.name,
         "site": example.site,
