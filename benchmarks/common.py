@@ -1,7 +1,8 @@
-"""What the benchmarks share: the machine and code facts every receipt records, and the
-model they measure (a speculative-decoding drafter's input projection
+"""What the benchmarks share: the machine and code facts every receipt records, the model
+they measure (a speculative-decoding drafter's input projection
 ``fc(cat([h1, ..., hn], -1))`` with an MXFP8 ``fc``, its random inputs, and the staged eager
-path that replaces the concatenation)."""
+path that replaces the concatenation), how they time a call, and how they trace where its
+time and memory go."""
 
 from __future__ import annotations
 
@@ -174,3 +175,117 @@ def capture_graph(fns) -> torch.cuda.CUDAGraph:
         for fn in fns:
             fn()
     return graph
+
+
+# --- where a call's time and memory go ---------------------------------------------------
+
+
+def allocation_trace(fn, hidden) -> list[tuple[float, int]]:
+    """(time in µs from the first event, bytes allocated above the start) per allocator event."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        fn(*hidden)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    events = snapshot["device_traces"][torch.cuda.current_device()]
+    level, trace = 0, [(0.0, 0)]
+    t0 = events[0]["time_us"] if events else 0
+    for e in events:
+        if e["action"] == "alloc":
+            level += e["size"]
+        elif e["action"] == "free_completed":
+            level -= e["size"]
+        else:
+            continue
+        trace.append((float(e["time_us"] - t0), level))
+    return trace
+
+
+def host_ms(fn, hidden, calls: int = 10) -> float:
+    """Median host ms a call takes to return, with the GPU busy so no launch waits on it."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda._sleep(QUEUE_CYCLES)
+        start = time.perf_counter()
+        fn(*hidden)
+        samples.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, float]]:
+    """Per variant: mean GPU ms per call of each kernel (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    result = {}
+    for name, fn in fns.items():
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*hidden)
+            torch.cuda.synchronize()
+        kernels = {}
+        for event in prof.key_averages():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                ms = event.device_time_total / 1e3 / calls
+                kernels[event.key[:80]] = round(ms, 4)
+        top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])
+        result[name] = {"gpu_ms_per_kernel": top}
+        print(f"{name}: kernels " + ", ".join(f"{k[:48]} {v:.3f}" for k, v in top.items()))
+    return result
+
+
+def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str, float]]:
+    """Where an isolated call's time goes: the GPU timeline of ``rounds`` isolated calls per
+    variant (the order rotated as in :func:`time_interleaved`) under torch.profiler.
+
+    Per variant, medians in us from the call's start on the host: when its first kernel and
+    its GEMM (its longest kernel) start, the GPU time of the kernels before the GEMM, the
+    GEMM's duration and when the last kernel ends. The profiler adds host time per op, so
+    the start offsets are larger than in the untraced timing; the kernels' durations are not.
+    """
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    names = list(fns)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                torch.cuda.synchronize()
+                with record_function(f"call:{name}"):
+                    fns[name](*hidden)
+                torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        prof.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    calls = sorted(
+        (e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("call:")),
+        key=lambda e: e["ts"],
+    )
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    rows = {name: [] for name in names}
+    for i, call in enumerate(calls):
+        t0 = call["ts"]
+        t1 = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
+        ks = [k for k in kernels if t0 <= k["ts"] < t1]
+        if not ks:
+            continue
+        gemm = max(ks, key=lambda k: k["dur"])
+        rows[call["name"][len("call:") :]].append(
+            {
+                "first_kernel_start_us": ks[0]["ts"] - t0,
+                "gemm_start_us": gemm["ts"] - t0,
+                "kernels_before_gemm_us": sum(k["dur"] for k in ks if k["ts"] < gemm["ts"]),
+                "gemm_us": gemm["dur"],
+                "last_kernel_end_us": max(k["ts"] + k["dur"] for k in ks) - t0,
+            }
+        )
+    return {
+        name: {key: round(statistics.median(r[key] for r in rs), 1) for key in rs[0]}
+        for name, rs in rows.items()
+        if rs
+    }

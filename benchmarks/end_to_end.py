@@ -13,26 +13,31 @@ interleaved A B A B in one process:
    fresh tensors, cudagraph trees would first copy them into its own buffers)
 
 For each: transient peak bytes above what was allocated before the call, the median time,
-and ratios to (1) with their direction. Writes ``benchmarks/results/end_to_end.json`` and
-the allocation traces for the memory-timeline picture (``plot_memory.py``).
+and ratios to (1) with their direction. Writes ``benchmarks/results/end_to_end.json`` with
+the allocation traces of (1)-(3). From a receipt, ``--plot`` draws the memory timeline
+(``end_to_end_memory.png`` beside the receipt, or ``--png``) and ``--readme-table`` prints
+the README's results table.
 
     python benchmarks/end_to_end.py [--rounds 30] [--out benchmarks/results/end_to_end.json]
+    python benchmarks/end_to_end.py --plot [RECEIPT] [--png PATH]
+    python benchmarks/end_to_end.py --readme-table [RECEIPT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from common import (
-    QUEUE_CYCLES,
     Drafter,
+    allocation_trace,
     environment,
+    host_ms,
+    isolated_timeline,
+    kernel_breakdown,
     make_drafter,
     run_staged,
     time_interleaved,
@@ -54,6 +59,7 @@ class Geometry:
         return 2.0 * self.tokens * self.hidden * self.slices * self.hidden
 
 
+RECEIPT = "benchmarks/results/end_to_end.json"
 GEOMETRIES = [
     Geometry("reference: 6 x 7168 -> 7168, tokens 4096", tokens=4096, hidden=7168, slices=6),
     Geometry("drafter: 3 x 4096 -> 4096, tokens 16384", tokens=16384, hidden=4096, slices=3),
@@ -85,124 +91,12 @@ def bf16_runner(model: Drafter, weight_bf16: torch.Tensor):
     return run
 
 
-def allocation_trace(fn, hidden) -> list[tuple[float, int]]:
-    """(time in µs from the first event, bytes allocated above the start) per allocator event."""
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=100_000)
-    try:
-        fn(*hidden)
-        torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    events = snapshot["device_traces"][torch.cuda.current_device()]
-    level, trace = 0, [(0.0, 0)]
-    t0 = events[0]["time_us"] if events else 0
-    for e in events:
-        if e["action"] == "alloc":
-            level += e["size"]
-        elif e["action"] == "free_completed":
-            level -= e["size"]
-        else:
-            continue
-        trace.append((float(e["time_us"] - t0), level))
-    return trace
-
-
-def host_ms(fn, hidden, calls: int = 10) -> float:
-    """Median host ms a call takes to return, with the GPU busy so no launch waits on it."""
-    samples = []
-    for _ in range(calls):
-        torch.cuda._sleep(QUEUE_CYCLES)
-        start = time.perf_counter()
-        fn(*hidden)
-        samples.append((time.perf_counter() - start) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
-def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, float]]:
-    """Per variant: mean GPU ms per call of each kernel (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    result = {}
-    for name, fn in fns.items():
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn(*hidden)
-            torch.cuda.synchronize()
-        kernels = {}
-        for event in prof.key_averages():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                ms = event.device_time_total / 1e3 / calls
-                kernels[event.key[:80]] = round(ms, 4)
-        top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])
-        result[name] = {"gpu_ms_per_kernel": top}
-        print(f"{name}: kernels " + ", ".join(f"{k[:48]} {v:.3f}" for k, v in top.items()))
-    return result
-
-
-def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str, float]]:
-    """Where an isolated call's time goes: the GPU timeline of ``rounds`` isolated calls per
-    variant (the order rotated as in :func:`time_interleaved`) under torch.profiler.
-
-    Per variant, medians in us from the call's start on the host: when its first kernel and
-    its GEMM (its longest kernel) start, the GPU time of the kernels before the GEMM, the
-    GEMM's duration and when the last kernel ends. The profiler adds host time per op, so
-    the start offsets are larger than in the untraced timing; the kernels' durations are not.
-    """
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    names = list(fns)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                torch.cuda.synchronize()
-                with record_function(f"call:{name}"):
-                    fns[name](*hidden)
-                torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
-        prof.export_chrome_trace(trace.name)
-        events = json.loads(Path(trace.name).read_text())["traceEvents"]
-    calls = sorted(
-        (e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("call:")),
-        key=lambda e: e["ts"],
-    )
-    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    rows = {name: [] for name in names}
-    for i, call in enumerate(calls):
-        t0 = call["ts"]
-        t1 = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
-        ks = [k for k in kernels if t0 <= k["ts"] < t1]
-        if not ks:
-            continue
-        gemm = max(ks, key=lambda k: k["dur"])
-        rows[call["name"][len("call:") :]].append(
-            {
-                "first_kernel_start_us": ks[0]["ts"] - t0,
-                "gemm_start_us": gemm["ts"] - t0,
-                "kernels_before_gemm_us": sum(k["dur"] for k in ks if k["ts"] < gemm["ts"]),
-                "gemm_us": gemm["dur"],
-                "last_kernel_end_us": max(k["ts"] + k["dur"] for k in ks) - t0,
-            }
-        )
-    return {
-        name: {key: round(statistics.median(r[key] for r in rs), 1) for key in rs[0]}
-        for name, rs in rows.items()
-        if rs
-    }
-
-
-def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
-    torch._dynamo.reset()
-    model, hidden = make_drafter(geo.tokens, geo.hidden, geo.slices, torch.device("cuda"))
+def variants_of(model: Drafter) -> dict[str, tuple[str, str, object]]:
+    """name -> (mode, what, callable) of the six ways to run ``model``'s projection."""
     weight_bf16 = mf.reference.dequantize(model.fc.weight_values, model.fc.weight_scales).to(
         torch.bfloat16
     )
-    variants = {
+    return {
         "1_concatenated_eager": ("eager", "torch.cat + one-shot mxfp8_fusion.mm", model),
         "2_staged_eager": (
             "eager",
@@ -230,54 +124,39 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead"),
         ),
     }
-    fns = {name: v[2] for name, v in variants.items()}
-    # (6) reads its own static copies of the same slices
-    static_hidden = [h.clone() for h in hidden]
-    for h in static_hidden:
-        torch._dynamo.mark_static_address(h)
-    graphed = fns["6_graph_replay_mxfp8_fusion"]
-    fns["6_graph_replay_mxfp8_fusion"] = lambda *_: graphed(*static_hidden)
-    outputs = {}
+
+
+def measure(fns: dict, hidden, rounds: int, breakdown: bool) -> dict:
+    """Every variant warmed up, then its transient peak and output, its times (idle and
+    queued), host time, isolated timeline, optionally its kernels, and the allocation traces
+    of (1)-(3); ``resident`` is what the warm-up left allocated (graph pools)."""
+    found = {"peaks": {}, "outputs": {}}
     with torch.no_grad():
         base = torch.cuda.memory_allocated()
         for fn in fns.values():  # warm-up: compiles, autotuning, graph capture
             for _ in range(3):
                 fn(*hidden)
-        resident = torch.cuda.memory_allocated() - base
-        peaks = {}
+        found["resident"] = torch.cuda.memory_allocated() - base
         for name, fn in fns.items():
-            peaks[name], out = transient_peak(fn, hidden)
-            outputs[name] = out.clone()
-        times = time_interleaved(fns, hidden, rounds, queued=False)
-        queued = time_interleaved(fns, hidden, rounds, queued=True)
-        host = {name: host_ms(fn, hidden) for name, fn in fns.items()}
-        timeline = isolated_timeline(fns, hidden)
-        diagnosis = kernel_breakdown(fns, hidden) if breakdown else None
-        traces = {
+            found["peaks"][name], out = transient_peak(fn, hidden)
+            found["outputs"][name] = out.clone()
+        found["times"] = time_interleaved(fns, hidden, rounds, queued=False)
+        found["queued"] = time_interleaved(fns, hidden, rounds, queued=True)
+        found["host"] = {name: host_ms(fn, hidden) for name, fn in fns.items()}
+        found["timeline"] = isolated_timeline(fns, hidden)
+        found["diagnosis"] = kernel_breakdown(fns, hidden) if breakdown else None
+        found["traces"] = {
             name: allocation_trace(fns[name], hidden)
             for name in ("1_concatenated_eager", "2_staged_eager", "3_compiled_mxfp8_fusion")
         }
-    ref = outputs["1_concatenated_eager"].view(torch.int16)
-    bitwise = {
-        name: bool(torch.equal(outputs[name].view(torch.int16), ref))
-        for name in ("2_staged_eager", "3_compiled_mxfp8_fusion", "6_graph_replay_mxfp8_fusion")
-    }
-    measurements = []
-    for name, (mode, what, _) in variants.items():
-        measurements.append(
-            Measurement(
-                name,
-                mode,
-                what,
-                times[name],
-                queued[name],
-                host[name],
-                peaks[name],
-                resident if name.startswith("6") else 0,
-            )
-        )
-    t1, p1 = times["1_concatenated_eager"], peaks["1_concatenated_eager"]
-    q1 = queued["1_concatenated_eager"]
+    return found
+
+
+def ratios_to_first(measurements: list[Measurement], times, queued) -> dict[str, float]:
+    """Each variant's time, queued time and transient peak over (1)'s, and (3) over (2) and
+    (5), each key naming its direction."""
+    first = measurements[0]
+    t1, q1, p1 = first.median_ms, first.median_ms_queued, first.transient_peak_bytes
     ratios = (
         {f"{m.variant}_over_1_time (lower is faster)": m.median_ms / t1 for m in measurements}
         | {
@@ -289,19 +168,40 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             for m in measurements
         }
     )
-    ratios["3_over_2_time (lower is faster)"] = (
-        times["3_compiled_mxfp8_fusion"] / times["2_staged_eager"]
-    )
-    ratios["3_over_5_time (lower is faster)"] = (
-        times["3_compiled_mxfp8_fusion"] / times["5_bf16_cat_cublas"]
-    )
-    ratios["3_over_2_time_queued (lower is faster)"] = (
-        queued["3_compiled_mxfp8_fusion"] / queued["2_staged_eager"]
-    )
-    ratios["3_over_5_time_queued (lower is faster)"] = (
-        queued["3_compiled_mxfp8_fusion"] / queued["5_bf16_cat_cublas"]
-    )
+    three, others = "3_compiled_mxfp8_fusion", (("2", "2_staged_eager"), ("5", "5_bf16_cat_cublas"))
+    for key, other in others:
+        ratios[f"3_over_{key}_time (lower is faster)"] = times[three] / times[other]
+    for key, other in others:
+        ratios[f"3_over_{key}_time_queued (lower is faster)"] = queued[three] / queued[other]
+    return ratios
+
+
+def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
+    """One geometry's receipt entry: the six variants measured side by side (module doc)."""
+    torch._dynamo.reset()
+    model, hidden = make_drafter(geo.tokens, geo.hidden, geo.slices, torch.device("cuda"))
+    variants = variants_of(model)
+    fns = {name: v[2] for name, v in variants.items()}
+    # (6) reads its own static copies of the same slices
+    static_hidden = [h.clone() for h in hidden]
+    for h in static_hidden:
+        torch._dynamo.mark_static_address(h)
+    graphed = fns["6_graph_replay_mxfp8_fusion"]
+    fns["6_graph_replay_mxfp8_fusion"] = lambda *_: graphed(*static_hidden)
+    found = measure(fns, hidden, rounds, breakdown)
+    times, queued, peaks, outputs = (found[key] for key in ("times", "queued", "peaks", "outputs"))
+    ref = outputs["1_concatenated_eager"].view(torch.int16)
+    bitwise = {
+        name: bool(torch.equal(outputs[name].view(torch.int16), ref))
+        for name in ("2_staged_eager", "3_compiled_mxfp8_fusion", "6_graph_replay_mxfp8_fusion")
+    }
+    measurements = []
+    for name, (mode, what, _) in variants.items():
+        resident = found["resident"] if name.startswith("6") else 0
+        row = (times[name], queued[name], found["host"][name], peaks[name], resident)
+        measurements.append(Measurement(name, mode, what, *row))
     k = geo.hidden * geo.slices
+    diagnosis = found["diagnosis"]
     return {
         "geometry": asdict(geo)
         | {"in_features": k, "out_features": geo.hidden, "tflop_per_call": geo.flops / 1e12},
@@ -311,10 +211,10 @@ def bench_geometry(geo: Geometry, rounds: int, breakdown: bool = False) -> dict:
             "output": geo.tokens * geo.hidden * 2,
         },
         "measurements": [asdict(m) for m in measurements],
-        "ratios": ratios,
+        "ratios": ratios_to_first(measurements, times, queued),
         "bitwise_equal_to_1": bitwise,
-        "isolated_timeline_us": timeline,
-        "memory_traces": traces,
+        "isolated_timeline_us": found["timeline"],
+        "memory_traces": found["traces"],
     } | ({"kernel_breakdown": diagnosis} if diagnosis else {})
 
 
@@ -342,17 +242,119 @@ def print_table(result: dict) -> None:
         )
 
 
+# the traces the memory-timeline picture draws, and their legends
+PLOT_LABELS = {
+    "1_concatenated_eager": "concatenated eager (cat + one-shot mm)",
+    "2_staged_eager": "staged eager (quantize_input_slice + mm_quantized_into)",
+    "3_compiled_mxfp8_fusion": "compiled, backend='mxfp8_fusion'",
+}
+
+
+def plot_memory(receipt: dict, out: Path) -> None:
+    """Allocated bytes over one call of the concatenated path and of the staged paths, one
+    panel per geometry, as a PNG at ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = receipt["results"]
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.2), squeeze=False)
+    for ax, result in zip(axes[0], results, strict=True):
+        for name, label in PLOT_LABELS.items():
+            trace = result["memory_traces"].get(name)
+            if not trace:
+                continue
+            t = [p[0] / 1000.0 for p in trace]
+            mib = [p[1] / 2**20 for p in trace]
+            ax.step(t, mib, where="post", label=label, linewidth=1.8)
+        sizes = result["bytes"]
+        ax.axhline(sizes["bf16_concatenation"] / 2**20, color="grey", linestyle=":", linewidth=1)
+        ax.text(
+            0,
+            sizes["bf16_concatenation"] / 2**20,
+            " BF16 concatenation alone",
+            va="bottom",
+            fontsize=8,
+            color="grey",
+        )
+        ax.set_title(result["geometry"]["name"], fontsize=10)
+        ax.set_xlabel("host time of allocator events within the call (ms)")
+        ax.set_ylabel("MiB allocated above the start of the call")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower center")
+    env = receipt["environment"]
+    fig.suptitle(
+        f"mxfp8_fusion: transient memory of one projection call ({env['gpu']}, torch {env['torch']})",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+def print_readme_table(receipt: dict) -> None:
+    """The README's compact results table (queued time and transient peak over (1), per
+    geometry) and the line under it."""
+    env = receipt["environment"]
+    results = receipt["results"]
+    names = [r["geometry"]["name"].split(":")[0] for r in results]
+    head = ["path"] + [f"{n}: {what}" for n in names for what in ("time / (1)", "peak / (1)")]
+    print("| " + " | ".join(head) + " |")
+    print("| --- |" + " ---: |" * (len(head) - 1))
+    firsts = [r["measurements"][0] for r in results]
+    for i, m in enumerate(results[0]["measurements"]):
+        cells = [f"({m['variant'].split('_')[0]}) {m['what']}"]
+        for r, first in zip(results, firsts, strict=True):
+            row = r["measurements"][i]
+            cells.append(f"{row['median_ms_queued'] / first['median_ms_queued']:.2f}")
+            cells.append(f"{row['transient_peak_bytes'] / first['transient_peak_bytes']:.2f}")
+        print("| " + " | ".join(cells) + " |")
+    geoms = "; ".join(
+        f"{r['geometry']['name']}: {r['measurements'][0]['median_ms_queued']:.2f} ms and "
+        f"{r['measurements'][0]['transient_peak_bytes'] / 2**20:.0f} MiB for (1)"
+        for r in results
+    )
+    print(
+        f"\n{env['gpu']}, torch {env['torch']}, nvidia-cutlass-dsl {env['nvidia_cutlass_dsl']}; "
+        f"median of {receipt['rounds']} interleaved rounds of GPU time with the host running "
+        f"ahead; lower is better ({geoms})."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--out", default="benchmarks/results/end_to_end.json")
+    parser.add_argument("--out", default=RECEIPT)
     parser.add_argument("--git-rev", default=None)
     parser.add_argument(
         "--breakdown",
         action="store_true",
         help="also record per-kernel GPU times and host launch time per variant",
     )
+    parser.add_argument(
+        "--plot",
+        nargs="?",
+        const=RECEIPT,
+        metavar="RECEIPT",
+        help="draw a receipt's memory timeline",
+    )
+    parser.add_argument("--png", default=None, help="--plot: default beside the receipt")
+    parser.add_argument(
+        "--readme-table",
+        nargs="?",
+        const=RECEIPT,
+        metavar="RECEIPT",
+        help="print the README's table",
+    )
     args = parser.parse_args()
+    if args.plot or args.readme_table:
+        if args.plot:
+            png = args.png or Path(args.plot).with_name("end_to_end_memory.png")
+            plot_memory(json.loads(Path(args.plot).read_text()), Path(png))
+        if args.readme_table:
+            print_readme_table(json.loads(Path(args.readme_table).read_text()))
+        return
     receipt = {
         "benchmark": "end_to_end",
         "environment": environment(args.git_rev),

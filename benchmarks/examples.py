@@ -20,7 +20,21 @@ and (1)'s relative error against (3). Writes ``benchmarks/results/examples.json`
 The EAGLE-3 and MTP rows need HF transformers; where it does not import they are skipped
 with the reason (install it, or put a copy of it and its dependencies on PYTHONPATH).
 
+``--bitwise`` measures instead why the EAGLE-3 drafter layer's output differs between the
+rewritten program and plain Inductor's while the projection's output is bitwise equal. It
+compiles the converted drafter at real dims (1024 tokens; caches off, so every compile
+autotunes afresh) with ``backend="mxfp8_fusion"`` (fused) and plain Inductor (plain), twice
+each, and counts differing output elements, in two modes:
+
+1. Inductor's defaults: Triton times several configs of each reduction kernel (RMSNorm's
+   sum of squares) and keeps the fastest, per compile;
+2. ``torch.use_deterministic_algorithms(True)`` (and, where the installed Inductor has it,
+   ``force_filter_reduction_configs``): reduction configs chosen without timing.
+
+It writes ``benchmarks/results/examples_bitwise.json``.
+
     python benchmarks/examples.py [--rounds 20] [--only dflash eagle3 mtp]
+    python benchmarks/examples.py --bitwise
 """
 
 from __future__ import annotations
@@ -41,6 +55,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 TOKENS = (1024, 4096, 16384)
+BITWISE_TOKENS = 1024
+RECEIPT = "benchmarks/results/examples.json"
+BITWISE_RECEIPT = "benchmarks/results/examples_bitwise.json"
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,66 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
 
 
+def compiled_variants(converted, bf16) -> dict[str, tuple[str, object]]:
+    """name -> (what, compiled program) of the three programs (module doc)."""
+    return {
+        "1_fused": (
+            "converted model, torch.compile(backend='mxfp8_fusion', fullgraph=True)",
+            torch.compile(converted, backend="mxfp8_fusion", fullgraph=True),
+        ),
+        "2_inductor": (
+            "converted model, torch.compile(backend='inductor', fullgraph=True), no pass",
+            torch.compile(converted, backend="inductor", fullgraph=True),
+        ),
+        "3_bf16": (
+            "BF16 model (before convert), torch.compile(backend='inductor', fullgraph=True)",
+            torch.compile(bf16, backend="inductor", fullgraph=True),
+        ),
+    }
+
+
+def _ratios(times, queued, peaks) -> dict[str, float]:
+    """(1) over (2) and over (3): time, queued time, transient peak."""
+    return {
+        "1_over_2_time (lower is faster)": times["1_fused"] / times["2_inductor"],
+        "1_over_3_time (lower is faster)": times["1_fused"] / times["3_bf16"],
+        "1_over_2_time_queued (lower is faster)": queued["1_fused"] / queued["2_inductor"],
+        "1_over_3_time_queued (lower is faster)": queued["1_fused"] / queued["3_bf16"],
+        "1_over_2_transient_peak (lower is less memory)": peaks["1_fused"] / peaks["2_inductor"],
+        "1_over_3_transient_peak (lower is less memory)": peaks["1_fused"] / peaks["3_bf16"],
+    }
+
+
+def bench_tokens(variants: dict, inputs, rounds: int) -> dict:
+    """One token count's row: the programs of ``variants`` warmed up on ``inputs``, their
+    transient peaks and outputs, their times (idle and queued), and the outputs compared."""
+    fns = {name: v[1] for name, v in variants.items()}
+    with torch.no_grad():
+        for fn in fns.values():  # warm-up: compile (first token count), autotune
+            for _ in range(2):
+                fn(*inputs)
+        peaks, outs = {}, {}
+        for name, fn in fns.items():
+            peaks[name], out = transient_peak(fn, inputs)
+            outs[name] = tuple(o.clone() for o in out)
+            del out
+        times = time_interleaved(fns, inputs, rounds, queued=False)
+        queued = time_interleaved(fns, inputs, rounds, queued=True)
+    measurements = [
+        Measurement(name, variants[name][0], times[name], queued[name], peaks[name]) for name in fns
+    ]
+    f, i, b = (outs[n] for n in ("1_fused", "2_inductor", "3_bf16"))
+    return {
+        "measurements": [asdict(m) for m in measurements],
+        "ratios": _ratios(times, queued, peaks),
+        "bitwise_1_vs_2": {"output": _bitwise(f[0], i[0]), "projection": _bitwise(f[1], i[1])},
+        "rel_error_1_vs_3": {
+            "output": _rel_error(f[0], b[0]),
+            "projection": _rel_error(f[1], b[1]),
+        },
+    }
+
+
 def bench_example(
     example: Example, tokens_list, rounds: int, device: torch.device | None = None, cfg=None
 ) -> dict:
@@ -115,72 +192,14 @@ def bench_example(
     with torch.no_grad():
         report = mf.explain(converted, *first)
     torch._dynamo.reset()
-    variants = {
-        "1_fused": (
-            "converted model, torch.compile(backend='mxfp8_fusion', fullgraph=True)",
-            torch.compile(converted, backend="mxfp8_fusion", fullgraph=True),
-        ),
-        "2_inductor": (
-            "converted model, torch.compile(backend='inductor', fullgraph=True), no pass",
-            torch.compile(converted, backend="inductor", fullgraph=True),
-        ),
-        "3_bf16": (
-            "BF16 model (before convert), torch.compile(backend='inductor', fullgraph=True)",
-            torch.compile(bf16, backend="inductor", fullgraph=True),
-        ),
-    }
-    fns = {name: v[1] for name, v in variants.items()}
+    variants = compiled_variants(converted, bf16)
     rows = []
     for tokens in tokens_list:
         inputs = module.make_inputs(cfg, tokens, device)
         for x, dim in zip(inputs, token_dims, strict=True):
             torch._dynamo.mark_dynamic(x, dim)
-        with torch.no_grad():
-            for fn in fns.values():  # warm-up: compile (first token count), autotune
-                for _ in range(2):
-                    fn(*inputs)
-            peaks, outs = {}, {}
-            for name, fn in fns.items():
-                peaks[name], out = transient_peak(fn, inputs)
-                outs[name] = tuple(o.clone() for o in out)
-                del out
-            times = time_interleaved(fns, inputs, rounds, queued=False)
-            queued = time_interleaved(fns, inputs, rounds, queued=True)
-        measurements = [
-            Measurement(name, variants[name][0], times[name], queued[name], peaks[name])
-            for name in fns
-        ]
-        f, i, b = (outs[n] for n in ("1_fused", "2_inductor", "3_bf16"))
-        rows.append(
-            {
-                "tokens": tokens,
-                "measurements": [asdict(m) for m in measurements],
-                "ratios": {
-                    "1_over_2_time (lower is faster)": times["1_fused"] / times["2_inductor"],
-                    "1_over_3_time (lower is faster)": times["1_fused"] / times["3_bf16"],
-                    "1_over_2_time_queued (lower is faster)": (
-                        queued["1_fused"] / queued["2_inductor"]
-                    ),
-                    "1_over_3_time_queued (lower is faster)": queued["1_fused"] / queued["3_bf16"],
-                    "1_over_2_transient_peak (lower is less memory)": (
-                        peaks["1_fused"] / peaks["2_inductor"]
-                    ),
-                    "1_over_3_transient_peak (lower is less memory)": (
-                        peaks["1_fused"] / peaks["3_bf16"]
-                    ),
-                },
-                "bitwise_1_vs_2": {
-                    "output": _bitwise(f[0], i[0]),
-                    "projection": _bitwise(f[1], i[1]),
-                },
-                "rel_error_1_vs_3": {
-                    "output": _rel_error(f[0], b[0]),
-                    "projection": _rel_error(f[1], b[1]),
-                },
-            }
-        )
+        rows.append({"tokens": tokens} | bench_tokens(variants, inputs, rounds))
         print_row(example, rows[-1])
-        del outs, f, i, b
     return {
         "example": example.name,
         "site": example.site,
@@ -206,14 +225,73 @@ def print_row(example: Example, row: dict) -> None:
     print(f"  relative error (1) vs (3): {row['rel_error_1_vs_3']}")
 
 
+def _differing(a, b) -> int:
+    return int((a[0] != b[0]).sum())
+
+
+def bench_bitwise(git_rev: str | None) -> dict:
+    """The ``--bitwise`` receipt (module doc): differing output elements of two compiles of
+    each program, under Inductor's defaults and with reduction configs chosen without
+    timing."""
+    import eagle3_drafter as ex
+    from shared import compile_fused, compile_inductor, mark_tokens_dynamic
+
+    torch._inductor.config.force_disable_caches = True  # every compile autotunes afresh
+    cfg = ex.Eagle3Config.real()
+    model = ex.build(cfg, "cuda")
+    mf.convert(model)
+    inputs = ex.make_inputs(cfg, BITWISE_TOKENS, "cuda")
+    mark_tokens_dynamic(inputs, ex.TOKEN_DIMS)
+    results = {}
+    with torch.no_grad():
+        for mode in ("inductor defaults", "reduction configs chosen without timing"):
+            if mode != "inductor defaults":
+                torch.use_deterministic_algorithms(True, warn_only=True)
+                if hasattr(torch._inductor.config, "force_filter_reduction_configs"):
+                    torch._inductor.config.force_filter_reduction_configs = True
+            runs = []
+            for _ in range(2):
+                torch._dynamo.reset()
+                fused = compile_fused(model)(*inputs)
+                torch._dynamo.reset()
+                plain = compile_inductor(model)(*inputs)
+                runs.append((fused, plain))
+            (f1, p1), (f2, p2) = runs
+            results[mode] = {
+                "fused_vs_plain_output": [_differing(f1, p1), _differing(f2, p2)],
+                "fused_compile_1_vs_2_output": _differing(f1, f2),
+                "plain_compile_1_vs_2_output": _differing(p1, p2),
+                "fused_vs_plain_projection_bitwise": torch.equal(f1[1], p1[1]),
+            }
+            print(mode, results[mode])
+    return {
+        "benchmark": "examples_bitwise",
+        "environment": environment(git_rev),
+        "what": (
+            f"EAGLE-3 drafter (3 x 4096 -> 4096, one Llama-3.1-8B decoder layer), converted, "
+            f"{BITWISE_TOKENS} tokens: output elements (of {f1[0].numel()}) that differ between "
+            "compiled programs, two compiles of each"
+        ),
+        "results": results,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--only", nargs="+", choices=[e.name for e in EXAMPLE_LIST])
-    parser.add_argument("--out", default="benchmarks/results/examples.json")
+    parser.add_argument(
+        "--bitwise", action="store_true", help="the EAGLE-3 output's bits across compiles"
+    )
+    parser.add_argument(
+        "--out", default=None, help=f"default {RECEIPT}; with --bitwise {BITWISE_RECEIPT}"
+    )
     parser.add_argument("--git-rev", default=None)
     args = parser.parse_args()
+    if args.bitwise:
+        write_receipt(args.out or BITWISE_RECEIPT, bench_bitwise(args.git_rev))
+        return
     receipt = {
         "benchmark": "examples",
         "environment": environment(args.git_rev),
@@ -242,7 +320,7 @@ def main() -> None:
                 print(f"\n{example.name}: {outcome}: {result[outcome]}")
         receipt["results"].append(result)
         torch.cuda.empty_cache()
-    write_receipt(args.out, receipt)
+    write_receipt(args.out or RECEIPT, receipt)
 
 
 if __name__ == "__main__":

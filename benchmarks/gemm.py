@@ -1,7 +1,7 @@
-"""GEMM receipt: the SM90 MXFP8 kernel vs cuBLAS BF16 vs dequantize-then-cuBLAS.
+"""GEMM receipts: the SM90 MXFP8 kernel against cuBLAS BF16.
 
-At N = 7168, K = 43008 (the reference geometry: six 7168-wide slices) and several token
-counts, measured side by side in one process, interleaved per round:
+By default, at N = 7168, K = 43008 (the reference geometry: six 7168-wide slices) and several
+token counts, measured side by side in one process, interleaved per round:
 
 * ours: ``kernels.gemm_sm90.run`` on MXFP8 values + blocked scales, into a BF16 output
 * cublas_bf16: ``torch.mm`` on the BF16 tensors (``x @ w.T``), what a user without MXFP8 runs
@@ -14,17 +14,35 @@ benchmarks/results/gemm.json.
 
     python benchmarks/gemm.py [--tokens 16 128 512 4096 16384] [--rounds 20] [--out PATH]
 
-Across token counts and model shapes (gemm_sweep.py holds the machinery):
+Across token counts and model shapes, as CUDA Graph replays in worker processes
+(benchmarks/gemm_tools): ``--sweep`` times the config the measured table picks (and with
+``--before`` the pre-table heuristic's) and draws the ratios to cuBLAS beside its receipt;
+``--tune`` times the candidate configs of each point, and ``--write-table`` writes the
+fastest valid one per point as kernels/gemm_sm90_table.py; ``--plot RECEIPT`` redraws a
+sweep's PNG:
 
     python benchmarks/gemm.py --sweep [--before] [--out benchmarks/results/gemm_sweep.json]
     python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90_table.py \
         [--out benchmarks/results/gemm_tune.json]
+
+``--power``: sustained SM clock and board power at one token count, ours against cuBLAS
+BF16. Each contender runs back to back for ``--seconds`` while ``nvidia-smi`` samples the SM
+clock, the power draw and the active clock-event reasons every 50 ms (the first quarter of
+the samples, the ramp, is dropped). A GEMM that holds the board at its power limit runs at
+whatever clock that power buys, so its time is set by energy per FLOP as well as by cycles
+per FLOP; ``cycles_per_call`` (time x median clock) separates the two. cuBLAS also runs with
+an all-zero A operand: same instructions, less switching, less power.
+
+    python benchmarks/gemm.py --power [--tokens 4096]   # benchmarks/results/gemm_power.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -33,6 +51,16 @@ from common import capture_graph, environment, write_receipt
 from mxfp8_fusion.kernels import gemm_select
 
 from mxfp8_fusion import reference
+
+RESULTS = "benchmarks/results"
+OUT = {
+    "gemm": f"{RESULTS}/gemm.json",
+    "sweep": f"{RESULTS}/gemm_sweep.json",
+    "tune": f"{RESULTS}/gemm_tune.json",
+    "power": f"{RESULTS}/gemm_power.json",
+}
+TOKENS = [16, 128, 512, 4096, 16384]
+POWER_TOKENS = 4096
 
 
 @dataclass
@@ -190,39 +218,90 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--tokens", type=int, nargs="+", default=[16, 128, 512, 4096, 16384])
-    p.add_argument("--n", type=int, default=7168)
-    p.add_argument("--k", type=int, default=43008)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--out", default="benchmarks/results/gemm.json")
-    p.add_argument("--git-rev", default=None)
-    p.add_argument(
-        "--variants",
-        nargs="*",
-        default=[],
-        help="also time these named configs (ours only) at the first token count",
-    )
-    p.add_argument("--sweep", action="store_true", help="every listed shape and token count")
-    p.add_argument("--tune", action="store_true", help="time candidate configs per point")
-    p.add_argument("--before", action="store_true", help="sweep: also the pre-table heuristic")
-    p.add_argument("--write-table", default=None, help="tune: write the table module here")
-    p.add_argument("--plot", default=None, help="redraw the PNG of this sweep receipt")
-    p.add_argument("--shapes", default=None, help="sweep/tune: N,K;N,K;... (default: all)")
-    p.add_argument("--sweep-tokens", type=int, nargs="+", default=None)
-    p.add_argument("--workers", type=int, default=12)
-    p.add_argument("--deadline-s", type=float, default=420.0)
-    p.add_argument("--no-stream-k", action="store_true", help="tune: leave stream-K out")
-    p.add_argument("--lock", default=None, help="sweep/tune: GPU lock file shared with others")
-    p.add_argument("--gate", default=None, help="tune: leave out specs containing its words")
-    p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
-    args = p.parse_args()
-    if args.sweep or args.tune or args.plot:
-        import gemm_sweep
+_QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
 
-        gemm_sweep.main(args)
-        return
+
+def sustained(fn, seconds: float) -> dict:
+    """Run ``fn`` back to back for ``seconds``: ms per call and the sampled clock/power."""
+    fn()
+    torch.cuda.synchronize()
+    sampler = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, t0 = 0, time.perf_counter()
+    start.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    sampler.terminate()
+    lines = sampler.communicate()[0].strip().splitlines()
+    rows = [line.split(", ") for line in lines[len(lines) // 4 :]]
+    ms = start.elapsed_time(end) / calls
+    clock = statistics.median(float(r[0]) for r in rows)
+    return {
+        "ms_per_call": ms,
+        "sm_clock_mhz": clock,
+        "power_w": statistics.median(float(r[1]) for r in rows),
+        "clock_event_reasons": sorted({r[2] for r in rows}),
+        "cycles_per_call_millions": ms * clock / 1e3,
+        "calls": calls,
+    }
+
+
+def bench_power(tokens: int, n: int, k: int, seconds: float, git_rev: str | None) -> dict:
+    """The ``--power`` receipt: :func:`sustained` for ours, cuBLAS BF16, and cuBLAS BF16 with
+    an all-zero A operand."""
+    from mxfp8_fusion.kernels import gemm_sm90
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
+    wv, ws = reference.quantize(torch.randn(n, k, device="cuda", generator=gen))
+    x16 = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    zeros = torch.zeros_like(x16)
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    contenders = {
+        "ours_mxfp8": lambda: gemm_sm90.run(xv, xs, wv, ws, None, out),
+        "cublas_bf16": lambda: torch.mm(x16, w16.t(), out=out),
+        "cublas_bf16_zero_a": lambda: torch.mm(zeros, w16.t(), out=out),
+    }
+    results = {}
+    for name, fn in contenders.items():
+        results[name] = r = sustained(fn, seconds)
+        print(
+            f"{name:20s} {r['ms_per_call']:.3f} ms/call  {r['sm_clock_mhz']:.0f} MHz  "
+            f"{r['power_w']:.0f} W  {r['cycles_per_call_millions']:.2f} M cycles  "
+            f"reasons {r['clock_event_reasons']}",
+            flush=True,
+        )
+        time.sleep(1.0)
+    limit = subprocess.run(
+        ["nvidia-smi", "--query-gpu=power.limit", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "what": "sustained back-to-back GEMMs (tokens x N x K below, BF16 out): ms per "
+        "call and nvidia-smi's SM clock, power and clock-event reasons (median of 50 ms "
+        "samples after the first quarter)",
+        **environment(git_rev),
+        "shape": {"tokens": tokens, "n": n, "k": k},
+        "power_limit_w": limit,
+        "results": results,
+    }
+
+
+def bench_receipt(args) -> dict:
+    """The default receipt: :func:`bench` at each token count (and the named
+    ``--variants`` at the first one)."""
     variants = {}
     if args.variants:
         variants = bench_variants(args.tokens[0], args.n, args.k, args.variants, args.rounds)
@@ -239,7 +318,7 @@ def main() -> None:
             f"{row.ours_over_cublas_bf16_graph_time:.3f} | host {row.ours_host_us_per_launch:.0f} us",
             flush=True,
         )
-    receipt = {
+    return {
         "what": "MXFP8 GEMM (SM90 CuTe DSL; config per row: kernel 'swap-ab' for few tokens, "
         "else 'tiled') vs cuBLAS BF16 torch.mm vs dequantize-to-BF16 "
         "+ cuBLAS; BF16 output, no bias",
@@ -251,8 +330,67 @@ def main() -> None:
         "rows": [asdict(r) for r in rows],
         "variants_ms": variants,
     }
-    write_receipt(args.out, receipt)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--tokens", type=int, nargs="+", default=None,
+        help=f"default {TOKENS}; with --power one count, default {POWER_TOKENS}",
+    )  # fmt: skip
+    p.add_argument("--n", type=int, default=7168)
+    p.add_argument("--k", type=int, default=43008)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", default=None, help="default benchmarks/results/gemm[_MODE].json")
+    p.add_argument("--git-rev", default=None)
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="also time these named configs (ours only) at the first token count",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sweep", action="store_true", help="every listed shape and token count")
+    mode.add_argument("--tune", action="store_true", help="time candidate configs per point")
+    mode.add_argument("--plot", default=None, help="redraw the PNG of this sweep receipt")
+    mode.add_argument("--power", action="store_true", help="sustained clock and power")
+    p.add_argument("--before", action="store_true", help="sweep: also the pre-table heuristic")
+    p.add_argument("--write-table", default=None, help="tune: write the table module here")
+    p.add_argument("--shapes", default=None, help="sweep/tune: N,K;N,K;... (default: all)")
+    p.add_argument("--sweep-tokens", type=int, nargs="+", default=None)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--deadline-s", type=float, default=420.0)
+    p.add_argument("--no-stream-k", action="store_true", help="tune: leave stream-K out")
+    p.add_argument("--lock", default=None, help="sweep/tune: GPU lock file shared with others")
+    p.add_argument("--gate", default=None, help="tune: leave out specs containing its words")
+    p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
+    p.add_argument("--seconds", type=float, default=3.0, help="power: per contender")
+    return p
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    mode = next((m for m in ("sweep", "tune", "power") if getattr(args, m)), "gemm")
+    args.out = args.out or OUT[mode]
+    if args.sweep or args.tune or args.plot:
+        from gemm_tools import runs
+
+        runs.run(args)
+    elif args.power:
+        if args.tokens and len(args.tokens) > 1:
+            parser.error("--power: one token count")
+        tokens = args.tokens[0] if args.tokens else POWER_TOKENS
+        write_receipt(args.out, bench_power(tokens, args.n, args.k, args.seconds, args.git_rev))
+    else:
+        args.tokens = args.tokens or TOKENS
+        write_receipt(args.out, bench_receipt(args))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":  # one job of a sweep or tune
+        from gemm_tools import points
+
+        points.worker(json.loads(sys.argv[2]))
+    else:
+        main()

@@ -314,7 +314,7 @@ def print_table(entries: list[dict]) -> None:
         print(f"{'':<22} single-device check (rank 0): {e['single_device_check_rank0']}")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--tp", type=int, nargs="+", default=None, help="TP degrees (default: 1 2 4 8 that fit)"
@@ -339,17 +339,12 @@ def main() -> None:
         help="run the whole script on the CPU (gloo, a tiny geometry, TP 1 and 2): checks the "
         "script, measures nothing; writes a receipt only with --out",
     )
-    args = parser.parse_args()
-    gpus = 2 if args.cpu_smoke else torch.cuda.device_count()
-    if gpus == 0:
-        parser.error("needs CUDA GPUs (one per rank)")
-    degrees = args.tp or [d for d in (1, 2, 4, 8) if d <= gpus]
-    if any(d < 1 or d > gpus for d in degrees):
-        parser.error(
-            f"--tp: each degree must be between 1 and the {gpus} GPU(s) here, got {degrees}"
-        )
-    if args.cpu_smoke:
-        args.geometry = ["smoke"]
+    return parser
+
+
+def run_degrees(args, degrees: list[int]) -> list[dict]:
+    """Every case of ``args`` at each TP degree, one spawned process group per degree, from
+    checkpoints written once: the summarized receipt entries."""
     draw_on = "cpu" if args.cpu_smoke else "cuda:0"
     entries = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -379,13 +374,16 @@ def main() -> None:
             for result in json.loads(out_path.read_text()):
                 geo = SMOKE if args.cpu_smoke else GEOMETRIES[result["geometry"]]
                 entries.append(summarize(result, geo))
-    add_ratios(entries)
-    print_table(entries)
+    return entries
+
+
+def receipt_of(args, entries: list[dict], gpus: int) -> dict:
+    """The receipt: environment, method and every entry."""
     if args.cpu_smoke:
         env = {"gpu": None, "torch": torch.__version__, "git_revision": git_revision(args.git_rev)}
     else:
         env = environment(args.git_rev) | {"gpus": gpus}
-    receipt = {
+    return {
         "benchmark": "tensor_parallel"
         + (" (CPU smoke run: no measurements)" if args.cpu_smoke else ""),
         "environment": env,
@@ -404,9 +402,27 @@ def main() -> None:
         "rounds": args.rounds,
         "results": entries,
     }
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    gpus = 2 if args.cpu_smoke else torch.cuda.device_count()
+    if gpus == 0:
+        parser.error("needs CUDA GPUs (one per rank)")
+    degrees = args.tp or [d for d in (1, 2, 4, 8) if d <= gpus]
+    if any(d < 1 or d > gpus for d in degrees):
+        parser.error(
+            f"--tp: each degree must be between 1 and the {gpus} GPU(s) here, got {degrees}"
+        )
+    if args.cpu_smoke:
+        args.geometry = ["smoke"]
+    entries = run_degrees(args, degrees)
+    add_ratios(entries)
+    print_table(entries)
     out = args.out or (None if args.cpu_smoke else "benchmarks/results/tensor_parallel.json")
     if out is not None:
-        write_receipt(out, receipt)
+        write_receipt(out, receipt_of(args, entries, gpus))
 
 
 if __name__ == "__main__":

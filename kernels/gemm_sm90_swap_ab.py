@@ -348,6 +348,8 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         stride = 1 if self.row_split else consumers
         stages = self.stages
         _group, rank = self._group_rank(cta)
+        smem = (w8, sw, a8, sa, a16)
+        mma = (tiled_mma, frag, frag_words, tCrB, acc)
         u = begin
         owned = Int32(-1)  # the tile group whose tail this CTA holds for the final fixup
         while u < end:
@@ -360,48 +362,16 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             if cutlass.const_expr(self.bf16_tokens):
                 rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            else:
+                rel = None  # each stage is released once its tokens are converted
             acc.fill(0.0)
             if cutlass.const_expr(self.row_split):
                 count = seg_end - u
             else:
                 count = (seg_end - u - cw + consumers - 1) // consumers
-            for _i in range(count):
-                load_pipe.consumer_wait(ls)
-                w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                    sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-                )  # fmt: skip
-                if cutlass.const_expr(not self.bf16_tokens):
-                    a_units = self._load_tokens(ct, a8, sa, ls.index)
-                # the previous stage's wgmma has read the fragment registers and token tile
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(self.bf16_tokens):
-                    if rel.count < ls.count:  # this consumer's previous stage
-                        load_pipe.consumer_release(rel)
-                        for _a in cutlass.range_constexpr(stride):
-                            rel.advance()
-                else:
-                    self._store_tokens(a_units, a16)
-                    # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
-                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
-                if cutlass.const_expr(not self.bf16_tokens):
-                    load_pipe.consumer_release(ls)
-                # the token tile: this stage's own (bf16_tokens), else this consumer's
-                tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(K_STEPS):
-                    cute.gemm(
-                        tiled_mma,
-                        acc,
-                        frag[(None, None, kb)],
-                        tCrB[(None, None, kb % 4, tokens + kb // 4)],
-                        acc,
-                    )
-                warpgroup.commit_group()
-                for _a in cutlass.range_constexpr(stride):
-                    ls.advance()
+            ls, rel = self._segment_stages(
+                cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
+            )  # fmt: skip
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
@@ -422,3 +392,52 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
         elif cw == 0 and owned >= 0:
             self._fixup(ct, cw, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    @cute.jit
+    def _segment_stages(
+        self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
+    ):  # fmt: skip
+        """A segment's ``count`` stages of this consumer: per stage, its weight rows converted
+        into the A fragment and its tokens into the B tile (unless ``bf16_tokens``), then the
+        stage's wgmmas. Leaves the last wgmmas in flight and, with ``bf16_tokens``, the
+        stages from ``rel`` on unreleased. Returns the advanced ``ls`` and ``rel``."""
+        w8, sw, a8, sa, a16 = smem
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        for _i in range(count):
+            load_pipe.consumer_wait(ls)
+            w_words, w_scales = load_fragment_bytes(
+                w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+            )  # fmt: skip
+            if cutlass.const_expr(not self.bf16_tokens):
+                a_units = self._load_tokens(ct, a8, sa, ls.index)
+            # the previous stage's wgmma has read the fragment registers and token tile
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.bf16_tokens):
+                if rel.count < ls.count:  # this consumer's previous stage
+                    load_pipe.consumer_release(rel)
+                    for _a in cutlass.range_constexpr(stride):
+                        rel.advance()
+            else:
+                self._store_tokens(a_units, a16)
+                # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
+            convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
+            if cutlass.const_expr(not self.bf16_tokens):
+                load_pipe.consumer_release(ls)
+            # the token tile: this stage's own (bf16_tokens), else this consumer's
+            tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(K_STEPS):
+                cute.gemm(
+                    tiled_mma,
+                    acc,
+                    frag[(None, None, kb)],
+                    tCrB[(None, None, kb % 4, tokens + kb // 4)],
+                    acc,
+                )
+            warpgroup.commit_group()
+            for _a in cutlass.range_constexpr(stride):
+                ls.advance()
+        return ls, rel

@@ -104,24 +104,31 @@ class ConsumerRole(TiledSchedule):
                         owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
                 else:
                     owned = self._finish_part(part, mD, mBias, mPartials, mFlags, owned)
-            else:
-                # every row of this warpgroup lies past M: keep the pipelines in step
-                for _kt in range(k1 - k0):
-                    load_pipe.consumer_wait(ls)
-                    for _h in cutlass.range_constexpr(HALVES // self._stride16()):
-                        conv_pipe.consumer_wait(rs)
-                        conv_pipe.consumer_release(rs)
-                        for _s in cutlass.range_constexpr(self._stride16()):
-                            rs.advance()
-                            rel.advance()
-                    load_pipe.consumer_release(ls)
-                    ls.advance()
+            else:  # every row of this warpgroup lies past M
+                ls, rs, rel = self._skip_segment(load_pipe, conv_pipe, ls, rs, rel, k1 - k0)
             ref_pipe.consumer_release(rfs)
             rfs.advance()
             u = self._next_unit(seg_end, hop)
         if cutlass.const_expr(self.stream_k):
             if owned >= 0:
                 self._fixup(cwg, ct, cta, owned, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+    @cute.jit
+    def _skip_segment(self, load_pipe, conv_pipe, ls, rs, rel, k_stages):
+        """A segment whose rows of this warpgroup all lie past M: wait for and release its
+        ``k_stages`` stages without computing, so the pipelines stay in step. Returns the
+        advanced ``ls``, ``rs`` and ``rel``."""
+        for _kt in range(k_stages):
+            load_pipe.consumer_wait(ls)
+            for _h in cutlass.range_constexpr(HALVES // self._stride16()):
+                conv_pipe.consumer_wait(rs)
+                conv_pipe.consumer_release(rs)
+                for _s in cutlass.range_constexpr(self._stride16()):
+                    rs.advance()
+                    rel.advance()
+            load_pipe.consumer_release(ls)
+            ls.advance()
+        return ls, rs, rel
 
     def _stride16(self) -> int:
         """16-bit stages a consumer's pipeline states advance per stage it reads."""

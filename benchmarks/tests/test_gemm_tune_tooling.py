@@ -1,6 +1,6 @@
-"""The GEMM tune's orchestration (benchmarks/gemm_sweep.py) on the CPU: a worker whose
-contender never returns is killed, and its spec is left out by the other workers; every
-point's contenders resolve; the table writer's choice per point (benchmarks/gemm_report.py)."""
+"""The GEMM tune's orchestration (benchmarks/gemm_tools) on the CPU: a worker whose contender
+never returns is killed, and its spec is left out by the other workers; every point's
+contenders resolve; the table writer's choice per point (gemm_tools/report.py)."""
 
 import argparse
 import json
@@ -9,58 +9,49 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from gemm_tools import points, report, runs
 
 
-@pytest.fixture
-def sweep():
-    import gemm_sweep
-
-    return gemm_sweep
-
-
-def test_a_hung_contender_is_killed_and_left_out(sweep, monkeypatch, tmp_path):
+def test_a_hung_contender_is_killed_and_left_out(monkeypatch, tmp_path):
     hung_file = tmp_path / "hung.txt"
     job = {"n": 8, "k": 32, "out": str(tmp_path / "w.json"), "hung": str(hung_file)}
     # the worker's state as it stands while the first launch of a spec never returns
     state = {"status": "timing", "since": time.time() - 10, "point": 32,
              "checking": "tiled 64x128 c2 stream-k s7+3"}  # fmt: skip
     Path(job["out"]).write_text(json.dumps(state))
-    monkeypatch.setattr(sweep, "POINT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(runs, "POINT_TIMEOUT_S", 1.0)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     popen = subprocess.Popen
-    monkeypatch.setattr(sweep.subprocess, "Popen", lambda cmd, **kw: popen(sleeper, **kw))
+    monkeypatch.setattr(runs.subprocess, "Popen", lambda cmd, **kw: popen(sleeper, **kw))
     t0 = time.time()
-    states = sweep._run_workers([job], deadline=time.time() + 60)
+    states = runs._run_workers([job], deadline=time.time() + 60)
     assert time.time() - t0 < 30 and states[0]["returncode"] != 0  # killed, not waited for
     assert hung_file.read_text().splitlines() == ["tiled 64x128 c2 stream-k s7+3"]
 
 
-def test_workers_skip_specs_that_hung(sweep):
+def test_workers_skip_specs_that_hung():
     """A worker reads the hung specs before each point; the tune's configs leave them out."""
     job = {"mode": "tune", "n": 7168, "k": 43008, "leave_out": [],
            "hung_specs": ["tiled 128x128 c2 stream-k"]}  # fmt: skip
-    names = set(sweep._configs(job, 64, 132))
+    names = set(points._configs(job, 64, 132))
     assert "tiled 128x128 c2 stream-k" not in names and "tiled 64x128 c2 stream-k" in names
 
 
-def test_every_sweep_and_tune_point_names_its_configs(sweep):
+def test_every_sweep_and_tune_point_names_its_configs():
     """The sweep's and the tune's contenders resolve on the CPU at every point of every
     listed shape (a worker that raises here measures nothing at its token group)."""
-    for n, k in sweep.SHAPES:
-        for t in sweep.TOKENS:
+    for n, k in points.SHAPES:
+        for t in points.TOKENS:
             for mode in ("sweep", "tune"):
                 job = {"mode": mode, "n": n, "k": k, "before": True, "leave_out": []}
-                names = sweep._configs(job, t, 132)
+                names = points._configs(job, t, 132)
                 assert names and all(spec for spec, _cfg in names.values()), (mode, n, k, t)
 
 
-def test_table_keeps_a_neighbours_spec_only_within_one_kernel(sweep):
+def test_table_keeps_a_neighbours_spec_only_within_one_kernel():
     """The table writer keeps the previous point's spec within 3% of the fastest (fewer
     switch points), but not across kernels: the swap-AB kernel's time grows faster with
     tokens than the tiled one's."""
-    import gemm_report
-
     names = ("swap-ab w128 bf16-tokens", "tiled 128x128 c2", "tiled 192x128 c1")
 
     def point(tokens, *times):
@@ -75,11 +66,11 @@ def test_table_keeps_a_neighbours_spec_only_within_one_kernel(sweep):
         point(128, 1.50, 1.02, 1.00),  # the tiled neighbour within 3%: it sticks
         point(192, 2.00, 1.10, 1.00),
     ]}  # fmt: skip
-    specs = [spec for _t, spec, _ms, _r in gemm_report.best_specs(shape)]
+    specs = [spec for _t, spec, _ms, _r in report.best_specs(shape)]
     assert specs == [names[0], names[1], names[1], names[2]]
 
 
-def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(sweep, monkeypatch, tmp_path):
+def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(monkeypatch, tmp_path):
     """``--shapes`` with ``--tune-base``: the receipt, and so the table written from it,
     holds the base's shapes the tune did not measure, marked with the base's revision."""
     point = {"tokens": 1, "contenders": {"swap-ab": {"ms": 1.0, "over_cublas_bf16": 0.5}}}
@@ -89,7 +80,7 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(sweep, monkeypatch, 
     (tmp_path / "base.json").write_text(json.dumps(base))
     measured = {"n": 2048, "k": 7168, "points": [dict(point, tokens=1)], "compile_s": {},
                 "status": "done", "returncode": 0}  # fmt: skip
-    monkeypatch.setattr(sweep, "_run_workers", lambda jobs, deadline: [measured])
+    monkeypatch.setattr(runs, "_run_workers", lambda jobs, deadline: [measured])
     import common
 
     monkeypatch.setattr(common, "environment", lambda rev: {"git_revision": rev})
@@ -100,7 +91,7 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(sweep, monkeypatch, 
         tune_base=str(tmp_path / "base.json"), workers=1, lock=None, gate=None,
         no_stream_k=False,
     )  # fmt: skip
-    sweep.main(args)
+    runs.run(args)
     shapes = {(s["n"], s["k"]): s["points"] for s in json.loads(out.read_text())["shapes"]}
     assert set(shapes) == {(2048, 7168), (7168, 43008)}
     assert shapes[(7168, 43008)][0]["measured_at"] == "abc1234"

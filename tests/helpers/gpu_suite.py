@@ -1,6 +1,5 @@
 """Run the GPU tests (``-m gpu``) in two groups, each under ten minutes on one H200, and
-record them in ``benchmarks/results/gpu_tests.json`` (with the per-group summaries in
-``gpu_tests.log`` beside it):
+record them, with each group's pytest summary line, in ``benchmarks/results/gpu_tests.json``:
 
     python tests/helpers/gpu_suite.py --group 1    # the GEMM kernels and the quantizer
     python tests/helpers/gpu_suite.py --group 2    # everything else
@@ -92,11 +91,6 @@ def main() -> int:
         receipt[key] = sum(g["counts"][key] for g in receipt["groups"].values())
     receipt["failed_tests"] = sorted(t for g in receipt["groups"].values() for t in g["failed"])
     RECEIPT.write_text(json.dumps(receipt, indent=1) + "\n")
-    log = RECEIPT.with_suffix(".log")
-    lines = [f"GPU tests at {machine['git_revision']} ({machine['gpu']})"]
-    for name, group in sorted(receipt["groups"].items()):
-        lines += [f"===== group {name}: {' '.join(group['paths'])}", group["summary"]]
-    log.write_text("\n".join(lines) + "\n")
     print(f"group {args.group}: {result['summary']} -> {RECEIPT.relative_to(ROOT)}")
     return run.returncode
 

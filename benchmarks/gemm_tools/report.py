@@ -1,5 +1,6 @@
-"""What a GEMM sweep or tune receipt becomes (benchmarks/gemm_sweep.py): the printed summary,
-the measured table module (kernels/gemm_sm90_table.py) and the plot of ratios to cuBLAS BF16."""
+"""What a GEMM sweep or tune receipt becomes (``benchmarks/gemm.py --sweep`` / ``--tune``):
+the printed summary, the measured table module (kernels/gemm_sm90_table.py) and the plot of
+ratios to cuBLAS BF16."""
 
 from __future__ import annotations
 

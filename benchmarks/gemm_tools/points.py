@@ -1,22 +1,21 @@
-"""The GEMM across token counts and model shapes: ``benchmarks/gemm.py --sweep`` and ``--tune``.
+"""One worker process of ``benchmarks/gemm.py --sweep`` / ``--tune``: one weight shape at
+some token counts.
 
-Both time CUDA Graph replays (GPU time only) of our GEMM and of cuBLAS BF16 ``torch.mm`` on the
-same shape, interleaved per round (the order rotated each round), and take medians. A graph
-holds several launches; where the weight is small enough to stay in L2 the launches rotate
-over copies of it (at least ``L2_ROTATE_BYTES`` of FP8 weight), for cuBLAS likewise, so
-neither side reads its weight from L2 as no served model would.
+Each point times CUDA Graph replays (GPU time only) of our GEMM and of cuBLAS BF16
+``torch.mm`` on the same shape, interleaved per round (the order rotated each round), and
+takes medians. A graph holds several launches; where the weight is small enough to stay in
+L2 the launches rotate over copies of it (at least ``L2_ROTATE_BYTES`` of FP8 weight), for
+cuBLAS likewise, so neither side reads its weight from L2 as no served model would.
 
-* ``--sweep``: ``mm_quantized_into`` with the config ``choose_config`` picks (the measured
-  table), and with ``--before`` also the pre-table heuristic (``main_heuristic``) through
-  ``gemm_sm90.run``. Receipt benchmarks/results/gemm_sweep.json and a PNG of the ratios.
-* ``--tune``: candidate configs per point through ``gemm_sm90.run``; receipt
-  benchmarks/results/gemm_tune.json; ``--write-table`` writes the fastest valid candidate per
-  point as kernels/gemm_sm90_table.py.
+* sweep: ``mm_quantized_into`` with the config ``choose_config`` picks (the measured table),
+  and with ``--before`` also the pre-table heuristic (``main_heuristic``) through
+  ``gemm_sm90.run``;
+* tune: the candidate configs of each point (``candidates``) through ``gemm_sm90.run``.
 
-Every (config, N, K) is its own compile (5-20 s of CPU), so the work runs in worker
-processes, one per shape and token group: they compile in parallel and take turns on the
-GPU under a file lock (data, capture and timing happen only while holding it). Each checks
-every contender's output against cuBLAS on the dequantized operands before timing it.
+Every (config, N, K) is its own compile (5-20 s of CPU), so a worker compiles all of its
+configs first, in parallel with the other workers, and takes the GPU only under a file lock
+(data, capture and timing happen only while holding it). It checks every contender's output
+against cuBLAS on the dequantized operands before timing it.
 """
 
 from __future__ import annotations
@@ -25,15 +24,10 @@ import fcntl
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from gemm_report import merge_base, merge_states, plot, summary, write_table
 from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 # (N, K): the projection it is
@@ -50,8 +44,6 @@ L2_ROTATE_BYTES = 200e6
 MAX_INNER = 50  # launches per graph
 CHECK_REL = 1e-2  # relative Frobenius error against cuBLAS on the dequantized operands
 SPIN_CYCLES = 50_000  # GPU busy while the host enqueues the timed replay
-POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed (a hang)
-LATE_KILL_S = 30.0  # workers still running this long past the deadline are killed
 
 
 def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
@@ -272,7 +264,7 @@ def worker(job: dict) -> None:
             # spec families whose GPU tests failed: time only the others
             job["leave_out"] = [*job["leave_out"], *gate.read_text().split()]
         hung = Path(job["hung"])
-        if hung.exists():  # specs another worker hung on (see _run_workers)
+        if hung.exists():  # specs another worker hung on (see runs._run_workers)
             job["hung_specs"] = hung.read_text().splitlines()
         try:
             state["status"], state["since"], state["point"] = "timing", time.time(), t
@@ -343,150 +335,3 @@ def _point(job, data, t, num_sms, state, save) -> dict:
     del graphs
     state.pop("checking", None)
     return result
-
-
-# ---------------------------------------------------------------------------------------
-# orchestration
-
-
-def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
-    mode = "tune" if args.tune else "sweep"
-    groups = [[t for t in tokens if t <= 128], [t for t in tokens if t > 128]]
-    if args.workers < 2 * len(shapes):
-        groups = [list(tokens)]
-    jobs = []
-    for n, k in shapes:
-        for i, group in enumerate(g for g in groups if g):
-            jobs.append(
-                {
-                    "mode": mode,
-                    "n": n,
-                    "k": k,
-                    "tokens": group,
-                    "rounds": args.rounds,
-                    "rest_s": 0.01 if args.tune else 0.02,
-                    "before": args.before,
-                    "leave_out": ["stream-k"] if args.no_stream_k else [],
-                    "out": str(tmp / f"{n}x{k}_{i}.json"),
-                    "lock": args.lock or str(tmp / "gpu.lock"),
-                    "gate": args.gate,
-                    "hung": str(tmp / "hung.txt"),
-                    "deadline": deadline,
-                }
-            )
-    return jobs
-
-
-def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
-    procs = []
-    for job in jobs:
-        cmd = [sys.executable, __file__, "--worker", json.dumps(job)]
-        procs.append((job, subprocess.Popen(cmd, start_new_session=True)))
-    while any(p.poll() is None for _, p in procs):
-        time.sleep(2.0)
-        for job, p in procs:
-            if p.poll() is not None:
-                continue
-            state = _read(job["out"])
-            hung = (
-                state.get("status") == "timing"
-                and time.time() - state.get("since", time.time()) > POINT_TIMEOUT_S
-            )
-            if hung and state.get("checking"):
-                # the first launch of this spec never returned: the other workers skip it
-                with open(job["hung"], "a") as f:
-                    f.write(state["checking"] + "\n")
-                print(f"leaving out (hung): {state['checking']}", flush=True)
-            if hung or time.time() > deadline + LATE_KILL_S:
-                print(f"killing worker {job['n']}x{job['k']} ({state.get('point')})", flush=True)
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    return [{**_read(job["out"]), "returncode": p.returncode} for job, p in procs]
-
-
-def _read(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def main(args) -> None:
-    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py."""
-    if args.plot:
-        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
-        return
-    import torch
-    from common import environment, write_receipt
-
-    shapes = list(SHAPES)
-    if args.shapes:
-        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
-    tokens = tuple(args.sweep_tokens or TOKENS)
-    deadline = time.time() + args.deadline_s
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
-        hung_file = Path(tmp) / "hung.txt"
-        hung = hung_file.read_text().splitlines() if hung_file.exists() else []
-    by_shape = merge_states(states)
-    mode = "tune" if args.tune else "sweep"
-    base_note = {}
-    if mode == "tune" and args.tune_base:
-        base_note = merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
-        # a tune of some shapes keeps the base's others (the table is written from all)
-        shapes = list(shapes) + [shape for shape in by_shape if shape not in shapes]
-    receipt = {
-        "what": f"MXFP8 GEMM {mode}: ours (SM90 CuTe DSL, "
-        + (
-            "mm_quantized_into with the config choose_config picks; 'before' = the pre-table "
-            "heuristic through gemm_sm90.run"
-            if mode == "sweep"
-            else "gemm_sm90.run with each candidate config"
-        )
-        + ") vs cublas_bf16 (torch.mm on BF16 operands of the same shape), BF16 output, no bias",
-        **environment(args.git_rev),
-        "mode": "CUDA Graph replay: one graph per contender and point, `inner` launches "
-        "rotating over `weight_copies` copies of the weight (so that at least 200 MB of FP8 "
-        "weight is streamed; cuBLAS likewise); per sample 10-20 ms idle, one untimed replay, "
-        "a GPU spin while the host enqueues, then one timed replay (CUDA events); medians over "
-        f"{args.rounds} interleaved rounds, contender order rotated each round",
-        "ratio_direction": "over_cublas_bf16 = ours time / cuBLAS BF16 time; below 1 ours is "
-        "faster",
-        "check": f"every contender's output against torch.mm of the dequantized operands "
-        f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
-        "wall_s": time.time() - t0,
-        "hung_specs": hung,
-        **base_note,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
-        "shapes": [
-            {
-                "n": n,
-                "k": k,
-                "what": SHAPES.get((n, k), ""),
-                **{
-                    key: v
-                    for key, v in by_shape.get((n, k), {}).items()
-                    if key in ("compile_s", "worker_status", "errors", "compile_failures")
-                },
-                "points": sorted(
-                    by_shape.get((n, k), {}).get("points", []), key=lambda p: p["tokens"]
-                ),
-            }
-            for n, k in shapes
-        ],
-    }
-    write_receipt(args.out, receipt)
-    if mode == "tune" and args.write_table:
-        write_table(receipt, args.write_table)
-    if mode == "sweep":
-        summary(receipt)
-        try:
-            plot(receipt, Path(args.out).with_suffix(".png"))
-        except ImportError as e:  # matplotlib is optional (the bench extra)
-            print("no PNG:", e)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        worker(json.loads(sys.argv[2]))

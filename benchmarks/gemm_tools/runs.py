@@ -1,0 +1,162 @@
+"""Runs of ``benchmarks/gemm.py --sweep`` / ``--tune``: the workers (:mod:`.points`) started
+one per shape and token group, watched for a hang and for the deadline, and their results
+merged into the receipt, which :mod:`.report` then prints, plots or writes the table from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .points import CHECK_REL, SHAPES, TOKENS
+from .report import merge_base, merge_states, plot, summary, write_table
+
+# the script whose ``--worker JSON`` runs one job (points.worker) in its own process
+GEMM_SCRIPT = Path(__file__).resolve().parents[1] / "gemm.py"
+POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed (a hang)
+LATE_KILL_S = 30.0  # workers still running this long past the deadline are killed
+
+
+def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
+    mode = "tune" if args.tune else "sweep"
+    groups = [[t for t in tokens if t <= 128], [t for t in tokens if t > 128]]
+    if args.workers < 2 * len(shapes):
+        groups = [list(tokens)]
+    jobs = []
+    for n, k in shapes:
+        for i, group in enumerate(g for g in groups if g):
+            jobs.append(
+                {
+                    "mode": mode,
+                    "n": n,
+                    "k": k,
+                    "tokens": group,
+                    "rounds": args.rounds,
+                    "rest_s": 0.01 if args.tune else 0.02,
+                    "before": args.before,
+                    "leave_out": ["stream-k"] if args.no_stream_k else [],
+                    "out": str(tmp / f"{n}x{k}_{i}.json"),
+                    "lock": args.lock or str(tmp / "gpu.lock"),
+                    "gate": args.gate,
+                    "hung": str(tmp / "hung.txt"),
+                    "deadline": deadline,
+                }
+            )
+    return jobs
+
+
+def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
+    procs = []
+    for job in jobs:
+        cmd = [sys.executable, str(GEMM_SCRIPT), "--worker", json.dumps(job)]
+        procs.append((job, subprocess.Popen(cmd, start_new_session=True)))
+    while any(p.poll() is None for _, p in procs):
+        time.sleep(2.0)
+        for job, p in procs:
+            if p.poll() is not None:
+                continue
+            state = _read(job["out"])
+            hung = (
+                state.get("status") == "timing"
+                and time.time() - state.get("since", time.time()) > POINT_TIMEOUT_S
+            )
+            if hung and state.get("checking"):
+                # the first launch of this spec never returned: the other workers skip it
+                with open(job["hung"], "a") as f:
+                    f.write(state["checking"] + "\n")
+                print(f"leaving out (hung): {state['checking']}", flush=True)
+            if hung or time.time() > deadline + LATE_KILL_S:
+                print(f"killing worker {job['n']}x{job['k']} ({state.get('point')})", flush=True)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [{**_read(job["out"]), "returncode": p.returncode} for job, p in procs]
+
+
+def _read(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def run(args) -> None:
+    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py (``args``: its command
+    line)."""
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
+    import torch
+    from common import environment, write_receipt
+
+    shapes = list(SHAPES)
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
+    tokens = tuple(args.sweep_tokens or TOKENS)
+    deadline = time.time() + args.deadline_s
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
+        hung_file = Path(tmp) / "hung.txt"
+        hung = hung_file.read_text().splitlines() if hung_file.exists() else []
+    by_shape = merge_states(states)
+    mode = "tune" if args.tune else "sweep"
+    base_note = {}
+    if mode == "tune" and args.tune_base:
+        base_note = merge_base(by_shape, json.loads(Path(args.tune_base).read_text()))
+        # a tune of some shapes keeps the base's others (the table is written from all)
+        shapes = list(shapes) + [shape for shape in by_shape if shape not in shapes]
+    receipt = {
+        "what": f"MXFP8 GEMM {mode}: ours (SM90 CuTe DSL, "
+        + (
+            "mm_quantized_into with the config choose_config picks; 'before' = the pre-table "
+            "heuristic through gemm_sm90.run"
+            if mode == "sweep"
+            else "gemm_sm90.run with each candidate config"
+        )
+        + ") vs cublas_bf16 (torch.mm on BF16 operands of the same shape), BF16 output, no bias",
+        **environment(args.git_rev),
+        "mode": "CUDA Graph replay: one graph per contender and point, `inner` launches "
+        "rotating over `weight_copies` copies of the weight (so that at least 200 MB of FP8 "
+        "weight is streamed; cuBLAS likewise); per sample 10-20 ms idle, one untimed replay, "
+        "a GPU spin while the host enqueues, then one timed replay (CUDA events); medians over "
+        f"{args.rounds} interleaved rounds, contender order rotated each round",
+        "ratio_direction": "over_cublas_bf16 = ours time / cuBLAS BF16 time; below 1 ours is "
+        "faster",
+        "check": f"every contender's output against torch.mm of the dequantized operands "
+        f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
+        "wall_s": time.time() - t0,
+        "hung_specs": hung,
+        **base_note,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
+        "shapes": [
+            {
+                "n": n,
+                "k": k,
+                "what": SHAPES.get((n, k), ""),
+                **{
+                    key: v
+                    for key, v in by_shape.get((n, k), {}).items()
+                    if key in ("compile_s", "worker_status", "errors", "compile_failures")
+                },
+                "points": sorted(
+                    by_shape.get((n, k), {}).get("points", []), key=lambda p: p["tokens"]
+                ),
+            }
+            for n, k in shapes
+        ],
+    }
+    write_receipt(args.out, receipt)
+    if mode == "tune" and args.write_table:
+        write_table(receipt, args.write_table)
+    if mode == "sweep":
+        summary(receipt)
+        try:
+            plot(receipt, Path(args.out).with_suffix(".png"))
+        except ImportError as e:  # matplotlib is optional (the bench extra)
+            print("no PNG:", e)
