@@ -216,10 +216,11 @@ def _compile(cfg, n, k, compile_s):
     """Compile outside the GPU lock; records seconds per config spec (and failures)."""
     import torch
     from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import launcher
 
     t0 = time.perf_counter()
-    try:
-        g.compile_gemm(g.compiled_config(cfg), n, k, n, torch.bfloat16, None)
+    try:  # made ready in this process (compiled, or read from the kernel cache)
+        launcher.function(g.gemm_build(cfg, n, k, n, torch.bfloat16, None))
     except Exception as e:  # recorded in the receipt; the other configs go on
         _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
     tile = f" t{cfg.tokens_tile}" if cfg.kernel == gemm_names.SWAP_AB else ""
@@ -230,6 +231,7 @@ def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
     from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+    from mxfp8_fusion.kernels import launcher
 
     n, k = job["n"], job["k"]
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -243,7 +245,7 @@ def worker(job: dict) -> None:
 
     # every config of the job first, outside the lock (CPU only, in parallel with the
     # other workers and with whatever holds the GPU)
-    buffers.compiled_refs(k)
+    launcher.function(buffers.refs_build(k))
     for t in job["tokens"]:
         for _spec, cfg in _configs(job, t, num_sms).values():
             _compile(cfg, n, k, state["compile_s"])
