@@ -289,3 +289,16 @@ def isolated_timeline(fns: dict, hidden, rounds: int = 8) -> dict[str, dict[str,
         for name, rs in rows.items()
         if rs
     }
+
+
+def host_us_per_call(fn, calls: int = 300) -> float:
+    """Host wall time per call of ``fn`` (after one untimed call), in us, over ``calls``
+    back-to-back calls; the device is synchronized before and after."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6

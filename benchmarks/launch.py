@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-from common import environment, write_receipt
+from common import environment, host_us_per_call, write_receipt
 from mxfp8_fusion.kernels import launcher
 from mxfp8_fusion.kernels import quantize_slice as qs
 
@@ -43,16 +42,6 @@ def _args(source, dest, device: int) -> tuple:
         group_blocks(k // GROUP),
         launcher.raw_stream(device),
     )
-
-
-def _per_launch_us(fn, launches: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(launches):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / launches * 1e6
 
 
 def _same_bytes(paths: dict, dest) -> dict:
@@ -89,11 +78,11 @@ def main() -> None:
     }
     same_bytes = _same_bytes(paths, dest)
     for fn in paths.values():  # warm-up
-        _per_launch_us(fn, 200)
+        host_us_per_call(fn, 200)
     us = {name: [] for name in paths}
     for _ in range(args.rounds):  # interleaved, one sample per path per round
         for name, fn in paths.items():
-            us[name].append(_per_launch_us(fn, args.launches))
+            us[name].append(host_us_per_call(fn, args.launches))
     medians = {name: statistics.median(v) for name, v in us.items()}
     for name, value in medians.items():
         print(f"{name:>18}: {value:7.2f} us per launch (bytes equal: {same_bytes[name]})")

@@ -24,11 +24,10 @@ Writes a JSON receipt (``--out``) and prints a table. Times are medians of
 import argparse
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from common import cutlass_dsl_version, git_revision
+from common import cutlass_dsl_version, git_revision, host_us_per_call
 from mxfp8_fusion.kernels import quantize_slice as kernel
 
 from mxfp8_fusion import reference
@@ -97,17 +96,6 @@ def _inductor(slices):
         return compiled(*slices)
 
     return fn
-
-
-def _host_us_per_call(fn, calls: int = 300) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def _measure(name, what, fn, nbytes, graph=False, **extra) -> Measurement:
@@ -266,7 +254,7 @@ def _latency_many(small, v, sc, b, tokens, row) -> list[Measurement]:
         row[f"ours_many_ms_{key}"] = mm.median_ms
         row[f"ours_many_over_inductor_time_{key}"] = mm.median_ms / row[f"inductor_ms_{key}"]
     if tokens == 1:
-        row["ours_many_host_us_per_call"] = _host_us_per_call(many_fn)
+        row["ours_many_host_us_per_call"] = host_us_per_call(many_fn)
     return results
 
 
@@ -297,8 +285,8 @@ def _latency_row(slices, tokens: int, count: int) -> tuple[dict, list[Measuremen
     if count > 1:
         results += _latency_many(small, v, sc, b, tokens, row)
     if tokens == 1:
-        row["ours_host_us_per_call"] = _host_us_per_call(ours_fn)
-        row["inductor_host_us_per_call"] = _host_us_per_call(ind)
+        row["ours_host_us_per_call"] = host_us_per_call(ours_fn)
+        row["inductor_host_us_per_call"] = host_us_per_call(ind)
     return row, results
 
 

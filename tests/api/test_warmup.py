@@ -64,18 +64,17 @@ def test_bad_arguments_name_themselves(kwargs, error, match):
 def test_without_a_gpu_it_says_so():
     with pytest.raises(RuntimeError, match="no CUDA device"):
         mf.warmup([(4096, 4096)])
-    run = subprocess.run(
-        [sys.executable, "-m", "mxfp8_fusion", "warmup", "4096x4096+4096"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    run = _command_line("4096x4096+4096")
     assert run.returncode == 2 and "no CUDA device" in run.stderr
 
 
+def _command_line(*args):
+    command = [sys.executable, "-m", "mxfp8_fusion", "warmup", *args]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def test_command_line_rejects_a_bad_shape():
-    run = subprocess.run(
-        [sys.executable, "-m", "mxfp8_fusion", "warmup", "4096by4096"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    run = _command_line("4096by4096")
     assert run.returncode == 2 and "expected OUTxIN" in run.stderr
 
 
