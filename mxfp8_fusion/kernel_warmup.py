@@ -10,6 +10,11 @@ parallel worker processes (compiling is host CPU work), with a progress bar.
 from __future__ import annotations
 
 import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -222,28 +227,59 @@ def _workers(workers: int | None, jobs: int) -> int:
 
 
 def _compile_in_workers(builds, directory, workers: int, bar: Bar) -> None:
-    """Compile ``builds`` in ``workers`` fresh processes, which store them in ``directory``;
-    each is then read back here. A worker that fails leaves its build to this process."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Compile ``builds`` in ``workers`` fresh interpreter processes (spread round-robin),
+    which store them in ``directory``; each is read back here as its worker reports it. A
+    build no worker reports (a worker failed) is compiled in this process.
 
-    context = multiprocessing.get_context("spawn")  # no CUDA state is forked
-    with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_worker_init,
-        initargs=(str(directory), builds[0].arch),
-    ) as pool:  # fmt: skip
-        jobs = {pool.submit(_compile_and_store, build): build for build in builds}
-        for done in as_completed(jobs):
-            done.exception()  # a failed worker: the build is compiled below instead
-            launcher.function(jobs[done])
-            bar.advance()
+    Workers are new interpreters, not forks or ``multiprocessing`` spawns: those would carry
+    this process's CUDA state, or re-run the caller's script."""
+    env = {
+        **os.environ,
+        kernel_cache.ENV: str(directory),
+        "CUTE_DSL_ARCH": builds[0].arch,  # the target of builds that do not name one
+        "CUDA_VISIBLE_DEVICES": "",  # compiling needs no GPU: no CUDA context per worker
+    }
+    code = "from mxfp8_fusion.kernel_warmup import _worker_main; _worker_main()"
+    reports: queue.Queue = queue.Queue()
+    threads = []
+    for chunk in (builds[i::workers] for i in range(workers)):
+        worker = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        thread = threading.Thread(target=_relay, args=(worker, chunk, reports), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for _ in range(len(builds)):
+        build = reports.get()
+        launcher.function(build)  # read from disk; compiled here if the worker failed
+        bar.advance()
+    for thread in threads:
+        thread.join()
 
 
-def _worker_init(directory: str, arch: str) -> None:
-    os.environ[kernel_cache.ENV] = directory
-    os.environ["CUTE_DSL_ARCH"] = arch  # the target of builds that do not name one
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compiling needs no GPU: no context per worker
+def _relay(worker: subprocess.Popen, chunk: list, reports: queue.Queue) -> None:
+    """Send ``chunk`` to ``worker`` and put each build on ``reports`` as the worker stores
+    it; whatever it does not report (it failed) is put there when it is gone."""
+    done = set()
+    try:
+        worker.stdin.write(pickle.dumps(chunk))
+        worker.stdin.close()
+        for line in worker.stdout:
+            done.add(int(line))
+            reports.put(chunk[int(line)])
+    except (OSError, ValueError):  # a worker that died early or wrote something else
+        worker.kill()
+    finally:
+        worker.wait()
+        for index, build in enumerate(chunk):
+            if index not in done:
+                reports.put(build)
 
 
-def _compile_and_store(build: launcher.Build) -> None:
-    kernel_cache.build_and_store(build, lambda: launcher.compile_build(build))
+def _worker_main() -> None:
+    """A warm-up worker: compile and store each build of the pickled list on stdin, and
+    print its index once it is on disk."""
+    for index, build in enumerate(pickle.load(sys.stdin.buffer)):
+        kernel_cache.build_and_store(build, lambda b=build: launcher.compile_build(b))
+        print(index, flush=True)
