@@ -132,7 +132,7 @@ def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_d
         from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
-    return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype))
+    return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype), buffers.ARCH)
 
 
 def gemm_build(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):

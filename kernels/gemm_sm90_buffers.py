@@ -28,7 +28,7 @@ def compile_tokens(k: int):
     from .gemm_sm90_tokens import TokensToBF16Sm90
 
     args = (pointer("Float8E4M3FN"), pointer("Uint8"), pointer("BFloat16"), int32())
-    return launcher.compile_kernel(TokensToBF16Sm90(k), args)
+    return launcher.compile_kernel(TokensToBF16Sm90(k), args, ARCH)
 
 
 def compile_refs(k: int):
@@ -37,7 +37,7 @@ def compile_refs(k: int):
     from .gemm_sm90_refs import RowReferencesSm90
 
     args = (pointer("Uint8"), pointer("Uint8"), pointer("Int32"), int32(), int32())
-    return launcher.compile_kernel(RowReferencesSm90(k), args)
+    return launcher.compile_kernel(RowReferencesSm90(k), args, ARCH)
 
 
 def tokens_build(k: int) -> launcher.Build:

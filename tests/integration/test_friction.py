@@ -70,24 +70,24 @@ def test_first_compile_says_so_and_explain_warns_nothing():
 
 
 @pytest.mark.slow
-def test_a_kernel_build_says_so():
+def test_a_kernel_build_says_so(tmp_path):
     """A CuTe DSL compile takes seconds: one line says which kernel is being built (here the
-    quantizer for sm_90a, compiled on the CPU)."""
+    quantizer for sm_90a, compiled on the CPU); a second process reads it from the kernel
+    cache and says nothing."""
     script = textwrap.dedent(
         """
-        from mxfp8_fusion.kernels import quantize_slice as kernel
-        kernel.compile_kernel(kernel.QuantizerConfig(fp16=False, width=1024, arch="sm_90a"))
+        from mxfp8_fusion.kernels import launcher, quantize_slice as kernel
+        launcher.function(kernel.build_of(kernel.config_of(False, 1024, 1, "sm_90a")))
         """
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CUTE_DSL_ARCH": "sm_90a"},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = [line for line in run.stderr.splitlines() if line.startswith("mxfp8_fusion:")]
-    assert lines == [
-        "mxfp8_fusion: building the SliceQuantizer kernel for sm_90a (a CuTe DSL compile: "
-        "seconds; once per shape and config in a process)"
-    ]
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_90a", "MXFP8_FUSION_CACHE_DIR": str(tmp_path)}
+    said = []
+    for _ in range(2):
+        run = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        said.append([line for line in run.stderr.splitlines() if line.startswith("mxfp8_fusion:")])
+    assert len(said[0]) == 1 and said[1] == []
+    assert said[0][0].startswith("mxfp8_fusion: compiling a kernel, quantizer QuantizerConfig(")
+    assert said[0][0].endswith("for sm_90a (seconds; kept on disk for the next process)")

@@ -53,10 +53,11 @@ def test_warmup_readies_every_build_the_calls_need(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))
     monkeypatch.setattr(launcher, "_functions", {})
     tokens = [1, 16, 40, 200]
+    # packing quantizes the weight: its own quantizer build, made before the warm-up
+    weight = mf.pack_weight(torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda"))
     report = mf.warmup([(512, [512, 512])], tokens, workers=2, progress=False)
     assert report.compiled == report.builds > 0 and report.from_disk == 0
     monkeypatch.setattr(launcher, "compile_build", None)  # a compile now would fail
-    weight = mf.pack_weight(torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda"))
     for t in tokens:
         parts = [torch.randn(t, 512, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
         dest = mf.empty_input(t, 1024, "cuda")
