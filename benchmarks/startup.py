@@ -77,13 +77,13 @@ def child(n: int, width: int, slices: int, warm_up: bool, max_tokens: int, worke
     }
 
 
-def _run_child(shape: str, scenario: str, cache: str, args) -> dict:
+def _run_child(shape: str, scenario: str, cache: str, args, workers: int) -> dict:
     n, width, slices = SHAPES[shape]
-    warm_up = scenario.endswith("warmup")
+    warm_up = "warmup" in scenario
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import startup; "
         f"print('RESULT', json.dumps(startup.child({n}, {width}, {slices}, {warm_up}, "
-        f"{args.max_tokens}, {args.workers})))"
+        f"{args.max_tokens}, {workers})))"
     )
     env = {**os.environ, "MXFP8_FUSION_CACHE_DIR": cache}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -93,26 +93,34 @@ def _run_child(shape: str, scenario: str, cache: str, args) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
+def _scenarios(shape: str, args, sweep: list[int]) -> dict:
+    """The four scenarios (and the sweep's cold warm-ups) for ``shape``, printed as they end."""
+    cold_cache, cache = tempfile.mkdtemp(), tempfile.mkdtemp()
+    caches = {"cold": cold_cache, **{s: cache for s in SCENARIOS[1:]}}
+    caches.update({f"cold_warmup_{w}_workers": tempfile.mkdtemp() for w in sweep})
+    workers = {f"cold_warmup_{w}_workers": w for w in sweep}
+    results = {}
+    for scenario, directory in caches.items():
+        r = _run_child(shape, scenario, directory, args, workers.get(scenario, args.workers))
+        results[scenario] = r
+        print(f"{shape:>28} {scenario:>24}: all {len(r['sizes'])} sizes in {r['total_s']:6.2f} s")
+    results["same_outputs_in_every_scenario"] = (
+        len({r["outputs_sha256"] for r in results.values()}) == 1
+    )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument(
+        "--workers-sweep", default="", help="more cold warm-ups at these worker counts: 4,8"
+    )
     parser.add_argument("--out", default="benchmarks/results/startup.json")
     args = parser.parse_args()
-    results = {}
-    for shape in SHAPES:
-        cold_cache, cache = tempfile.mkdtemp(), tempfile.mkdtemp()
-        results[shape] = {
-            scenario: _run_child(shape, scenario, cold_cache if scenario == "cold" else cache, args)
-            for scenario in SCENARIOS
-        }
-        hashes = {r["outputs_sha256"] for r in results[shape].values()}
-        results[shape]["same_outputs_in_every_scenario"] = len(hashes) == 1
-        for scenario in SCENARIOS:
-            r = results[shape][scenario]
-            print(
-                f"{shape:>28} {scenario:>12}: all {len(r['sizes'])} sizes in {r['total_s']:6.2f} s"
-            )
+    sweep = [int(w) for w in args.workers_sweep.split(",") if w]
+    results = {shape: _scenarios(shape, args, sweep) for shape in SHAPES}
     write_receipt(
         args.out,
         {

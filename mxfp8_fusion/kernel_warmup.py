@@ -146,8 +146,8 @@ def warmup(
         dtype: the activations' dtype (BF16 or FP16), also the output's.
         bias_dtype: the bias dtype of the pairs (None: no bias); a model's layers say theirs.
         device: the CUDA device the kernels will run on (default: the current one).
-        workers: parallel compile processes (default: the CPU count, at most 16; 1 compiles
-            in this process).
+        workers: parallel compiles, this process's included (default: the CPU count, at
+            most 16; 1 compiles everything in this process).
         progress: show a progress bar on stderr.
 
     Kernels already on disk are read (milliseconds each); the others are compiled and
@@ -158,6 +158,7 @@ def warmup(
         RuntimeError: without a CUDA device.
     """
     start = time.perf_counter()
+    workers = _workers(workers)
     plan = _plan(projections, tokens, max_tokens, dtype, bias_dtype, device)
     ready = [b for b in plan if launcher.loaded(b)]
     todo = [b for b in plan if not launcher.loaded(b)]
@@ -168,8 +169,7 @@ def warmup(
     for build in on_disk:
         launcher.function(build)
         bar.advance()
-    workers = _workers(workers, len(missing))
-    if workers > 1 and directory is not None and kernel_cache.writable(directory):
+    if len(missing) > 1 and workers > 1 and directory and kernel_cache.writable(directory):
         _compile_in_workers(missing, directory, workers, bar)
     else:
         for build in missing:
@@ -218,31 +218,43 @@ def _cuda_index(device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _workers(workers: int | None, jobs: int) -> int:
+def _workers(workers: int | None) -> int:
     if workers is None:
-        workers = min(16, os.cpu_count() or 1)
+        return min(16, os.cpu_count() or 1)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers: expected a positive int, got {workers!r}")
-    return min(workers, jobs)
+    return workers
+
+
+def _cost(build: launcher.Build) -> int:
+    """How long ``build`` takes to compile, roughly: tiled GEMMs (3-4 s on an H200's host)
+    before swap-AB GEMMs (1-1.5 s) before the small launches."""
+    if build.kind != "gemm":
+        return 0
+    return 1 if build.facts[0].kernel == "swap-ab" else 2
 
 
 def _compile_in_workers(builds, directory, workers: int, bar: Bar) -> None:
-    """Compile ``builds`` in ``workers`` fresh interpreter processes (spread round-robin),
-    which store them in ``directory``; each is read back here as its worker reports it. A
-    build no worker reports (a worker failed) is compiled in this process.
+    """Compile ``builds`` in ``workers`` parallel compiles: this process takes the longest
+    (it has the DSL loaded already) while fresh interpreter processes take the rest, spread
+    round-robin, longest first; they store them in ``directory`` and each is read back here
+    as its worker reports it. A build no worker reports (a worker failed) is compiled here.
 
     Workers are new interpreters, not forks or ``multiprocessing`` spawns: those would carry
     this process's CUDA state, or re-run the caller's script."""
+    builds = sorted(builds, key=_cost, reverse=True)
+    mine, rest = builds[0], builds[1:]
     env = {
         **os.environ,
         kernel_cache.ENV: str(directory),
-        "CUTE_DSL_ARCH": builds[0].arch,  # the target of builds that do not name one
+        "CUTE_DSL_ARCH": mine.arch,  # the target of builds that do not name one
         "CUDA_VISIBLE_DEVICES": "",  # compiling needs no GPU: no CUDA context per worker
     }
     code = "from mxfp8_fusion.kernel_warmup import _worker_main; _worker_main()"
     reports: queue.Queue = queue.Queue()
     threads = []
-    for chunk in (builds[i::workers] for i in range(workers)):
+    processes = min(workers - 1, len(rest))
+    for chunk in (rest[i::processes] for i in range(processes)):
         worker = subprocess.Popen(
             [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -250,9 +262,10 @@ def _compile_in_workers(builds, directory, workers: int, bar: Bar) -> None:
         thread = threading.Thread(target=_relay, args=(worker, chunk, reports), daemon=True)
         thread.start()
         threads.append(thread)
-    for _ in range(len(builds)):
-        build = reports.get()
-        launcher.function(build)  # read from disk; compiled here if the worker failed
+    launcher.function(mine)
+    bar.advance()
+    for _ in range(len(rest)):
+        launcher.function(reports.get())  # read from disk; compiled here if a worker failed
         bar.advance()
     for thread in threads:
         thread.join()

@@ -53,6 +53,7 @@ def test_unequal_slices_and_other_gpus():
         (dict(projections=[4096]), TypeError, "^projections:"),
         (dict(projections=[(4096, -1)]), ValueError, "^projections:"),
         (dict(projections=3), TypeError, "^projections:"),
+        (dict(projections=[(4096, 4096)], workers=0), ValueError, "^workers:"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs, error, match):
@@ -101,5 +102,6 @@ def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))
     monkeypatch.setattr(launcher, "_functions", {})
     builds = [qs.build_of(qs.config_of(False, w, 1, "sm_90a")) for w in (128, 256)]
-    kernel_warmup._compile_in_workers(builds, tmp_path, 2, Bar("test", 2, enabled=False))
+    builds.append(qs.build_of(qs.config_of(True, 128, 1, "sm_90a")))
+    kernel_warmup._compile_in_workers(builds, tmp_path, 2, Bar("test", 3, enabled=False))
     assert all(kernel_cache.stored(tmp_path, b) and launcher.loaded(b) for b in builds)
