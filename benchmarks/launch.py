@@ -8,6 +8,10 @@ the kernel itself takes about 1.5 us, so the queue never fills):
   entry, loaded from the kernel cache, called with plain ints.
 * ``dsl_compiled``: the object ``cute.compile(..., options="--enable-tvm-ffi")`` returns,
   called the same way (the DSL wraps the entry and converts pointer arguments in Python).
+* ``int64_entry``: the same kernel behind an entry taking its three addresses as Int64
+  instead of typed pointers (the interface before the pointers), exported and loaded the
+  same way: what the typed pointers cost per launch.
+* ``launch``: ``kernels.launcher.launch`` (the build's table lookup, then the entry).
 * ``run_if_served``: the eager entry point as the ops call it (checks, then the launch).
 
 Every path's output bytes are checked equal. Writes benchmarks/results/launch.json.
@@ -44,6 +48,32 @@ def _args(source, dest, device: int) -> tuple:
     )
 
 
+def _int64_entry(config):
+    """The quantizer build behind an Int64-address entry, stored and loaded like the
+    project's builds (a private directory)."""
+    import tempfile
+    from pathlib import Path
+
+    import cutlass
+    import cutlass.cute as cute
+    from mxfp8_fusion.kernels import kernel_cache
+    from mxfp8_fusion.kernels.quantize_slice_kernel import THREADS, SliceQuantizer
+
+    class Int64Entry(SliceQuantizer):
+        @cute.jit
+        def __call__(self, src, dst, scales, tokens, src_ld, dst_ld, column, g4, stream):
+            self.kernel(src, dst, scales, tokens, src_ld, dst_ld, column, g4).launch(
+                grid=self.grid(tokens), block=[THREADS, 1, 1], stream=stream, use_pdl=True
+            )
+
+    ints = (cutlass.Int64(1 << 20),) * 3 + (launcher.int32(),) * 5
+    compiled = launcher.compile_kernel(Int64Entry(config), ints, config.arch)
+    build = launcher.Build("quantizer int64 entry", (config,), config.arch)
+    directory, key = Path(tempfile.mkdtemp()), kernel_cache.entry_key(build)
+    kernel_cache.store(directory, key, build, compiled)
+    return kernel_cache.load(directory, key)
+
+
 def _same_bytes(paths: dict, dest) -> dict:
     reference, same = None, {}
     for name, fn in paths.items():
@@ -71,9 +101,13 @@ def main() -> None:
     entry = launcher.function(qs.build_of(config))
     compiled = qs.compile_kernel(config)
     call_args = _args(source, dest, device)
+    int64 = _int64_entry(config)
+    build = qs.build_of(config)
     paths = {
         "tvm_ffi_entry": lambda: entry(*call_args),
+        "int64_entry": lambda: int64(*call_args),
         "dsl_compiled": lambda: compiled(*call_args),
+        "launch": lambda: launcher.launch(build, call_args),
         "run_if_served": lambda: qs.run_if_served(source, dest.values, dest.scales, 0),
     }
     same_bytes = _same_bytes(paths, dest)

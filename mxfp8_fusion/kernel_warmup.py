@@ -14,8 +14,10 @@ import pickle
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -255,39 +257,56 @@ def _compile_in_workers(builds, directory, workers: int, bar: Bar) -> None:
     threads = []
     processes = min(workers - 1, len(rest))
     for chunk in (rest[i::processes] for i in range(processes)):
+        log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty compile cannot block
         worker = subprocess.Popen(
             [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=log,
         )  # fmt: skip
-        thread = threading.Thread(target=_relay, args=(worker, chunk, reports), daemon=True)
+        thread = threading.Thread(target=_relay, args=(worker, chunk, reports, log), daemon=True)
         thread.start()
         threads.append(thread)
     launcher.function(mine)
     bar.advance()
+    failures = []
     for _ in range(len(rest)):
-        launcher.function(reports.get())  # read from disk; compiled here if a worker failed
+        build, failure = reports.get()
+        launcher.function(build)  # read from disk; compiled here if its worker failed
         bar.advance()
+        if failure and failure not in failures:
+            failures.append(failure)
     for thread in threads:
         thread.join()
+    for failure in failures:
+        warnings.warn(
+            f"mxfp8_fusion.warmup: a compile worker failed ({failure}); its kernels were "
+            "compiled in this process instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
-def _relay(worker: subprocess.Popen, chunk: list, reports: queue.Queue) -> None:
+def _relay(worker: subprocess.Popen, chunk: list, reports: queue.Queue, log) -> None:
     """Send ``chunk`` to ``worker`` and put each build on ``reports`` as the worker stores
-    it; whatever it does not report (it failed) is put there when it is gone."""
+    it; whatever it does not report is put there when it is gone, with the last line the
+    worker wrote to ``log`` (its stderr)."""
     done = set()
     try:
         worker.stdin.write(pickle.dumps(chunk))
         worker.stdin.close()
         for line in worker.stdout:
             done.add(int(line))
-            reports.put(chunk[int(line)])
+            reports.put((chunk[int(line)], None))
     except (OSError, ValueError):  # a worker that died early or wrote something else
         worker.kill()
     finally:
         worker.wait()
+        log.seek(0)
+        lines = [x for x in log.read().decode(errors="replace").splitlines() if x.strip()]
+        log.close()
+        why = lines[-1].strip() if lines else f"exit status {worker.returncode}"
         for index, build in enumerate(chunk):
             if index not in done:
-                reports.put(build)
+                reports.put((build, why))
 
 
 def _worker_main() -> None:
