@@ -300,6 +300,7 @@ def _relay(worker: subprocess.Popen, chunk: list, reports: queue.Queue, log) -> 
         worker.kill()
     finally:
         worker.wait()
+        worker.stdout.close()
         log.seek(0)
         lines = [x for x in log.read().decode(errors="replace").splitlines() if x.strip()]
         log.close()
