@@ -186,10 +186,14 @@ def warmup(
 def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[launcher.Build]:
     if dtype not in SOURCE_DTYPES:
         raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+    if bias_dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(
+            f"bias_dtype: expected None or a BF16, FP16 or FP32 dtype, got {bias_dtype}"
+        )
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
     tokens = capture_sizes(max_tokens) if tokens is None else list(tokens)
-    if not tokens or not all(isinstance(t, int) and t > 0 for t in tokens):
+    if not tokens or not all(type(t) is int and t > 0 for t in tokens):
         raise ValueError(f"tokens: expected positive ints, got {tokens!r}")
     if isinstance(projections, nn.Module):
         items = projections_of(projections, dtype)

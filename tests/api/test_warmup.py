@@ -49,6 +49,8 @@ def test_unequal_slices_and_other_gpus():
     [
         (dict(projections=[(4096, 4096)], dtype=torch.float32), TypeError, "^dtype:"),
         (dict(projections=[(4096, 4096)], tokens=[0]), ValueError, "^tokens:"),
+        (dict(projections=[(4096, 4096)], tokens=[True]), ValueError, "^tokens:"),
+        (dict(projections=[(4096, 4096)], bias_dtype=torch.int8), TypeError, "^bias_dtype:"),
         (dict(projections=[(4096, 4096)], max_tokens=0), ValueError, "^max_tokens:"),
         (dict(projections=[4096]), TypeError, "^projections:"),
         (dict(projections=[(4096, -1)]), ValueError, "^projections:"),
