@@ -105,18 +105,12 @@ class MXFP8SwapABGemmSm90(SwapABParts):
     @cute.jit
     def __call__(
         self,
-        a: cute.Pointer,
-        sa: cute.Pointer,
-        b: cute.Pointer,
-        sb: cute.Pointer,
-        bias,
-        out: cute.Pointer,
-        m: cutlass.Int32,
-        sa_chunks: cutlass.Int32,
-        partials: cute.Pointer,
-        flags: cute.Pointer,
+        a: cute.Pointer, sa: cute.Pointer, b: cute.Pointer, sb: cute.Pointer,  # operands
+        bias, out: cute.Pointer,
+        m: cutlass.Int32, sa_chunks: cutlass.Int32,
+        partials: cute.Pointer, flags: cute.Pointer,  # the stream-K workspace
         stream: cuda.CUstream,
-    ):
+    ):  # fmt: skip
         """Launch on ``stream``. ``a`` holds the BF16 tokens in a ``bf16_tokens`` build;
         ``bias`` is None in a build without bias; ``partials`` and ``flags`` are the stream-K
         workspace."""

@@ -83,20 +83,13 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     @cute.jit
     def __call__(
         self,
-        a: cute.Pointer,
-        sa: cute.Pointer,
-        b: cute.Pointer,
-        sb: cute.Pointer,
-        bias,
-        out: cute.Pointer,
-        m: cutlass.Int32,
-        sa_chunks: cutlass.Int32,
-        refs_a: cute.Pointer,
-        refs_b: cute.Pointer,
-        partials,
-        flags,
+        a: cute.Pointer, sa: cute.Pointer, b: cute.Pointer, sb: cute.Pointer,  # operands
+        bias, out: cute.Pointer,
+        m: cutlass.Int32, sa_chunks: cutlass.Int32,
+        refs_a: cute.Pointer, refs_b: cute.Pointer,  # per-row FP16 references
+        partials, flags,  # the stream-K workspace
         stream: cuda.CUstream,
-    ):
+    ):  # fmt: skip
         """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
         ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
         ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90_refs)."""
