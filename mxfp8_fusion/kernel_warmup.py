@@ -166,7 +166,7 @@ def warmup(
     todo = [b for b in plan if not launcher.loaded(b)]
     directory = kernel_cache.cache_dir()
     on_disk = [b for b in todo if kernel_cache.stored(directory, b)]
-    missing = [b for b in todo if b not in set(on_disk)]
+    missing = [b for b in todo if b not in on_disk]
     bar = Bar("warming up mxfp8_fusion kernels", len(todo), enabled=progress)
     for build in on_disk:
         launcher.function(build)
@@ -212,7 +212,7 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
 
 def _cuda_index(device) -> int:
     if not torch.cuda.is_available():
-        raise RuntimeError("warmup: no CUDA device (kernels are built for the GPU they run on)")
+        raise RuntimeError("no CUDA device: kernels are built for the GPU they will run on")
     if device is None:
         return torch.cuda.current_device()
     try:

@@ -37,6 +37,11 @@ def randn(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
     return (torch.randn(*shape, generator=gen) * 3).to(dtype)
 
 
+def slices(widths=(128, 128), tokens: int = 8) -> list[torch.Tensor]:
+    """BF16 ``[tokens, width]`` inputs, one per width, each with its own seed."""
+    return [randn(tokens, w, seed=i) for i, w in enumerate(widths)]
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16)
 

@@ -14,24 +14,12 @@ import textwrap
 
 import pytest
 import torch
-from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, randn
+from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, slices
 from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
 from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
-def inputs(widths=(128, 128), tokens=8):
-    return [randn(tokens, w, seed=i) for i, w in enumerate(widths)]
 
 
 def run_backend(model, xs, **compile_kwargs):
@@ -62,24 +50,24 @@ class Recorder(CustomGraphPass):
 
 
 def test_backend_by_name_rewrites():
-    code = run_backend(CatLinear(256), inputs())
+    code = run_backend(CatLinear(256), slices())
     assert "quantize_slices_" in code
     assert counters["mxfp8_fusion"]["sites_rewritten"] == 1
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
 def test_backend_accepts_mode(mode):
-    code = run_backend(CatLinear(256), inputs(), mode=mode)
+    code = run_backend(CatLinear(256), slices(), mode=mode)
     assert "quantize_slices_" in code
 
 
 def test_backend_accepts_inductor_options():
-    code = run_backend(CatLinear(256), inputs(), options={"epilogue_fusion": False})
+    code = run_backend(CatLinear(256), slices(), options={"epilogue_fusion": False})
     assert "quantize_slices_" in code
 
 
 def test_backend_pass_options_through_torch_compile_options():
-    xs = inputs((128, 128, 128))
+    xs = slices((128, 128, 128))
     code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
     assert "quantize_slices_" not in code
     assert counters["mxfp8_fusion"]["sites_skipped"] == 1
@@ -88,13 +76,13 @@ def test_backend_pass_options_through_torch_compile_options():
 def test_backend_rejects_unknown_option():
     compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options={"no_such": 1})
     with pytest.raises(Exception, match="Unexpected optimization option no_such"):
-        compiled(*inputs())
+        compiled(*slices())
 
 
 def test_backend_keeps_user_post_pass():
     user = Recorder()
     with torch._inductor.config.patch(post_grad_custom_post_pass=user):
-        code = run_backend(CatLinear(256), inputs())
+        code = run_backend(CatLinear(256), slices())
         assert torch._inductor.config.post_grad_custom_post_pass is user  # not replaced
     assert user.calls == 1
     assert "quantize_slices_" in code
@@ -102,7 +90,7 @@ def test_backend_keeps_user_post_pass():
 
 def test_backend_keeps_user_post_pass_given_in_options():
     user = Recorder()
-    code = run_backend(CatLinear(256), inputs(), options={"post_grad_custom_post_pass": user})
+    code = run_backend(CatLinear(256), slices(), options={"post_grad_custom_post_pass": user})
     assert user.calls == 1 and "quantize_slices_" in code
 
 
@@ -185,7 +173,7 @@ def test_backend_names_bad_pass_option_as_written(fields, error, message):
     compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
         with torch.no_grad():
-            compiled(*inputs())
+            compiled(*slices())
     assert isinstance(info.value.inner_exception, error)
     assert str(info.value.inner_exception) == f"mxfp8_fusion.{message}"
 
@@ -194,7 +182,7 @@ def test_backend_rejects_unknown_pass_option():
     options = {"mxfp8_fusion.max_slice": 2}
     compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options=options)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
-        compiled(*inputs())
+        compiled(*slices())
     assert isinstance(info.value.inner_exception, TypeError)
     assert str(info.value.inner_exception) == (
         "options: unknown pass option 'mxfp8_fusion.max_slice' (did you mean "
@@ -214,7 +202,7 @@ def test_install_into_config_dict_for_own_compile_fx():
     composed = config["post_grad_custom_post_pass"]
     assert isinstance(composed, ComposedPass) and composed.passes == (user, fusion)
 
-    model, xs = CatLinear(256), inputs()
+    model, xs = CatLinear(256), slices()
 
     def own_backend(gm, example_inputs):  # what a serving engine owning compile_fx does
         return compile_fx(gm, example_inputs, config_patches=config)
@@ -228,7 +216,7 @@ def test_install_globally():
     with torch._inductor.config.patch(post_grad_custom_post_pass=None, **NO_CACHE):
         fusion = install(max_slices=8)
         assert torch._inductor.config.post_grad_custom_post_pass is fusion
-        model, xs = CatLinear(256), inputs()
+        model, xs = CatLinear(256), slices()
         with torch.no_grad():
             assert_bitwise(torch.compile(model)(*xs), model(*xs))
     assert fusion.matches == 1
@@ -358,7 +346,7 @@ def test_reduce_overhead_with_fresh_kernel_buffers():
     gemm_sm90_buffers.kept_buffers.clear()
     model = CatLinear(512, n=256).cuda()
     for tokens in (300, 16):  # the tiled kernel's references, the swap-AB workspace
-        xs = [x.cuda() for x in inputs((256, 256), tokens=tokens)]
+        xs = [x.cuda() for x in slices((256, 256), tokens=tokens)]
         with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
             expected = model(*xs)
             compiled = torch.compile(model, backend="mxfp8_fusion", mode="reduce-overhead")

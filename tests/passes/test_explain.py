@@ -8,23 +8,10 @@ import logging
 import pytest
 import torch
 from expecttest import assert_expected_inline
-from helpers.passes import CatLinear, randn
+from helpers.passes import CatLinear, randn, slices
 from mxfp8_fusion.passes import FusionOptions
-from torch._dynamo.utils import counters
 
 import mxfp8_fusion as mf
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
-def inputs(widths=(128, 128), tokens=8):
-    return [randn(tokens, w, seed=i) for i, w in enumerate(widths)]
 
 
 def test_explain_lists_every_site_with_reasons(caplog):
@@ -37,7 +24,7 @@ def test_explain_lists_every_site_with_reasons(caplog):
         def forward(self, a, b, c, d):
             return self.good(a, b), self.bad(c, d)
 
-    xs = [*inputs(), randn(8, 96, seed=3), randn(8, 160, seed=4)]
+    xs = [*slices(), randn(8, 96, seed=3), randn(8, 160, seed=4)]
     with caplog.at_level(logging.DEBUG, logger="mxfp8_fusion"):
         report = mf.explain(Two(), *xs)
     assert [s.rewritten for s in report.sites] == [True, False]
@@ -70,7 +57,7 @@ def test_explain_without_candidates():
     ids=["bare-key", "prefixed-key", "with-inductor-option", "FusionOptions"],
 )
 def test_explain_accepts_options_as_dict_or_fusion_options(options):
-    report = mf.explain(CatLinear(256), *inputs(), options=options)
+    report = mf.explain(CatLinear(256), *slices(), options=options)
     (site,) = report.sites
     assert site.reason == "2 slices exceed the pass option max_slices=1"
 
@@ -104,7 +91,7 @@ def test_explain_rejects_bad_options_before_compiling(options, error, message):
         raise AssertionError("not called")
 
     with pytest.raises(error) as info:
-        mf.explain(model, *inputs(), options=options)
+        mf.explain(model, *slices(), options=options)
     assert str(info.value) == message
 
 
@@ -119,20 +106,20 @@ def test_explain_takes_compile_keywords_and_model_kwargs_apart():
 
     report = mf.explain(
         Scaled(),
-        *inputs(),
+        *slices(),
         mode="max-autotune-no-cudagraphs",
         fullgraph=True,
         kwargs={"scale": 2.0},
     )
     assert [s.rewritten for s in report.sites] == [True]
     with pytest.raises(TypeError) as info:
-        mf.explain(Scaled(), *inputs(), scale=2.0)
+        mf.explain(Scaled(), *slices(), scale=2.0)
     assert str(info.value) == (
         "explain: unexpected keyword argument(s) scale; pass the model's keyword arguments as "
         "kwargs={...} (explain's own keywords are options, mode, dynamic, fullgraph and kwargs)"
     )
     with pytest.raises(ValueError, match="Unrecognized mode=fastest"):
-        mf.explain(Scaled(), *inputs(), mode="fastest")
+        mf.explain(Scaled(), *slices(), mode="fastest")
 
 
 def test_explain_counts_the_gemm_of_a_site_left_unchanged():
@@ -145,7 +132,7 @@ def test_explain_counts_the_gemm_of_a_site_left_unchanged():
             x = torch.cat([a, b], -1)
             return self.inner.fc(x), x
 
-    (site,) = mf.explain(ReturnsCat(), *inputs()).sites
+    (site,) = mf.explain(ReturnsCat(), *slices()).sites
     assert site.consumers == 1
     assert str(site).splitlines()[0] == (
         "graph 1, cat: cat of 2 bfloat16 slices [128, 128] -> 1 MXFP8 GEMM(s): not rewritten: "
@@ -178,21 +165,21 @@ class ScaledCat(CatLinear):
 
 def test_explain_without_candidates_says_why():
     assert_expected_inline(
-        str(mf.explain(PlainCatLinear(), *inputs())),
+        str(mf.explain(PlainCatLinear(), *slices())),
         """\
 mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
   no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
   - no MXFP8 linear in the compiled graph(s): convert the model first with mxfp8_fusion.convert(model) (an nn.Linear is a BF16 GEMM, which the pass leaves alone)""",
     )
     assert_expected_inline(
-        str(mf.explain(BreakBetween(256), *inputs())),
+        str(mf.explain(BreakBetween(256), *slices())),
         """\
 mxfp8_fusion: 0 candidate site(s) in 2 graph(s), 0 rewritten, 0 not rewritten
   no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
   - the torch.cat and the MXFP8 linear are in different graphs (2 compiled): a graph break between them; find it with torch._dynamo.explain(model)(*inputs), or compile with fullgraph=True""",
     )
     assert_expected_inline(
-        str(mf.explain(ScaledCat(256), *inputs())),
+        str(mf.explain(ScaledCat(256), *slices())),
         """\
 mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
   no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:

@@ -29,13 +29,6 @@ import mxfp8_fusion as mf
 REWRITTEN_ABSENT = ("aten.cat", "mxfp8.quantize", "mxfp8.linear")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def compile_and_check(model, *inputs, dynamic=None, options=None) -> Capture:
     """Compile with the capturing backend, run, compare bitwise with eager; return capture."""
     cap = Capture(options) if options is not None else Capture()

@@ -18,13 +18,6 @@ import mxfp8_fusion as mf
 WIDTHS = [384, 256, 384]  # K = 1024; slice boundaries at 384 and 640
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class RangeLinear(nn.Module):
     """``fc(cat(slices, -1)[..., start:end])``, the range taken as ``take`` says."""
 
