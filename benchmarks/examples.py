@@ -33,21 +33,30 @@ each, and counts differing output elements, in two modes:
 
 It writes ``benchmarks/results/examples_bitwise.json``.
 
+``--decode`` times one drafter step at decode token counts (1, 8, 32, 64) as CUDA Graph
+replay: each example's converted model compiled with ``backend="mxfp8_fusion"`` against its
+BF16 model compiled with plain Inductor (both once, token dim dynamic), a graph of
+``DECODE_INNER`` steps per program and token count, replays interleaved. The ratio is fused
+/ BF16 step time; the target is at most ``DECODE_TARGET`` at 1-32 tokens. It writes
+``benchmarks/results/examples_decode.json``.
+
     python benchmarks/examples.py [--rounds 20] [--only dflash eagle3 mtp]
     python benchmarks/examples.py --bitwise
+    python benchmarks/examples.py --decode [--only eagle3]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import environment, time_interleaved, transient_peak, write_receipt
+from common import capture_graph, environment, time_interleaved, transient_peak, write_receipt
 
 import mxfp8_fusion as mf
 
@@ -58,6 +67,10 @@ TOKENS = (1024, 4096, 16384)
 BITWISE_TOKENS = 1024
 RECEIPT = "benchmarks/results/examples.json"
 BITWISE_RECEIPT = "benchmarks/results/examples_bitwise.json"
+DECODE_RECEIPT = "benchmarks/results/examples_decode.json"
+DECODE_TOKENS = (1, 8, 32, 64)
+DECODE_INNER = 10  # drafter steps per graph
+DECODE_TARGET = 0.75  # fused / BF16 step time at 1-32 tokens
 
 
 @dataclass(frozen=True)
@@ -225,6 +238,84 @@ def print_row(example: Example, row: dict) -> None:
     print(f"  relative error (1) vs (3): {row['rel_error_1_vs_3']}")
 
 
+def _step_graph(fn, inputs, inner: int):
+    """A CUDA Graph of ``inner`` calls of ``fn(*inputs)`` (warmed up outside it)."""
+    return capture_graph([lambda: fn(*inputs)] * inner)
+
+
+def _replay_us(graph, inner: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    graph.replay()  # warm-up: both programs start from the same clock state
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / inner
+
+
+def bench_decode_step(example: Example, tokens_list, rounds: int) -> dict:
+    """One example's drafter step at each of ``tokens_list`` (module doc, ``--decode``)."""
+    from shared import compile_fused, compile_inductor, mark_tokens_dynamic
+
+    module, reason = _load(example)
+    if module is None:
+        return {"example": example.name, "skipped": reason}
+    cfg, token_dims = _parts(example, module)
+    torch._dynamo.reset()
+    bf16 = module.build(cfg, "cuda")
+    programs = {"fused": compile_fused(mf.convert(copy.deepcopy(bf16))),
+                "bf16": compile_inductor(bf16)}  # fmt: skip
+    rows = []
+    with torch.no_grad():
+        for tokens in tokens_list:
+            inputs = module.make_inputs(cfg, tokens, "cuda")
+            mark_tokens_dynamic(inputs, token_dims)
+            for fn in programs.values():  # compile (first count), autotune
+                fn(*inputs)
+            graphs = {name: _step_graph(fn, inputs, DECODE_INNER) for name, fn in programs.items()}
+            samples = {name: [] for name in graphs}
+            for r in range(rounds):
+                for name in list(graphs)[r % 2 :] + list(graphs)[: r % 2]:
+                    samples[name].append(_replay_us(graphs[name], DECODE_INNER))
+            us = {name: statistics.median(v) for name, v in samples.items()}
+            rows.append({"tokens": tokens, "fused_us": us["fused"], "bf16_us": us["bf16"],
+                         "fused_over_bf16": us["fused"] / us["bf16"]})  # fmt: skip
+            print(f"{example.name} {tokens:3d} tokens: fused {us['fused']:8.1f} us, BF16 "
+                  f"{us['bf16']:8.1f} us, ratio {rows[-1]['fused_over_bf16']:.3f}", flush=True)  # fmt: skip
+            del graphs
+    met = all(r["fused_over_bf16"] <= DECODE_TARGET for r in rows if r["tokens"] <= 32)
+    return {"example": example.name, "site": example.site, "config": asdict(cfg),
+            "rows": rows, "target_met": met}  # fmt: skip
+
+
+def bench_decode(args) -> dict:
+    """The ``--decode`` receipt."""
+    results = []
+    for example in EXAMPLE_LIST:
+        if not args.only or example.name in args.only:
+            try:
+                results.append(bench_decode_step(example, DECODE_TOKENS, args.rounds))
+            except Exception:  # record it and go on with the other examples
+                results.append({"example": example.name, "failed": traceback.format_exc(limit=4)})
+            torch.cuda.empty_cache()
+    return {
+        "benchmark": "examples_decode",
+        "environment": environment(args.git_rev),
+        "method": (
+            "one drafter step per example at real dims: the converted model compiled with "
+            "backend='mxfp8_fusion' (fused) and the BF16 model before convert compiled with "
+            "plain Inductor (bf16), each once (fullgraph, token dim dynamic); per token count "
+            f"a CUDA Graph of {DECODE_INNER} steps per program, replays interleaved (order "
+            "rotated each round), one untimed replay before each timed one; medians in us "
+            "per step"
+        ),
+        "target": f"fused_over_bf16 at most {DECODE_TARGET} at 1-32 tokens",
+        "rounds": args.rounds,
+        "results": results,
+    }
+
+
 def _differing(a, b) -> int:
     return int((a[0] != b[0]).sum())
 
@@ -285,12 +376,19 @@ def main() -> None:
         "--bitwise", action="store_true", help="the EAGLE-3 output's bits across compiles"
     )
     parser.add_argument(
-        "--out", default=None, help=f"default {RECEIPT}; with --bitwise {BITWISE_RECEIPT}"
+        "--decode", action="store_true", help="a drafter step at decode token counts"
     )
+    parser.add_argument(
+        "--out", default=None,
+        help=f"default {RECEIPT}; {BITWISE_RECEIPT} or {DECODE_RECEIPT} with those modes",
+    )  # fmt: skip
     parser.add_argument("--git-rev", default=None)
     args = parser.parse_args()
     if args.bitwise:
         write_receipt(args.out or BITWISE_RECEIPT, bench_bitwise(args.git_rev))
+        return
+    if args.decode:
+        write_receipt(args.out or DECODE_RECEIPT, bench_decode(args))
         return
     receipt = {
         "benchmark": "examples",

@@ -34,6 +34,12 @@ per FLOP; ``cycles_per_call`` (time x median clock) separates the two. cuBLAS al
 an all-zero A operand: same instructions, less switching, less power.
 
     python benchmarks/gemm.py --power [--tokens 4096]   # benchmarks/results/gemm_power.json
+
+``--decode``: the sweep at the decode points (gemm_tools/decode.py: 1-64 tokens on
+drafter-sized weights, 96-128 on the reference shape, 48-256 on the MoE shape), each with
+its time over the weight-read floor, and the targets those points are held to, met or not:
+
+    python benchmarks/gemm.py --decode [--rounds 9]   # benchmarks/results/gemm_decode.json
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ OUT = {
     "sweep": f"{RESULTS}/gemm_sweep.json",
     "tune": f"{RESULTS}/gemm_tune.json",
     "power": f"{RESULTS}/gemm_power.json",
+    "decode": f"{RESULTS}/gemm_decode.json",
 }
 TOKENS = [16, 128, 512, 4096, 16384]
 POWER_TOKENS = 4096
@@ -354,6 +361,7 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--tune", action="store_true", help="time candidate configs per point")
     mode.add_argument("--plot", default=None, help="redraw the PNG of this sweep receipt")
     mode.add_argument("--power", action="store_true", help="sustained clock and power")
+    mode.add_argument("--decode", action="store_true", help="the decode points and their targets")
     p.add_argument("--before", action="store_true", help="sweep: also the pre-table heuristic")
     p.add_argument("--write-table", default=None, help="tune: write the table module here")
     p.add_argument("--shapes", default=None, help="sweep/tune: N,K;N,K;... (default: all)")
@@ -371,9 +379,9 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
-    mode = next((m for m in ("sweep", "tune", "power") if getattr(args, m)), "gemm")
+    mode = next((m for m in ("sweep", "tune", "power", "decode") if getattr(args, m)), "gemm")
     args.out = args.out or OUT[mode]
-    if args.sweep or args.tune or args.plot:
+    if args.sweep or args.tune or args.plot or args.decode:
         from gemm_tools import runs
 
         runs.run(args)

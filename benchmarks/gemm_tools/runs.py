@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import decode
 from .points import CHECK_REL, SHAPES, TOKENS
 from .report import merge_base, merge_states, plot, summary, write_table
 
@@ -23,13 +24,14 @@ POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed
 LATE_KILL_S = 30.0  # workers still running this long past the deadline are killed
 
 
-def _jobs(args, shapes, tokens, tmp: Path, deadline: float) -> list[dict]:
+def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
     mode = "tune" if args.tune else "sweep"
-    groups = [[t for t in tokens if t <= 128], [t for t in tokens if t > 128]]
-    if args.workers < 2 * len(shapes):
-        groups = [list(tokens)]
     jobs = []
     for n, k in shapes:
+        tokens = tokens_of(n, k)
+        groups = [[t for t in tokens if t <= 128], [t for t in tokens if t > 128]]
+        if args.workers < 2 * len(shapes):
+            groups = [list(tokens)]
         for i, group in enumerate(g for g in groups if g):
             jobs.append(
                 {
@@ -94,14 +96,21 @@ def run(args) -> None:
     import torch
     from common import environment, write_receipt
 
-    shapes = list(SHAPES)
+    shapes = list(decode.POINTS if args.decode else SHAPES)
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
     tokens = tuple(args.sweep_tokens or TOKENS)
+
+    def tokens_of(n, k):
+        if args.decode and not args.sweep_tokens:
+            return decode.POINTS[(n, k)][1]
+        return tokens
+
     deadline = time.time() + args.deadline_s
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        states = _run_workers(_jobs(args, shapes, tokens, Path(tmp), deadline), deadline)
+        jobs = _jobs(args, shapes, tokens_of, Path(tmp), deadline)
+        states = _run_workers(jobs, deadline)
         hung_file = Path(tmp) / "hung.txt"
         hung = hung_file.read_text().splitlines() if hung_file.exists() else []
     by_shape = merge_states(states)
@@ -138,7 +147,7 @@ def run(args) -> None:
             {
                 "n": n,
                 "k": k,
-                "what": SHAPES.get((n, k), ""),
+                "what": SHAPES.get((n, k)) or decode.POINTS.get((n, k), ("",))[0],
                 **{
                     key: v
                     for key, v in by_shape.get((n, k), {}).items()
@@ -151,10 +160,13 @@ def run(args) -> None:
             for n, k in shapes
         ],
     }
+    if args.decode:
+        receipt["what"] = "MXFP8 GEMM at decode: " + receipt["what"]
+        decode.annotate(receipt)
     write_receipt(args.out, receipt)
     if mode == "tune" and args.write_table:
         write_table(receipt, args.write_table)
-    if mode == "sweep":
+    if mode == "sweep" and not args.decode:
         summary(receipt)
         try:
             plot(receipt, Path(args.out).with_suffix(".png"))

@@ -89,10 +89,43 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(monkeypatch, tmp_pat
         plot=None, tune=True, sweep=False, before=False, shapes="2048,7168", sweep_tokens=[1],
         deadline_s=60.0, rounds=1, out=str(out), git_rev="def5678", write_table=None,
         tune_base=str(tmp_path / "base.json"), workers=1, lock=None, gate=None,
-        no_stream_k=False,
+        no_stream_k=False, decode=False,
     )  # fmt: skip
     runs.run(args)
     shapes = {(s["n"], s["k"]): s["points"] for s in json.loads(out.read_text())["shapes"]}
     assert set(shapes) == {(2048, 7168), (7168, 43008)}
     assert shapes[(7168, 43008)][0]["measured_at"] == "abc1234"
     assert "measured_at" not in shapes[(2048, 7168)][0]
+
+
+def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
+    """``--decode``: a target is met only where every point in its range is measured and
+    within its bound; each shape is measured at its own token counts."""
+    from gemm_tools import decode
+
+    def shape(n, k, ratios):
+        pts = [{"tokens": t, "contenders": {"ours": {"over_cublas_bf16": r, "ms": 0.02}}}
+               for t, r in ratios.items()]  # fmt: skip
+        return {"n": n, "k": k, "points": pts}
+
+    receipt = {"shapes": [
+        shape(4096, 12288, dict.fromkeys(decode.DRAFTER_TOKENS, 0.5)),
+        shape(11008, 4096, dict.fromkeys(decode.DRAFTER_TOKENS, 0.5) | {8: 0.6}),
+        shape(7168, 14336, dict.fromkeys(decode.DRAFTER_TOKENS, 0.5)),
+    ]}  # fmt: skip
+    rows = {r["target"]: r for r in decode.targets(receipt)}
+    drafters = rows["drafter shapes, 1-32 tokens"]
+    assert not drafters["met"]  # 0.6 at 8 tokens, and 4096 x 11008 never measured
+    assert drafters["ratios"]["11008x4096 t8"] == 0.6
+    assert rows["MTP eh_proj, 1-32 tokens"]["met"]
+    assert rows["MTP eh_proj, 1-32 tokens"]["worst"] == 0.5
+    assert abs(decode.floor_us(4096, 12288) - 12.98) < 0.01  # 52 MB at 4 TB/s
+    args = argparse.Namespace(tune=False, before=False, rounds=1, no_stream_k=False,
+                              lock=None, gate=None, workers=12, decode=True)  # fmt: skip
+    jobs = runs._jobs(args, list(decode.POINTS), lambda n, k: decode.POINTS[(n, k)][1],
+                      Path("/tmp"), 0.0)  # fmt: skip
+    by_shape = {}
+    for job in jobs:
+        by_shape.setdefault((job["n"], job["k"]), []).extend(job["tokens"])
+    assert by_shape[(2048, 7168)] == [48, 64, 96, 128, 192, 256]
+    assert by_shape[(4096, 12288)] == list(decode.DRAFTER_TOKENS)

@@ -1,0 +1,263 @@
+"""Diagnostic (not shipped): where a swap-AB GEMM launch spends its time at decode token
+counts, and what its parts cost, from kernel variants defined here as subclasses of the
+shipped kernel (the shipped source is untouched):
+
+* ``shipped``: the kernel as shipped;
+* ``no-convert``: the consumers neither convert the weight nor the tokens (wrong results on
+  purpose): the TMA stream, the pipeline and the wgmmas alone;
+* ``no-fixup``: a CTA holding a split tile's tail stores it without waiting for or adding the
+  lower CTAs' parts (wrong results): what the stream-K fixup costs;
+* ``no-convert no-fixup``: both.
+
+Each variant runs in its own process, beside cuBLAS BF16 on the same shape in that process
+(CUDA Graph replay, interleaved, medians; ratios are ours / cuBLAS BF16 time), on the config
+``choose_config`` picks. The ``shipped`` process also writes a timeline: per CTA the
+%globaltimer at its consumers' start, when its segments are done (before the fixup) and at
+its end, relative to the earliest CTA's start; the median CTA and the latest, medians over
+12 eager launches.
+
+On an H200: ``python benchmarks/diagnostics/swap_ab_decode.py --out DIR`` writes
+DIR/gemm_diag_decode.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+
+CASES = [  # (tokens, N, K)
+    (1, 4096, 12288),
+    (8, 4096, 12288),
+    (32, 4096, 12288),
+    (8, 11008, 4096),
+    (8, 4096, 11008),
+    (1, 7168, 14336),
+    (8, 7168, 14336),
+    (32, 7168, 14336),
+]
+VARIANTS = ("shipped", "no-convert", "no-fixup", "no-convert no-fixup")
+STAMPS = ("start", "segments_done", "end")
+ROUNDS = 9
+
+
+def _variant_class(variant: str, stamps_addr: int):
+    """The kernel class of ``variant`` (module doc), writing stamps where ``stamps_addr``."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int64
+    from cutlass.cute.nvgpu import warpgroup
+    from cutlass.cutlass_dsl import dsl_user_op
+    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
+    from mxfp8_fusion.kernels.constants import TILE_K8
+    from mxfp8_fusion.kernels.gemm_sm90_common import load_fragment_bytes
+    from mxfp8_fusion.kernels.gemm_sm90_swap_ab_parts import K_STEPS, W_GROUPS
+    from mxfp8_fusion.kernels.ptx import inline_ptx
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+
+    base = sab.MXFP8SwapABGemmSm90
+    no_convert = "no-convert" in variant
+    no_fixup = "no-fixup" in variant
+
+    @dsl_user_op
+    def stamp(cta, point: int, *, loc=None, ip=None):
+        if stamps_addr:
+            addr = Int64(stamps_addr) + (Int64(cta) * len(STAMPS) + point) * 8
+            inline_ptx(
+                "{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.global.u64 [$0], t;\n}",
+                "l", [addr.ir_value(loc=loc, ip=ip)], None, True, loc=loc, ip=ip,
+            )  # fmt: skip
+
+    class Variant(base):
+        @cute.jit
+        def _consumer(
+            self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials,
+            mFlags, load_pipe,
+        ):  # fmt: skip
+            if cw == 0 and ct == 0:
+                stamp(cta, 0)
+            base._consumer(
+                self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials,
+                mFlags, load_pipe,
+            )  # fmt: skip
+            if ct == 0 and cw == 0:
+                stamp(cta, 2)
+
+        @cute.jit
+        def _fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags):
+            if ct == 0:
+                stamp(cta, 1)
+            if cutlass.const_expr(no_fixup):
+                self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, 0), cw)
+            else:
+                base._fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags)
+
+        @cute.jit
+        def _segment_stages(
+            self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
+        ):  # fmt: skip
+            if cutlass.const_expr(not no_convert):
+                return base._segment_stages(
+                    self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe,
+                    ls, rel,
+                )  # fmt: skip
+            # the shipped loop without the weight's and the tokens' conversion
+            w8, sw = smem[:2]
+            tiled_mma, frag, frag_words, tCrB, acc = mma
+            for _i in range(count):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_fragment_bytes(
+                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                    sw + ls.index * CHUNK_BYTES,
+                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+                )  # fmt: skip
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(self.bf16_tokens):
+                    if rel.count < ls.count:
+                        load_pipe.consumer_release(rel)
+                        for _a in cutlass.range_constexpr(stride):
+                            rel.advance()
+                # the loaded bytes, unconverted, as the fragment (kept: the loads stay)
+                for i in cutlass.range_constexpr(cute.size(frag_words)):
+                    frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
+                if cutlass.const_expr(not self.bf16_tokens):
+                    load_pipe.consumer_release(ls)
+                tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(K_STEPS):
+                    cute.gemm(
+                        tiled_mma, acc, frag[(None, None, kb)],
+                        tCrB[(None, None, kb % 4, tokens + kb // 4)], acc,
+                    )  # fmt: skip
+                warpgroup.commit_group()
+                for _a in cutlass.range_constexpr(stride):
+                    ls.advance()
+            return ls, rel
+
+    return Variant
+
+
+def _timeline(buf, ctas: int) -> list[list[float]]:
+    rows = [r for r in buf.view(ctas, len(STAMPS)).cpu().tolist() if r[0] != 0]
+    t0 = min(r[0] for r in rows)
+    # a CTA without a tail to fix up stamps no segments_done: its segments end at its end
+    return [[(r[0] - t0) / 1e3, ((r[1] or r[2]) - t0) / 1e3, (r[2] - t0) / 1e3] for r in rows]
+
+
+def _summary(launches) -> dict:
+    out = {"ctas": len(launches[0])}
+    for j, name in enumerate(STAMPS):
+        out[name] = {
+            "median_cta_us": round(statistics.median(statistics.median(r[j] for r in rel)
+                                                     for rel in launches), 2),
+            "latest_cta_us": round(statistics.median(max(r[j] for r in rel)
+                                                     for rel in launches), 2),
+        }  # fmt: skip
+    return out
+
+
+def worker(variant: str, lock_path: str, out_path: str) -> None:
+    import torch
+    from common import capture_graph
+    from gemm_tools.points import MAX_INNER, _Data, _replay_ms
+    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.zeros(num_sms * len(STAMPS), dtype=torch.int64, device="cuda")
+    stamped = variant == "shipped"
+    sab.MXFP8SwapABGemmSm90 = _variant_class(variant, buf.data_ptr() if stamped else 0)
+    cases = []
+    for t, n, k in CASES:  # compile first, outside the lock
+        data = _Data(n, k, t)
+        cfg = g.choose_config(t, n, k, num_sms)
+        g.run(data.inp.values[:t], data.inp.scales, data.wq[0].values, data.wq[0].scales,
+              None, data.out[:t], config=cfg)  # fmt: skip
+        cases.append((t, n, k, data, cfg))
+    torch.cuda.synchronize()
+    results = []
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for t, n, k, d, cfg in cases:
+            inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * t * n * k)), 1))
+            x, sx, out = d.inp.values[:t], d.inp.scales, d.out[:t]
+
+            def ours(i, d=d, x=x, sx=sx, out=out, cfg=cfg):
+                w = d.wq[i % d.copies]
+                g.run(x, sx, w.values, w.scales, None, out, config=cfg)
+
+            def cublas(i, d=d, t=t, out=out):
+                torch.mm(d.x[:t], d.w[i % d.copies].t(), out=out)
+
+            graphs = {
+                name: capture_graph([lambda i=i, f=f: f(i) for i in range(inner)])
+                for name, f in (("ours", ours), ("cublas_bf16", cublas))
+            }
+            samples = {name: [] for name in graphs}
+            for r in range(ROUNDS):
+                for name in list(graphs) if r % 2 == 0 else list(graphs)[::-1]:
+                    samples[name].append(_replay_ms(graphs[name], inner, 0.02) * 1e3)
+            us = {name: statistics.median(v) for name, v in samples.items()}
+            row = {"tokens": t, "n": n, "k": k, "config": str(cfg),
+                   "ours_us": us["ours"], "cublas_bf16_us": us["cublas_bf16"],
+                   "ours_over_cublas_bf16": us["ours"] / us["cublas_bf16"]}  # fmt: skip
+            if stamped:
+                launches = []
+                for i in range(12):
+                    buf.zero_()
+                    torch.cuda.synchronize()
+                    ours(i)
+                    torch.cuda.synchronize()
+                    launches.append(_timeline(buf, num_sms))
+                row["timeline"] = _summary(launches)
+            print(variant, json.dumps({k_: v for k_, v in row.items() if k_ != "config"}),
+                  flush=True)  # fmt: skip
+            results.append(row)
+            del graphs
+    Path(out_path).write_text(json.dumps(results))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    args = p.parse_args()
+    env = {**os.environ, "MXFP8_FUSION_CACHE_DIR": "off"}  # variants are not shipped builds
+    with tempfile.TemporaryDirectory() as tmp:
+        lock = str(Path(tmp) / "gpu.lock")
+        procs = {
+            v: subprocess.Popen(
+                [sys.executable, __file__, "--worker", v, lock, str(Path(tmp) / f"{i}.json")],
+                env=env,
+            )
+            for i, v in enumerate(args.variants)
+        }
+        receipt = {"what": __doc__.split("\n\n")[0], "variants": {}}
+        for i, (v, proc) in enumerate(procs.items()):
+            proc.wait()
+            path = Path(tmp) / f"{i}.json"
+            receipt["variants"][v] = (
+                json.loads(path.read_text()) if path.exists() else f"exit {proc.returncode}"
+            )
+    from common import environment
+
+    receipt.update(environment())
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gemm_diag_decode.json").write_text(json.dumps(receipt, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        worker(*sys.argv[2:])
+    else:
+        main()
