@@ -92,7 +92,7 @@ from .gemm_sm90_swap_ab_parts import (
     W_GROUPS,
     SwapABParts,
 )
-from .launcher import address, wait_for_previous_kernel
+from .launcher import address
 
 
 class MXFP8SwapABGemmSm90(SwapABParts):
@@ -174,7 +174,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             cluster=(self.cluster, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
-            use_pdl=self.pdl,
         )
 
     @cute.jit
@@ -239,10 +238,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if cutlass.const_expr(self.pdl):
-            # the set-up above overlapped the previous kernel's last CTAs; nothing in global
-            # memory is touched before that kernel has finished
-            wait_for_previous_kernel()
         if warp == 0:
             sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
             if cutlass.const_expr(self.bf16_tokens):

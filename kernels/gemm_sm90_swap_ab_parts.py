@@ -47,11 +47,6 @@ class SwapABParts(Sm90Gemm):
     class (gemm_sm90_swap_ab) derives from it, so every member its methods read is declared
     here or in :class:`Sm90Gemm`."""
 
-    # Programmatic dependent launch: a launch's CTAs are scheduled as SMs free up behind the
-    # previous kernel (the slice quantizer, or the previous GEMM's last CTAs) and set up
-    # their barriers there, then wait for it before touching global memory (docs/gemm_log.md)
-    pdl = True
-
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile

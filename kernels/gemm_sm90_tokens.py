@@ -24,7 +24,7 @@ from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
 from .constants import TILE_K8
 from .gemm_sm90_common import chunk_word, dequant_pair, load_gmem_word, mul_bf16x2, scale_factors
-from .launcher import address, wait_for_previous_kernel
+from .launcher import address
 
 THREADS = 128
 UNITS = TILE_K8 // 16  # 16-byte units per row and 128-K stage
@@ -60,14 +60,11 @@ class TokensToBF16Sm90:
         a_addr, sa_addr, out_addr = address(a), address(sa), address(out)
         blocks = (m * self.units_per_row + THREADS - 1) // THREADS
         self.kernel(a_addr, sa_addr, out_addr, m).launch(
-            grid=[blocks, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=True
+            grid=[blocks, 1, 1], block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(self, a_addr, sa_addr, out_addr, m):
-        # programmatic dependent launch: the tokens (and this buffer's previous readers)
-        # belong to earlier kernels, so wait for them before touching memory
-        wait_for_previous_kernel()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         q = bidx * THREADS + tidx

@@ -3,7 +3,6 @@ counts, and what its parts cost, from kernel variants defined here as subclasses
 shipped kernel (the shipped source is untouched):
 
 * ``shipped``: the kernel as shipped;
-* ``no-pdl``: launched without programmatic dependent launch (as before it had it);
 * ``no-convert``: the consumers neither convert the weight nor the tokens (wrong results on
   purpose): the TMA stream, the pipeline and the wgmmas alone;
 * ``no-fixup``: a CTA holding a split tile's tail stores it without waiting for or adding the
@@ -45,7 +44,7 @@ CASES = [  # (tokens, N, K)
     (32, 7168, 14336),
     (64, 7168, 14336),
 ]
-VARIANTS = ("shipped", "no-pdl", "no-convert", "no-fixup", "no-convert no-fixup")
+VARIANTS = ("shipped", "no-convert", "no-fixup", "no-convert no-fixup")
 STAMPS = ("start", "segments_done", "end")
 ROUNDS = 9
 
@@ -79,8 +78,6 @@ def _variant_class(variant: str, stamps_addr: int):
             )  # fmt: skip
 
     class Variant(base):
-        pdl = "no-pdl" not in variant
-
         @cute.jit
         def _consumer(
             self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials,

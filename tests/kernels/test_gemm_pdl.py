@@ -1,9 +1,9 @@
-"""Programmatic dependent launch on an sm_90 GPU: the slice quantizer, the swap-AB GEMM and its
-token conversion start their CTAs behind the previous kernel and wait for it before touching
-memory. A chain in which every kernel reads what the kernel launched just before it wrote
-(quantize a GEMM's output, multiply it, quantize that output ...) gives the bytes of the same
-chain with a device sync after every launch: eagerly, and replayed from a CUDA Graph with new
-inputs."""
+"""Launch order on an sm_90 GPU: the slice quantizer starts its CTAs behind the previous kernel
+(programmatic dependent launch) and waits for it before touching memory; the GEMMs and their
+pre-passes follow it in stream order. A chain in which every kernel reads what the kernel
+launched just before it wrote (quantize a GEMM's output, multiply it, quantize that output
+...) gives the bytes of the same chain with a device sync after every launch: eagerly, and
+replayed from a CUDA Graph with new inputs."""
 
 from __future__ import annotations
 
