@@ -216,8 +216,10 @@ def host_ms(fn, hidden, calls: int = 10) -> float:
     return statistics.median(samples)
 
 
-def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, float]]:
-    """Per variant: mean GPU ms per call of each kernel (torch.profiler)."""
+def kernel_breakdown(
+    fns: dict, hidden, calls: int = 5, top: int = 8
+) -> dict[str, dict[str, float]]:
+    """Per variant: mean GPU ms per call of its ``top`` longest kernels (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     result = {}
@@ -232,9 +234,9 @@ def kernel_breakdown(fns: dict, hidden, calls: int = 5) -> dict[str, dict[str, f
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 ms = event.device_time_total / 1e3 / calls
                 kernels[event.key[:80]] = round(ms, 4)
-        top = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:8])
-        result[name] = {"gpu_ms_per_kernel": top}
-        print(f"{name}: kernels " + ", ".join(f"{k[:48]} {v:.3f}" for k, v in top.items()))
+        longest = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:top])
+        result[name] = {"gpu_ms_per_kernel": longest, "gpu_ms_all_kernels": sum(kernels.values())}
+        print(f"{name}: kernels " + ", ".join(f"{k[:48]} {v:.3f}" for k, v in longest.items()))
     return result
 
 

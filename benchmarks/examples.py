@@ -56,7 +56,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import capture_graph, environment, time_interleaved, transient_peak, write_receipt
+from common import (
+    capture_graph,
+    environment,
+    kernel_breakdown,
+    time_interleaved,
+    transient_peak,
+    write_receipt,
+)
 
 import mxfp8_fusion as mf
 
@@ -71,6 +78,7 @@ DECODE_RECEIPT = "benchmarks/results/examples_decode.json"
 DECODE_TOKENS = (1, 8, 32, 64)
 DECODE_INNER = 10  # drafter steps per graph
 DECODE_TARGET = 0.75  # fused / BF16 step time at 1-32 tokens
+DECODE_BREAKDOWN_TOKENS = 8  # this row also lists each program's longest kernels
 
 
 @dataclass(frozen=True)
@@ -281,6 +289,8 @@ def bench_decode_step(example: Example, tokens_list, rounds: int) -> dict:
             us = {name: statistics.median(v) for name, v in samples.items()}
             rows.append({"tokens": tokens, "fused_us": us["fused"], "bf16_us": us["bf16"],
                          "fused_over_bf16": us["fused"] / us["bf16"]})  # fmt: skip
+            if tokens == DECODE_BREAKDOWN_TOKENS:  # where a step's GPU time goes
+                rows[-1]["kernels"] = kernel_breakdown(programs, inputs, top=16)
             print(f"{example.name} {tokens:3d} tokens: fused {us['fused']:8.1f} us, BF16 "
                   f"{us['bf16']:8.1f} us, ratio {rows[-1]['fused_over_bf16']:.3f}", flush=True)  # fmt: skip
             del graphs
