@@ -233,9 +233,9 @@ def kernel_breakdown(
         for event in prof.key_averages():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 # builds of one kernel share their name's first 80 characters: summed
-                name = event.key[:80]
-                kernels[name] = kernels.get(name, 0.0) + event.device_time_total / 1e3 / calls
-        kernels = {name: round(ms, 4) for name, ms in kernels.items()}
+                key = event.key[:80]
+                kernels[key] = kernels.get(key, 0.0) + event.device_time_total / 1e3 / calls
+        kernels = {key: round(ms, 4) for key, ms in kernels.items()}
         longest = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:top])
         result[name] = {"gpu_ms_per_kernel": longest, "gpu_ms_all_kernels": sum(kernels.values())}
         print(f"{name}: kernels " + ", ".join(f"{k[:48]} {v:.3f}" for k, v in longest.items()))
