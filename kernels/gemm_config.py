@@ -87,19 +87,12 @@ class SwapABConfig:
     cluster: int = 1
     """2 (with bf16_tokens): CTA pairs take adjacent weight tiles over the same K stages, and
     each loads one K half of every stage's token tile for both (TMA multicast)."""
-    cta_tokens: bool = False
-    """The tokens arrive as FP8 with the stage, and the producer warpgroup's three other warps
-    convert them into a BF16 tile per stage, off the consumers' path (64-row stages, no
-    cluster, not with bf16_tokens)."""
     num_ctas: int = 132
     """CTAs sharing the units (the SM count; even with cluster 2)."""
 
     kernel = "swap-ab"
 
     def __post_init__(self):
-        if self.cta_tokens and (self.bf16_tokens or self.tile_w != 64 or self.cluster != 1):
-            fail(ValueError, "cta_tokens", "only with 64-row stages, no cluster and no bf16_tokens",
-                 self.cta_tokens)  # fmt: skip
         if self.cluster != 1 and not (
             self.cluster == 2 and self.bf16_tokens and self.num_ctas % 2 == 0
         ):
@@ -154,7 +147,6 @@ def swap_ab_config(
     bf16_tokens: bool = False,
     tile_w: int = 64,
     cluster: int = 1,
-    cta_tokens: bool = False,
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
@@ -162,8 +154,8 @@ def swap_ab_config(
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
-    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``,
-    ``cta_tokens``: see :class:`SwapABConfig`.
+    with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
+    see :class:`SwapABConfig`.
 
     Raises:
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
@@ -182,11 +174,6 @@ def swap_ab_config(
         # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
         per_stage = tile_w * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
         fixed = (consumers - 1) * 64 * tokens_tile * 4 * (tile_w == 64) + 6144
-    elif cta_tokens:
-        # per stage the weight, the FP8 tokens, both scale chunks, the BF16 token tile and
-        # its ready barrier; consumers 2..: an FP32 partial-sum tile
-        per_stage = (64 + 3 * tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 24
-        fixed = (consumers - 1) * 64 * tokens_tile * 4 + 4096
     else:
         per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16
         # per consumer: two BF16 token half-tiles; consumers 2..: an FP32 partial-sum tile
@@ -194,6 +181,5 @@ def swap_ab_config(
     stages = min(16, (_SMEM_BYTES - fixed) // per_stage)
     return SwapABConfig(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
-        bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster,
-        cta_tokens=bool(cta_tokens), num_ctas=num_sms,
+        bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
     )  # fmt: skip

@@ -2,8 +2,7 @@
 path: the measured table and the heuristic hold configs, not names).
 
 A name is ``"swap-ab"`` with optional words ``cC`` (C consumer warpgroups), ``w128``
-(``tile_w`` 128), ``bf16-tokens`` and after it ``mc2`` (``cluster`` 2), or instead of those
-last two ``cta-tokens`` (``cta_tokens``); or ``"tiled MxN cC"``
+(``tile_w`` 128), ``bf16-tokens`` and after it ``mc2`` (``cluster`` 2); or ``"tiled MxN cC"``
 with optional ``stream-k`` / ``stream-k-tail`` (``stream_k`` 1 / 2), ``sF+H`` (F FP8 and H
 16-bit stages where not the tile's standard split) and ``bf16`` (``fp16_tiles`` False). The
 receipts in benchmarks/results key their contenders by these names.
@@ -17,7 +16,6 @@ from .gemm_select import config_of, token_limit
 SWAP_AB = SwapABConfig.kernel
 TILED = "tiled"
 _BF16_TOKENS = "bf16-tokens"
-_CTA_TOKENS = "cta-tokens"
 _STREAM_K_WORDS = ("stream-k", "stream-k-tail")
 _W128 = "w128"
 _MC2 = "mc2"
@@ -61,18 +59,14 @@ def _swap_ab_schedule(name: str, words: list[str]) -> dict:
     if cluster == 2 and not bf16_tokens:
         raise ValueError(f"name: {_MC2!r} follows {_BF16_TOKENS!r}, got {name!r}")
     words = words[: len(words) - bf16_tokens]
-    cta_tokens = not bf16_tokens and words[-1:] == [_CTA_TOKENS]
-    words = words[: len(words) - cta_tokens]
     wide = words == [_W128] and bf16_tokens
     if words not in ([], ["c2"], ["c3"], ["c4"]) and not wide:
         raise ValueError(
-            f"name: 'swap-ab [cC] [{_BF16_TOKENS} [{_MC2}] | {_CTA_TOKENS}]' or "
+            f"name: 'swap-ab [cC] [{_BF16_TOKENS} [{_MC2}]]' or "
             f"'swap-ab {_W128} {_BF16_TOKENS} [{_MC2}]', got {name!r}"
         )
     entry: dict = {"kernel": SWAP_AB, "consumers": 2 if wide else int(words[0][1:]) if words else 3}
     entry.update(bf16_tokens=bf16_tokens, tile_w=128 if wide else 64, cluster=cluster)
-    if cta_tokens:
-        entry["cta_tokens"] = True
     return entry
 
 
@@ -101,7 +95,6 @@ def spec_of(cfg: GemmConfig) -> str:
         if cfg.tile_w == 128:
             return f"{SWAP_AB} {_W128} {_BF16_TOKENS}{mc}"
         name = SWAP_AB if cfg.consumers == 3 else f"{SWAP_AB} c{cfg.consumers}"
-        name += f" {_CTA_TOKENS}" if cfg.cta_tokens else ""
         return name + (f" {_BF16_TOKENS}" if cfg.bf16_tokens else "") + mc
     sk = f" {_STREAM_K_WORDS[cfg.stream_k - 1]}" if cfg.stream_k else ""
     name = f"{TILED} {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{sk}"

@@ -57,7 +57,7 @@ _HEURISTIC_W128_MIN_N = 7168
 def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry gives ``tokens`` on ``num_sms`` SMs. An entry holds a
     schedule's fields: ``kernel`` ``"swap-ab"`` with ``consumers``, ``bf16_tokens``,
-    ``tile_w``, ``cluster`` and optionally ``cta_tokens`` (the token tile and stage count follow from ``tokens``), or
+    ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``), or
     ``"tiled"`` with ``tile_m``, ``tile_n``, ``converters``, ``stream_k`` and optionally
     ``stages`` (FP8, 16-bit) and ``fp16_tiles``.
 
@@ -66,7 +66,7 @@ def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """
     if entry["kernel"] == SwapABConfig.kernel:
         fields = {k: entry[k] for k in ("consumers", "bf16_tokens", "tile_w", "cluster")}
-        return swap_ab_config(tokens, num_sms, cta_tokens=entry.get("cta_tokens", False), **fields)
+        return swap_ab_config(tokens, num_sms, **fields)
     stages = entry.get("stages")
     return tiled_config(
         entry["tile_m"], entry["tile_n"], entry["converters"], entry["stream_k"], num_sms,

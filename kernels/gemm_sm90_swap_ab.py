@@ -85,7 +85,6 @@ from .gemm_sm90_common import (
     tma_views,
 )
 from .gemm_sm90_swap_ab_parts import (
-    CONVERTER_THREADS,
     K_STEPS,
     L2_EVICT_FIRST,
     L2_EVICT_NORMAL,
@@ -142,9 +141,8 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
         else:
             a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
-            # the two K halves of BF16 tokens per stage (cta_tokens), else per consumer
-            halves = 2 * (self.stages if self.cta_tokens else self.consumers)
-            a16_layout = smem_layout(bf16, tn, TILE_K16, halves)
+            # per consumer warpgroup: the stage's two K halves of BF16 tokens
+            a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
             tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
             tma_sa, gSA = tma_load_chunks(mSA, s_layout)
             self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
@@ -154,7 +152,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         # consumer finishes its own rows)
         frag_size = TILE_W * tn // WG_THREADS
         red_words = 4 if self.row_split else (self.consumers - 1) * WG_THREADS * frag_size
-        ready_slots = stages if self.cta_tokens else 1
 
         @cute.struct
         class Storage:
@@ -165,9 +162,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             sSW: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
             sSA: cute.struct.Align[cute.struct.MemRange[Int32, sa_words], 128]
             sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
-            # per stage: its BF16 token tile is written (cta_tokens; last, so that the
-            # fields before it keep their offsets)
-            ready_bar: cute.struct.MemRange[cutlass.Int64, ready_slots]
 
         self.storage = Storage
         launch = self.kernel(
@@ -237,10 +231,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes,
             self.cluster,
         )  # fmt: skip
-        if cutlass.const_expr(self.cta_tokens):
-            if tidx == 0:
-                for i in cutlass.range_constexpr(self.stages):
-                    cute.arch.mbarrier_init(st.ready_bar.data_ptr() + i, CONVERTER_THREADS)
         cute.arch.mbarrier_init_fence()
         if cutlass.const_expr(self.cluster > 1):
             # the peer's multicasts and releases reach these barriers: all initialized first
@@ -264,9 +254,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
             self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
                            mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
-        if cutlass.const_expr(self.cta_tokens):
-            if wg == 0 and warp > 0:
-                self._convert_tokens(tidx - 32, begin, end, st, load_pipe)
 
     @cute.jit
     def _producer(
@@ -356,8 +343,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         stages = self.stages
         _group, rank = self._group_rank(cta)
         smem = (w8, sw, a8, sa, a16)
-        if cutlass.const_expr(self.cta_tokens):
-            smem = (*smem, st.ready_bar.data_ptr())
         mma = (tiled_mma, frag, frag_words, tCrB, acc)
         u = begin
         owned = Int32(-1)  # the tile group whose tail this CTA holds for the final fixup
@@ -369,7 +354,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             # row split every consumer takes every stage
             g = u - begin + (0 if self.row_split else cw)
             ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-            if cutlass.const_expr(self.staged_tokens):
+            if cutlass.const_expr(self.bf16_tokens):
                 rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             else:
                 rel = None  # each stage is released once its tokens are converted
@@ -382,7 +367,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
             )  # fmt: skip
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.staged_tokens):
+            if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
                     load_pipe.consumer_release(rel)
             if cutlass.const_expr(self.row_split):
@@ -410,7 +395,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         into the A fragment and its tokens into the B tile (unless ``bf16_tokens``), then the
         stage's wgmmas. Leaves the last wgmmas in flight and, with ``bf16_tokens``, the
         stages from ``rel`` on unreleased. Returns the advanced ``ls`` and ``rel``."""
-        w8, sw, a8, sa, a16 = smem[:5]
+        w8, sw, a8, sa, a16 = smem
         tiled_mma, frag, frag_words, tCrB, acc = mma
         for _i in range(count):
             load_pipe.consumer_wait(ls)
@@ -418,11 +403,11 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
                 sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
             )  # fmt: skip
-            if cutlass.const_expr(not self.staged_tokens):
+            if cutlass.const_expr(not self.bf16_tokens):
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
             # the previous stage's wgmma has read the fragment registers and token tile
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.staged_tokens):
+            if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:  # this consumer's previous stage
                     load_pipe.consumer_release(rel)
                     for _a in cutlass.range_constexpr(stride):
@@ -433,13 +418,10 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
             convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
-            if cutlass.const_expr(not self.staged_tokens):
+            if cutlass.const_expr(not self.bf16_tokens):
                 load_pipe.consumer_release(ls)
-            if cutlass.const_expr(self.cta_tokens):
-                # the stage's tokens converted by warpgroup 0 (the same phase as its load)
-                cute.arch.mbarrier_wait(smem[5] + ls.index, ls.phase)
-            # the token tile: this stage's own (bf16_tokens, cta_tokens), else this consumer's
-            tokens = 2 * ls.index if self.staged_tokens else 2 * cw
+            # the token tile: this stage's own (bf16_tokens), else this consumer's
+            tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
             warpgroup.fence()
             for kb in cutlass.range_constexpr(K_STEPS):
                 cute.gemm(

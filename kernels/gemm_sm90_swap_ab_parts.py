@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
 from mxfp8_fusion.format import CHUNK_BYTES, ceil_div, row_blocks
@@ -31,7 +30,6 @@ from .gemm_sm90_common import (
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
 W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
-CONVERTER_THREADS = 3 * 32  # cta_tokens: warps 1-3 of warpgroup 0 convert the tokens
 # named barriers: 1..C one per consumer warpgroup (its token tile), C + 1 the reduction
 
 
@@ -55,17 +53,12 @@ class SwapABParts(Sm90Gemm):
         # tokens already BF16 in the weight fragment's K order (gemm_sm90_tokens): TMA'd with
         # the stage, no conversion here
         self.bf16_tokens = bool(cfg.bf16_tokens)
-        # tokens TMA'd as FP8 and converted per stage by warps 1-3 of warpgroup 0
-        self.cta_tokens = bool(cfg.cta_tokens)
-        # either way each stage holds its own BF16 token tile, read by the stage's wgmmas
-        self.staged_tokens = self.bf16_tokens or self.cta_tokens
         self.stages = cfg.stages
         self.consumers = cfg.consumers
-        # each consumer takes every C-th stage; with a BF16 token tile per stage it holds its
-        # stage until it has its next one, so the producer needs a stage beyond the C held
-        if self.stages < self.consumers + int(self.staged_tokens):
-            raise ValueError(f"stages must be at least consumers (+1 with BF16 token tiles per "
-                             f"stage), got {cfg}")  # fmt: skip
+        # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it
+        # has its next one, so the producer needs a stage beyond the C held
+        if self.stages < self.consumers + int(self.bf16_tokens):
+            raise ValueError(f"stages must be at least consumers (+1 with bf16_tokens), got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
         # weight rows per stage: 64, every consumer on alternate stages of them; or (row
         # split) 64 per consumer, all of them on every stage and its one token tile
@@ -186,19 +179,18 @@ class SwapABParts(Sm90Gemm):
         for c in range(first + ct, group, WG_THREADS):
             store_flag(mFlags.iterator + self._slot(self._cta_of(c, rank), cw), 0)
 
-    def _token_units(self, ct, threads: int):
-        """(row, 16-byte unit u) pairs of thread ``ct`` of ``threads``: tokens_tile x 8 units
-        per stage (u of 8 or more: no unit)."""
+    def _token_units(self, ct):
+        """(row, 16-byte unit u) pairs of this thread: tokens_tile x 8 units per stage."""
         units = []
-        for i in range(max(1, -(-self.tn * 8 // threads))):
-            q = ct + threads * i
+        for i in range(max(1, self.tn * 8 // WG_THREADS)):
+            q = ct + WG_THREADS * i
             units.append((q % self.tn, q // self.tn))
         return units
 
     @cute.jit
-    def _load_tokens(self, ct, a8, sa, stage, threads: int = WG_THREADS):
+    def _load_tokens(self, ct, a8, sa, stage):
         loaded = []
-        for row, u in self._token_units(ct, threads):
+        for row, u in self._token_units(ct):
             words = cute.make_rmem_tensor((4,), Uint32)
             words.fill(0)
             scale = cute.make_rmem_tensor((1,), Uint32)
@@ -238,27 +230,6 @@ class SwapABParts(Sm90Gemm):
                         v = mul_bf16x2(dequant_pair(words[w], factor, hi == 1), rest)
                         chunk = 4 * (b % 2) + 2 * (w % 2) + hi
                         store_smem_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
-
-    @cute.jit
-    def _convert_tokens(self, ct, begin, end, st, load_pipe):
-        """``cta_tokens``: thread ``ct`` of warps 1-3 of warpgroup 0, over the CTA's units as
-        the producer loads them: each stage's FP8 tokens into its BF16 tile (the tile a
-        ``bf16_tokens`` stage gets by TMA), then an arrive on the stage's ready barrier. The
-        tile is rewritten only once the stage is loaded again, which waits for the consumer
-        that read it to release it after its wgmmas."""
-        a8 = st.sA8.data_ptr().toint()
-        sa = st.sSA.data_ptr().toint()
-        a16 = st.sA16.data_ptr().toint()
-        ready = st.ready_bar.data_ptr()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for _u in range(begin, end):
-            load_pipe.consumer_wait(state)
-            loaded = self._load_tokens(ct, a8, sa, state.index, CONVERTER_THREADS)
-            self._store_tokens(loaded, a16 + state.index * (2 * self.tn * TILE_K16 * 2))
-            # generic-proxy stores -> visible to the consumers' wgmmas (async proxy)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(ready + state.index)
-            state.advance()
 
     @cute.jit
     def _store_tile(self, thr, acc, mD, mBias, m, tile, cw):

@@ -65,8 +65,7 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
 
 def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
     """Specs (gemm_names.config_from_spec) the tune times at one point: swap-AB up to 64
-    tokens (converting the tokens in every consumer, once before the GEMM, or per stage in
-    the producer warpgroup) and with 128-row
+    tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
     weight stages from 9 to 128 tokens, the two with BF16 tokens also on CTA pairs (``mc2``)
     from 9 tokens on; the pre-table heuristic's; the others where they won
     anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
@@ -78,7 +77,6 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     specs = ["swap-ab"] if tokens <= gemm_config.SWAP_AB_MAX_TOKENS else []
     if tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-        specs.append("swap-ab cta-tokens")  # ... per stage, by warpgroup 0's other warps
     if 8 < tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
         specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
     if 8 < tokens <= gemm_config.SWAP_AB_WIDE_MAX_TOKENS:

@@ -34,15 +34,11 @@ _DTYPES = ("bfloat16", "float16", "float32")
 
 def config_fields(cfg) -> dict:
     """A config as the fields the hash list names builds by (the names the configs had when
-    the list was first written: ``kernel``, ``f16`` and ``bf16_tokens`` as ints; later
-    fields only where set)."""
+    the list was first written: ``kernel``, ``f16`` and ``bf16_tokens`` as ints)."""
     from mxfp8_fusion.kernels.gemm_config import SwapABConfig
 
     swap_ab = isinstance(cfg, SwapABConfig)
-    # fields added later are named only where set, so earlier builds keep their names
-    later = {"cta_tokens": 1} if swap_ab and cfg.cta_tokens else {}
     return dict(
-        **later,
         kernel=cfg.kernel,
         tile_n=128 if swap_ab else cfg.tile_n,
         stages=cfg.stages,
@@ -69,7 +65,6 @@ def config_from_fields(fields: dict):
             tokens_tile=fields["tokens_tile"], stages=fields["stages"],
             consumers=fields["consumers"], bf16_tokens=bool(fields["bf16_tokens"]),
             tile_w=fields["tile_w"], cluster=fields["cluster"], num_ctas=fields["num_ctas"],
-            cta_tokens=bool(fields.get("cta_tokens", 0)),
         )  # fmt: skip
     return gemm_config.TiledConfig(
         tile_m=fields["tile_m"], tile_n=fields["tile_n"], converters=fields["converters"],

@@ -46,7 +46,6 @@ def test_compiles_for_sm90a_without_gpu():
             (swap_ab_config(1), 200, 4160, fp16, fp32),
             (swap_ab_config(64), 7168, 43008, bf16, bf16),
             (swap_ab_config(40, bf16_tokens=True), 200, 4160, fp16, fp32),
-            (swap_ab_config(9, cta_tokens=True), 200, 4160, fp16, fp32),
             # stream-K: every tile shape
             (named("tiled 128x128 c2 stream-k", 300), 640, 4160, bf16, None),
             (named("tiled 192x128 c1 stream-k", 300), 7168, 43008, fp16, fp32),
@@ -234,9 +233,8 @@ def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
 
 @requires_cutlass
 def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
-    """Each consumer takes every C-th stage, and with a BF16 token tile per stage
-    (bf16_tokens, cta_tokens) holds it until it has its next one: fewer stages than C
-    (C + 1) would deadlock, so the constructor refuses them."""
+    """Each consumer takes every C-th stage, and with bf16_tokens holds it until it has its
+    next one: fewer stages than C (C + 1) would deadlock, so the constructor refuses them."""
 
     from mxfp8_fusion.kernels.gemm_sm90_swap_ab import MXFP8SwapABGemmSm90
 
@@ -245,9 +243,6 @@ def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
     with pytest.raises(ValueError, match="stages must be at least"):
         MXFP8SwapABGemmSm90(replace(cfg, stages=3), 7168, 43008, 7168, None, None)
     MXFP8SwapABGemmSm90(replace(cfg, stages=3, bf16_tokens=False), 7168, 43008, 7168, None, None)
-    cta = replace(cfg, stages=3, bf16_tokens=False, cluster=1, cta_tokens=True)
-    with pytest.raises(ValueError, match="stages must be at least"):
-        MXFP8SwapABGemmSm90(cta, 7168, 43008, 7168, None, None)
 
 
 @requires_cutlass

@@ -27,25 +27,6 @@ def test_swap_ab_configs_fit_shared_memory():
         assert 3 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
 
 
-def test_cta_tokens_configs_fit_shared_memory_and_name_themselves():
-    """``cta_tokens``: per stage the weight, the FP8 tokens, two scale chunks and the BF16
-    token tile fit, with a stage beyond the consumers' (each holds its stage until its
-    next); the name round-trips; the field is refused beside clusters, 128-row stages or
-    bf16_tokens, naming it."""
-    for tokens, tile in [(1, 8), (16, 16), (17, 32), (64, 64)]:
-        cfg = gemm_names.config_from_spec("swap-ab cta-tokens", tokens)
-        assert cfg.cta_tokens and not cfg.bf16_tokens and cfg.tokens_tile == tile
-        per_stage = (64 + 3 * tile) * 128 + 1024
-        assert cfg.consumers + 1 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
-        assert gemm_names.spec_of(cfg) == "swap-ab cta-tokens"
-    for fields in ({"bf16_tokens": True}, {"tile_w": 128, "bf16_tokens": True, "consumers": 2},
-                   {"cluster": 2, "bf16_tokens": True}):  # fmt: skip
-        with pytest.raises(ValueError, match="^cta_tokens:"):
-            gemm_config.SwapABConfig(tokens_tile=8, stages=8, cta_tokens=True, **fields)
-    with pytest.raises(ValueError, match="name:"):
-        gemm_names.config_from_spec("swap-ab cta-tokens mc2", 8)
-
-
 def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
