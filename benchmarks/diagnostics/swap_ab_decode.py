@@ -49,24 +49,12 @@ STAMPS = ("start", "segments_done", "end")
 ROUNDS = 9
 
 
-def _variant_class(variant: str, stamps_addr: int):
-    """The kernel class of ``variant`` (module doc), writing stamps where ``stamps_addr``."""
-    import cutlass
-    import cutlass.cute as cute
+def _stamp_op(stamps_addr: int):
+    """A device op writing %globaltimer into a CTA's row of the stamps buffer (nothing where
+    ``stamps_addr`` is 0)."""
     from cutlass import Int64
-    from cutlass.cute.nvgpu import warpgroup
     from cutlass.cutlass_dsl import dsl_user_op
-    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
-    from mxfp8_fusion.kernels.constants import TILE_K8
-    from mxfp8_fusion.kernels.gemm_sm90_common import load_fragment_bytes
-    from mxfp8_fusion.kernels.gemm_sm90_swap_ab_parts import K_STEPS, W_GROUPS
     from mxfp8_fusion.kernels.ptx import inline_ptx
-
-    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-    base = sab.MXFP8SwapABGemmSm90
-    no_convert = "no-convert" in variant
-    no_fixup = "no-fixup" in variant
 
     @dsl_user_op
     def stamp(cta, point: int, *, loc=None, ip=None):
@@ -76,6 +64,69 @@ def _variant_class(variant: str, stamps_addr: int):
                 "{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.global.u64 [$0], t;\n}",
                 "l", [addr.ir_value(loc=loc, ip=ip)], None, True, loc=loc, ip=ip,
             )  # fmt: skip
+
+    return stamp
+
+
+def _stages_without_conversion():
+    """The shipped consumer loop (``_segment_stages``) without the weight's and the tokens'
+    conversion: the loaded bytes go into the fragment as they are."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import warpgroup
+    from mxfp8_fusion.kernels.constants import TILE_K8
+    from mxfp8_fusion.kernels.gemm_sm90_common import load_fragment_bytes
+    from mxfp8_fusion.kernels.gemm_sm90_swap_ab_parts import K_STEPS, W_GROUPS
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+
+    @cute.jit
+    def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
+        w8, sw = smem[:2]
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        for _i in range(count):
+            load_pipe.consumer_wait(ls)
+            w_words, w_scales = load_fragment_bytes(
+                w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+            )  # fmt: skip
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.bf16_tokens):
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    for _a in cutlass.range_constexpr(stride):
+                        rel.advance()
+            # the loaded bytes, unconverted, as the fragment (kept: the loads stay)
+            for i in cutlass.range_constexpr(cute.size(frag_words)):
+                frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
+            if cutlass.const_expr(not self.bf16_tokens):
+                load_pipe.consumer_release(ls)
+            tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(K_STEPS):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)],
+                    tCrB[(None, None, kb % 4, tokens + kb // 4)], acc,
+                )  # fmt: skip
+            warpgroup.commit_group()
+            for _a in cutlass.range_constexpr(stride):
+                ls.advance()
+        return ls, rel
+
+    return stages
+
+
+def _variant_class(variant: str, stamps_addr: int):
+    """The kernel class of ``variant`` (module doc), writing stamps where ``stamps_addr``."""
+    import cutlass
+    import cutlass.cute as cute
+    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
+
+    base = sab.MXFP8SwapABGemmSm90
+    no_convert = "no-convert" in variant
+    no_fixup = "no-fixup" in variant
+    stamp = _stamp_op(stamps_addr)
+    without_conversion = _stages_without_conversion()
 
     class Variant(base):
         @cute.jit
@@ -105,43 +156,10 @@ def _variant_class(variant: str, stamps_addr: int):
         def _segment_stages(
             self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
         ):  # fmt: skip
-            if cutlass.const_expr(not no_convert):
-                return base._segment_stages(
-                    self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe,
-                    ls, rel,
-                )  # fmt: skip
-            # the shipped loop without the weight's and the tokens' conversion
-            w8, sw = smem[:2]
-            tiled_mma, frag, frag_words, tCrB, acc = mma
-            for _i in range(count):
-                load_pipe.consumer_wait(ls)
-                w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                    sw + ls.index * CHUNK_BYTES,
-                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-                )  # fmt: skip
-                warpgroup.wait_group(0)
-                if cutlass.const_expr(self.bf16_tokens):
-                    if rel.count < ls.count:
-                        load_pipe.consumer_release(rel)
-                        for _a in cutlass.range_constexpr(stride):
-                            rel.advance()
-                # the loaded bytes, unconverted, as the fragment (kept: the loads stay)
-                for i in cutlass.range_constexpr(cute.size(frag_words)):
-                    frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
-                if cutlass.const_expr(not self.bf16_tokens):
-                    load_pipe.consumer_release(ls)
-                tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(K_STEPS):
-                    cute.gemm(
-                        tiled_mma, acc, frag[(None, None, kb)],
-                        tCrB[(None, None, kb % 4, tokens + kb // 4)], acc,
-                    )  # fmt: skip
-                warpgroup.commit_group()
-                for _a in cutlass.range_constexpr(stride):
-                    ls.advance()
-            return ls, rel
+            step = without_conversion if no_convert else base._segment_stages
+            return step(
+                self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
+            )  # fmt: skip
 
     return Variant
 

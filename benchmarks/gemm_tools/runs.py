@@ -87,15 +87,9 @@ def _read(path: str) -> dict:
         return {}
 
 
-def run(args) -> None:
-    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py (``args``: its command
-    line)."""
-    if args.plot:
-        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
-        return
-    import torch
-    from common import environment, write_receipt
-
+def _points(args):
+    """(shapes, tokens_of(n, k)) that ``args`` asks for: the listed shapes (``--shapes``, else
+    the sweep's or the decode points') at ``--sweep-tokens``, else each shape's own counts."""
     shapes = list(decode.POINTS if args.decode else SHAPES)
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes.split(";")]
@@ -106,6 +100,19 @@ def run(args) -> None:
             return decode.POINTS[(n, k)][1]
         return tokens
 
+    return shapes, tokens_of
+
+
+def run(args) -> None:
+    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py (``args``: its command
+    line)."""
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
+        return
+    import torch
+    from common import environment, write_receipt
+
+    shapes, tokens_of = _points(args)
     deadline = time.time() + args.deadline_s
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
