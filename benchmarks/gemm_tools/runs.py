@@ -97,15 +97,16 @@ def _points(args):
 
     def tokens_of(n, k):
         if args.decode and not args.sweep_tokens:
-            return decode.POINTS[(n, k)][1]
+            # a listed shape outside the decode points: the drafter token counts
+            return decode.POINTS.get((n, k), ("", decode.DRAFTER_TOKENS))[1]
         return tokens
 
     return shapes, tokens_of
 
 
 def run(args) -> None:
-    """``--sweep`` / ``--tune`` / ``--plot`` of benchmarks/gemm.py (``args``: its command
-    line)."""
+    """``--sweep`` / ``--tune`` / ``--plot`` / ``--decode`` of benchmarks/gemm.py (``args``: its
+    command line)."""
     if args.plot:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
         return

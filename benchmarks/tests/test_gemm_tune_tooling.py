@@ -129,3 +129,7 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
         by_shape.setdefault((job["n"], job["k"]), []).extend(job["tokens"])
     assert by_shape[(2048, 7168)] == [48, 64, 96, 128, 192, 256]
     assert by_shape[(4096, 12288)] == list(decode.DRAFTER_TOKENS)
+    # --shapes with a shape outside the decode points: measured at the drafter token counts
+    args.shapes, args.sweep_tokens = "1024,8192", None
+    shapes, tokens_of = runs._points(args)
+    assert shapes == [(1024, 8192)] and tokens_of(1024, 8192) == decode.DRAFTER_TOKENS
