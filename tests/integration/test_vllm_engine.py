@@ -183,7 +183,9 @@ def test_engine_accepts_drafts_with_zeroed_heads(engines):
 
 
 def test_every_hooked_name_fits_the_installed_vllm():
-    assert hooks.check(settings.PARTS) is None
+    fit = hooks.check(settings.PARTS)
+    assert fit.tested and fit.problems == {}
+    assert all(fit.fits(part) for part in settings.PARTS)
 
 
 def test_kernel_is_selected_once_and_refuses_bad_shapes():
@@ -245,8 +247,9 @@ def test_pass_joins_vllms_pass_manager_once_and_its_uuid():
 
     from mxfp8_fusion.vllm import compile as vllm_compile
 
-    vllm_compile.install()
-    vllm_compile.install()
+    table = hooks.check(["pass"]).hooks("pass")
+    vllm_compile.install(table)
+    vllm_compile.install(table)
     config = VllmConfig()
     with set_current_vllm_config(config), pass_context(Range(start=1, end=8)):
         manager = PostGradPassManager()
@@ -257,3 +260,15 @@ def test_pass_joins_vllms_pass_manager_once_and_its_uuid():
         with_pass = manager.uuid()
         manager.passes.remove(ours[0])
         assert manager.uuid() != with_pass  # the manager's uuid covers the pass
+
+
+def test_command_says_what_is_on():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXFP8_FUSION_VLLM")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mxfp8_fusion", "vllm"],
+        capture_output=True, text=True, env=env, check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    first = result.stdout.splitlines()[0]
+    assert "(tested); on: kernel, pass, drafter;" in first
+    assert "drafter: on: V1 runner, V2 EAGLE-3, V2 DFlash" in result.stdout
