@@ -171,16 +171,27 @@ def test_drafter_fc_with_unaligned_slices_is_left_to_vllm(monkeypatch):
     assert not hasattr(runner.drafter.model, drafter._STEP)
 
 
-def test_drafter_step_over_capacity_falls_back_to_the_concatenation(monkeypatch):
-    fc = _VllmFc("cpu")
-    runner = _Runner(_Drafter(fc), max_num_tokens=8)
+@pytest.mark.parametrize(
+    ("model_cls", "capacity", "tokens", "counter", "added"),
+    [
+        (_Drafter, 8, 20, "unstaged_concatenations", 1),  # a step over the capacity
+        # a drafter class of its own (Qwen3 or DeepSeek EAGLE-3, say) with our fc: its
+        # combine step is not one the plugin read
+        (_PlainDrafter, 16, 9, "staged_steps", 0),
+    ],
+    ids=["over-capacity", "combine-not-wrapped"],
+)
+def test_drafter_falls_back_to_vllms_concatenation(
+    monkeypatch, model_cls, capacity, tokens, counter, added
+):
+    runner = _Runner(model_cls(_VllmFc("cpu")), max_num_tokens=capacity)
     aux = [torch.randn(32, HIDDEN).to(torch.bfloat16) for _ in range(3)]
-    expected = runner.propose_draft_token_ids(20, None, None, None, None, aux)
+    expected = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
     _patched(monkeypatch)
-    before = settings.stats.unstaged_concatenations
-    got = runner.propose_draft_token_ids(20, None, None, None, None, aux)
+    before = getattr(settings.stats, counter)
+    got = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
     assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    assert settings.stats.unstaged_concatenations == before + 1
+    assert getattr(settings.stats, counter) == before + added
 
 
 def test_wrap_is_idempotent():
@@ -199,32 +210,23 @@ def test_wrap_is_idempotent():
         del globals()["Owner"]
 
 
-def test_drafter_whose_combine_the_plugin_does_not_wrap_is_unchanged(monkeypatch):
-    """A drafter class of its own (Qwen3 or DeepSeek EAGLE-3, say) with our fc: its combine
-    step is not one the plugin read, so its concatenation is vLLM's."""
-    fc = _VllmFc("cpu")
-    runner = _Runner(_PlainDrafter(fc), max_num_tokens=16)
-    aux = [torch.randn(16, HIDDEN).to(torch.bfloat16) for _ in range(3)]
-    expected = runner.propose_draft_token_ids(9, None, None, None, None, aux)
-    _patched(monkeypatch)
-    before = settings.stats.staged_steps
-    got = runner.propose_draft_token_ids(9, None, None, None, None, aux)
-    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    assert settings.stats.staged_steps == before
-
-
 # --- parts are checked and installed independently ---------------------------------------
+
+
+def _fake_vllm(monkeypatch, version: str) -> None:
+    """A vLLM of ``version`` to import, no switches set, a fresh process's plugin state."""
+    fake = type(sys)("vllm")
+    fake.__version__ = version
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    for name in ("MXFP8_FUSION_VLLM", "MXFP8_FUSION_VLLM_DISABLE", "MXFP8_FUSION_VLLM_GPU_KERNEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(plugin, "_reported", False)
+    monkeypatch.setattr(settings, "stats", settings.Stats())
 
 
 @pytest.mark.parametrize("broken", settings.PARTS)
 def test_a_hook_that_does_not_fit_turns_off_its_part_only(monkeypatch, caplog, broken):
-    fake = type(sys)("vllm")
-    fake.__version__ = "0.34.0"
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.delenv("MXFP8_FUSION_VLLM", raising=False)
-    monkeypatch.delenv("MXFP8_FUSION_VLLM_DISABLE", raising=False)
-    monkeypatch.setattr(plugin, "_reported", False)
-    monkeypatch.setattr(settings, "stats", settings.Stats())
+    _fake_vllm(monkeypatch, "0.34.0")
     missing = hooks.RELEASES["0.34"][broken][-1]
 
     def resolve(hook):
@@ -246,11 +248,7 @@ def test_a_hook_that_does_not_fit_turns_off_its_part_only(monkeypatch, caplog, b
 
 
 def test_a_newer_release_installs_what_fits_and_says_untested(monkeypatch, caplog):
-    fake = type(sys)("vllm")
-    fake.__version__ = "0.36.1"
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.delenv("MXFP8_FUSION_VLLM", raising=False)
-    monkeypatch.setattr(plugin, "_reported", False)
+    _fake_vllm(monkeypatch, "0.36.1")
     monkeypatch.setattr(hooks.Hook, "resolve", lambda hook: object())
     calls = {}
     installers = {p: (lambda *a, p=p, **k: calls.setdefault(p, k) or True) for p in settings.PARTS}

@@ -50,6 +50,18 @@ def _drafter(sources, module, name, kind):
     return vllm_drafters.drafter_class(f"{kind}{id(sources)}", combine)
 
 
+def _combine_block(sources, package, speculator):
+    """``propose``'s ``if aux_hidden_states:`` step (the concatenation and its combine)."""
+    return vllm_sources.load_block(
+        sources,
+        f"{_SPEC}.{package}.speculator",
+        f"{speculator}.propose",
+        "aux_hidden_states",
+        ("self", "aux_hidden_states", "last_hidden_states"),
+        {"torch": torch},
+    )
+
+
 def _aux(tokens, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(LAYERS)]
@@ -59,14 +71,7 @@ def _aux(tokens, seed=0):
 def test_eagle3_v2_propose_stages_fc(release, monkeypatch):
     sources = _sources(release)
     model_cls = _drafter(sources, _EAGLE3, "Eagle3LlamaForCausalLM.combine_hidden_states", "E")
-    block = vllm_sources.load_block(
-        sources,
-        f"{_SPEC}.target_dependent_ar.speculator",
-        "TargetDependentARSpeculator.propose",
-        "aux_hidden_states",
-        ("self", "aux_hidden_states", "last_hidden_states"),
-        {"torch": torch},
-    )
+    block = _combine_block(sources, "target_dependent_ar", "TargetDependentARSpeculator")
 
     class Speculator:
         method = "eagle3"
@@ -178,14 +183,7 @@ def test_dflash_v2_graph_buffer_and_eager_rows_are_staged(release, monkeypatch):
 def test_dflash_v032_propose_stages_fc(monkeypatch):
     sources = _sources("0.32")
     model_cls = _drafter(sources, _DFLASH, "DFlashQwen3ForCausalLM.combine_hidden_states", "D")
-    block = vllm_sources.load_block(
-        sources,
-        f"{_SPEC}.dflash.speculator",
-        "DFlashSpeculator.propose",
-        "aux_hidden_states",
-        ("self", "aux_hidden_states", "last_hidden_states"),
-        {"torch": torch},
-    )
+    block = _combine_block(sources, "dflash", "DFlashSpeculator")
 
     class Speculator:
         def __init__(self):
