@@ -26,11 +26,11 @@ import statistics
 
 import torch
 from common import environment, host_us_per_call, write_receipt
-from mxfp8_fusion.kernels import launcher
-from mxfp8_fusion.kernels import quantize_slice as qs
 
 from mxfp8_fusion.api import empty_input
 from mxfp8_fusion.format import GROUP, group_blocks
+from mxfp8_fusion.kernels import launcher
+from mxfp8_fusion.kernels import quantize_slice as qs
 
 
 def _args(source, dest, device: int) -> tuple:
@@ -56,6 +56,7 @@ def _int64_entry(config):
 
     import cutlass
     import cutlass.cute as cute
+
     from mxfp8_fusion.kernels import kernel_cache
     from mxfp8_fusion.kernels.quantize_slice_kernel import THREADS, SliceQuantizer
 

@@ -98,7 +98,6 @@ def test_a_model_lists_its_mxfp8_layers():
 def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
     from mxfp8_fusion.kernels import kernel_cache, launcher
     from mxfp8_fusion.kernels import quantize_slice as qs
-
     from mxfp8_fusion.progress import Bar
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))

@@ -17,9 +17,9 @@ import torch
 from helpers.gemm import (
     requires_cutlass,
 )
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 from mxfp8_fusion.format import scale_bytes
+from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 
 @pytest.mark.slow

@@ -15,11 +15,12 @@ import textwrap
 import pytest
 import torch
 from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, slices
-from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
 from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
+
+from mxfp8_fusion.passes.fusion import ComposedPass, FusionOptions, FusionPass, compose, install
 
 
 def run_backend(model, xs, **compile_kwargs):

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.passes import NO_CACHE, linear, randn
-from mxfp8_fusion.passes import FusionPass, FusionSkippedWarning, report
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.passes import report
+from mxfp8_fusion.passes.fusion import FusionPass
+from mxfp8_fusion.passes.report import FusionSkippedWarning
 
 
 class Narrow(torch.nn.Module):
