@@ -6,6 +6,7 @@ stand in for installed packages; the editable install and a wheel import alike."
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -89,9 +90,16 @@ def test_the_installed_package_imports_from_anywhere(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="needs setuptools")
 def test_the_wheel_holds_every_subpackage(tmp_path):
-    """A wheel built from the checkout, unpacked and imported from outside it, has the
-    kernels and the pass under ``mxfp8_fusion/`` and the backend's entry point."""
-    build = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation"]
+    """A wheel built from a copy of the checkout (setuptools writes into the tree it
+    builds), unpacked and imported from outside it, has the kernels and the pass under
+    ``mxfp8_fusion/`` and the backend's entry point."""
+    tree = tmp_path / "tree"
+    for name in ("mxfp8_fusion", "kernels", "passes"):
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / name, tree / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, tree / name)
+    build = [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps", "--no-build-isolation"]
     subprocess.run([*build, "-q", "-w", str(tmp_path)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("mxfp8_fusion-*.whl")
     site = tmp_path / "site"
