@@ -70,9 +70,9 @@ def _int64_entry(config):
     ints = (cutlass.Int64(1 << 20),) * 3 + (launcher.int32(),) * 5
     compiled = launcher.compile_kernel(Int64Entry(config), ints, config.arch)
     build = launcher.Build("quantizer int64 entry", (config,), config.arch)
-    directory, key = Path(tempfile.mkdtemp()), kernel_cache.entry_key(build)
-    kernel_cache.store(directory, key, build, compiled)
-    return kernel_cache.load(directory, key)
+    directory = Path(tempfile.mkdtemp())
+    kernel_cache.store(directory, build, compiled)
+    return kernel_cache.load(directory, build)
 
 
 def _same_bytes(paths: dict, dest) -> dict:
