@@ -24,7 +24,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import format as format_module
-from . import pattern, rewrite
+from . import pattern, rewrite, widths
 from .report import SiteReport, warn_skipped
 
 log = logging.getLogger("mxfp8_fusion.passes")
@@ -34,7 +34,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(format_module.__file__))
 # The pass's own files, and the files that define the ops it emits (their schemas and
 # autograd): a change to any of them must not be served a graph compiled before it.
 _SOURCES = (
-    *(os.path.join(_PASS_DIR, name) for name in ("fusion.py", "pattern.py", "rewrite.py")),
+    *(
+        os.path.join(_PASS_DIR, name)
+        for name in ("fusion.py", "pattern.py", "rewrite.py", "widths.py")
+    ),
     *(
         os.path.join(_PACKAGE_DIR, name)
         for name in ("format.py", "ops.py", "grad.py", "lowering.py")
@@ -247,7 +250,7 @@ class FusionPass(CustomGraphPass):
             report = SiteReport.from_site(site, self.graphs, reason)
             if reason is None:
                 stage = "rewriting"
-                pattern.specialize(site)
+                widths.specialize(site)
                 rewrite.rewrite(graph, site)
             return report
         except Exception as error:  # never fail a user's compile over an optimization

@@ -7,8 +7,9 @@ when the staged program computes exactly what the original did and the BF16 conc
 is not needed by anything else:
 
 - the cat is along the last dim, of 2 or more dims;
-- every slice has the cat's dtype (BF16 or FP16), its rank and device, and a static width
-  that is a positive multiple of 128 (so each slice owns whole scale chunks);
+- every slice has the cat's dtype (BF16 or FP16), its rank and device, and a width known
+  when compiling (static, or symbolic and free to be specialized: ``widths``) that is a
+  positive multiple of 128 (so each slice owns whole scale chunks);
 - every use of the cat (through views to ``[rows, K]``) is an MXFP8 quantize or one-shot
   linear, and the quantized values and scales are read only by MXFP8 GEMMs.
 
@@ -27,6 +28,7 @@ import torch
 from torch import fx
 
 from ..format import SOURCE_DTYPES, STAGE_ALIGN
+from .widths import hint, required_dynamic
 
 aten = torch.ops.aten
 
@@ -90,7 +92,7 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or not val.dim() or _hint(val.shape[-1]) != k:
+                if val is None or not val.dim() or hint(val.shape[-1]) != k:
                     return f"the concatenation is also reshaped by {_describe_user(user)}"
                 site.views.append(user)
                 stack.append(user)
@@ -205,36 +207,14 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
                 f"slice {i} has a data-dependent width ({v.shape[-1]}); widths must be known "
                 "when compiling"
             )
+        if required_dynamic(v.shape[-1]):
+            return (
+                f"slice {i}'s width is marked dynamic (mark_dynamic or a dynamic Dim); the "
+                "staged storage is laid out for widths known when compiling"
+            )
         if width <= 0 or width % STAGE_ALIGN:
             return f"slice {i} has width {width}, not a positive multiple of {STAGE_ALIGN}"
     return None
-
-
-def _hint(size) -> int | None:
-    """A size's value in this compile: the int, or a symbolic size's hint (what Dynamo saw);
-    ``None`` for a data-dependent size, which has none. Reading the hint adds no guard."""
-    if isinstance(size, int):
-        return size
-    node = getattr(size, "node", None)
-    hint = getattr(node, "hint", None)
-    return int(hint) if hint is not None else None
-
-
-def specialize(site: Site) -> None:
-    """Guard each symbolic slice width to its value in this compile, as Inductor does with a
-    size it needs static: the staged storage's columns and scale chunks are laid out for
-    these widths, and a call with other widths compiles again.
-
-    Dynamo makes a width symbolic when a second model of the same class, or the same code
-    with other widths, runs (automatic dynamic shapes); without this the site would not be
-    rewritten in every compile after the first.
-    """
-    from torch.fx.experimental.symbolic_shapes import guard_int
-
-    for i, source in enumerate(site.slices):
-        size = _val(source).shape[-1]
-        if not isinstance(size, int) and guard_int(size) != site.widths[i]:
-            raise RuntimeError(f"slice {i}'s width {size} did not specialize to its hint")
 
 
 def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
@@ -244,7 +224,7 @@ def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     slices = list(tensors)
     vals = [_val(s) for s in slices]
-    widths = [_hint(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    widths = [hint(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
     return slices, dim, widths
 
 
@@ -263,7 +243,7 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     slices, dim, widths = _cat_parts(cat)
     val = _val(cat)
     site = Site(cat, slices, widths, val.dtype if val is not None else None)
-    reason = _consumers(cat, _hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
+    reason = _consumers(cat, hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
     if not (site.quantizes or site.linears or _reaches(cat, (quantize, linear))):
         return None
     site.gemms = _count_gemms(cat)
@@ -362,7 +342,7 @@ def _column_takes(cat: fx.Node, k) -> bool:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is not None and val.dim() and _hint(val.shape[-1]) == k:
+                if val is not None and val.dim() and hint(val.shape[-1]) == k:
                     stack.append(user)
             elif _is_last_dim_slice(user, node) and _reaches(user, (quantize, linear)):
                 return True
@@ -408,7 +388,7 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or val.dim() == 0 or _hint(val.shape[-1]) != width:
+                if val is None or val.dim() == 0 or hint(val.shape[-1]) != width:
                     return f"{_columns(rng)} also reshaped by {_describe_user(user)}"
                 (site.views if rng is None else rng.views).append(user)
                 stack.append((user, rng))
@@ -468,7 +448,7 @@ def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site |
     chunks and each of its parts is a 128-aligned column range of one slice).
     """
     val = _val(cat)
-    k = _hint(val.shape[-1]) if val is not None and val.dim() else None
+    k = hint(val.shape[-1]) if val is not None and val.dim() else None
     if k is None or not _column_takes(cat, k):
         return None
     slices, dim, widths = _cat_parts(cat)

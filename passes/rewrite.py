@@ -100,7 +100,7 @@ def _ranges(site: Site) -> list[ColumnRange]:
     """The column ranges to stage: ``site.ranges``, or the whole concatenation as one range."""
     if site.ranges is not None:
         return site.ranges
-    k = sum(site.widths)  # ints: symbolic widths were specialized (pattern.specialize)
+    k = sum(site.widths)  # ints: symbolic widths were specialized (widths.specialize)
     whole = ColumnRange(0, k, quantizes=site.quantizes, linears=site.linears)
     whole.parts = [(i, 0, width) for i, width in enumerate(site.widths)]
     return [whole]
