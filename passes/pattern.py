@@ -68,15 +68,17 @@ def _val(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def _describe_user(user: fx.Node) -> str:
-    if user.op == "output":
+def describe(node: fx.Node) -> str:
+    """What ``node`` is, for a user: its op, never its FX name (which changes from one
+    compile of the same code to the next, so one site would warn once per name)."""
+    if node.op == "output":
         return "the graph output (it is returned)"
-    target = user.target
+    if node.op == "placeholder":
+        return "a graph input"
+    target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        name = f"{target.namespace}.{target._opname}"
-    else:
-        name = getattr(target, "__name__", str(target))
-    return f"{name} (node {user.name})"
+        return f"{target.namespace}.{target._opname}"
+    return getattr(target, "__name__", str(target))
 
 
 def _is_call(node: fx.Node, target) -> bool:
@@ -93,7 +95,7 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
                 if val is None or not val.dim() or hint(val.shape[-1]) != k:
-                    return f"the concatenation is also reshaped by {_describe_user(user)}"
+                    return f"the concatenation is also reshaped by {describe(user)}"
                 site.views.append(user)
                 stack.append(user)
                 continue
@@ -102,10 +104,10 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
                 sink = site.linears
             else:
-                return f"the concatenation is also used by {_describe_user(user)}"
+                return f"the concatenation is also used by {describe(user)}"
             val = _val(node)
             if val is None or val.dim() != 2:
-                return f"the concatenation reaches {_describe_user(user)} without a 2-D view"
+                return f"the concatenation reaches {describe(user)} without a 2-D view"
             sink.append(user)
     return None
 
@@ -126,14 +128,14 @@ def _gemm_readers(item: fx.Node, index: int) -> str | None:
         for reader in node.users:
             if reader.op == "call_function" and reader.target in _PASS_THROUGH:
                 if reader.args[0] is not node:
-                    return f"the quantized {which} are also used by {_describe_user(reader)}"
+                    return f"the quantized {which} are also used by {describe(reader)}"
                 stack.append(reader)
                 continue
             if not (_is_call(reader, mm) and reader.args[index] is node):
-                return f"the quantized {which} are also used by {_describe_user(reader)}"
+                return f"the quantized {which} are also used by {describe(reader)}"
             others = [a for i, a in enumerate(reader.args) if i != index]
             if node in others or node in reader.kwargs.values():
-                return f"the quantized {which} are used twice by {_describe_user(reader)}"
+                return f"the quantized {which} are used twice by {describe(reader)}"
     return None
 
 
@@ -142,7 +144,7 @@ def _quantized_readers(site: Site) -> str | None:
     for q in site.quantizes:
         for item in q.users:
             if not (_is_call(item, operator.getitem) and item.args[1] in (0, 1)):
-                return f"the quantize result is used whole by {_describe_user(item)}"
+                return f"the quantize result is used whole by {describe(item)}"
             reason = _gemm_readers(item, item.args[1])
             if reason is not None:
                 return reason
@@ -369,9 +371,9 @@ def _slice_bounds(take: fx.Node, k: int) -> tuple[int, int] | str:
     args = _slice_args(take)
     start, end, step = args["start"], args["end"], args["step"]
     if not all(v is None or type(v) is int for v in (start, end, step)):
-        return f"{_describe_user(take)} takes columns with symbolic bounds; they must be static"
+        return f"{describe(take)} takes columns with symbolic bounds; they must be static"
     if step != 1:
-        return f"{_describe_user(take)} takes columns with step {step}; a column range has step 1"
+        return f"{describe(take)} takes columns with step {step}; a column range has step 1"
     start = 0 if start is None else start + k if start < 0 else start
     end = k if end is None else end + k if end < 0 else end
     return min(max(start, 0), k), min(max(end, 0), k)
@@ -389,7 +391,7 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
                 if val is None or val.dim() == 0 or hint(val.shape[-1]) != width:
-                    return f"{_columns(rng)} also reshaped by {_describe_user(user)}"
+                    return f"{_columns(rng)} also reshaped by {describe(user)}"
                 (site.views if rng is None else rng.views).append(user)
                 stack.append((user, rng))
                 continue
@@ -406,10 +408,10 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
                 sink = "linears"
             else:
-                return f"{_columns(rng)} also used by {_describe_user(user)}"
+                return f"{_columns(rng)} also used by {describe(user)}"
             val = _val(node)
             if val is None or val.dim() != 2:
-                return f"{_columns(rng)} reaching {_describe_user(user)} without a 2-D view"
+                return f"{_columns(rng)} reaching {describe(user)} without a 2-D view"
             target = rng if rng is not None else _range(site, 0, k)
             getattr(target, sink).append(user)
             getattr(site, sink).append(user)
@@ -426,7 +428,7 @@ def _range_parts(site: Site) -> str | None:
     for rng in site.ranges:
         what = f"columns [{rng.start}, {rng.end})"
         if rng.takes:
-            what += f" taken by {_describe_user(rng.takes[0])}"
+            what += f" taken by {describe(rng.takes[0])}"
         if rng.start % STAGE_ALIGN or rng.end % STAGE_ALIGN:
             return f"{what} do not start and end at multiples of {STAGE_ALIGN}"
         if rng.start >= rng.end:
