@@ -90,7 +90,8 @@ class FusionOptions:
         enabled: rewrite qualifying sites; ``False`` only reports them (the graph is kept).
         max_slices: leave cats of more slices than this unchanged (``None``: no limit).
         warn_skipped: issue a :class:`FusionSkippedWarning` for each candidate site left
-            unchanged (once per site and reason in a process; not when ``enabled`` is False).
+            unchanged (once per site and reason in a process; not when ``enabled`` is False),
+            and the backend's notice that a compiled graph holds no MXFP8 layer at all.
 
     Raises:
         TypeError: ``enabled`` or ``warn_skipped`` is not a bool, or ``max_slices`` is not

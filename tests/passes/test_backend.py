@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import subprocess
@@ -72,6 +73,27 @@ def test_backend_pass_options_through_torch_compile_options():
     code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
     assert "quantize_slices_" not in code
     assert counters["mxfp8_fusion"]["sites_skipped"] == 1
+
+
+def test_a_compile_without_mxfp8_layers_says_convert_first_once(monkeypatch, caplog):
+    """Compiling a model that was not converted: one notice naming convert (explain's hint),
+    not one per compile; a converted model gets none."""
+    from mxfp8_fusion import progress
+    from mxfp8_fusion.passes import backend
+
+    monkeypatch.setattr(progress, "_said", set())
+    monkeypatch.setattr(backend, "_saw_mxfp8", [False])
+    plain = torch.nn.Sequential(torch.nn.Linear(256, 64, dtype=torch.bfloat16))
+    x = torch.randn(8, 256, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        run_backend(CatLinear(256), slices())
+        assert not [m for m in caplog.messages if "nothing to rewrite" in m]
+        monkeypatch.setattr(backend, "_saw_mxfp8", [False])
+        for _ in range(2):
+            torch._dynamo.reset()
+            run_backend(plain, [x])
+    said = [m for m in caplog.messages if "nothing to rewrite" in m]
+    assert len(said) == 1 and "mxfp8_fusion.convert(model)" in said[0]
 
 
 def test_backend_rejects_unknown_option():
