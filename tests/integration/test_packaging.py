@@ -3,6 +3,7 @@ on a fresh CPU machine installs everything the non-GPU tests import, directly or
 torchao, so none of them skips there for a missing package; the repository's folders never
 stand in for installed packages; the editable install and a wheel import alike."""
 
+import ast
 import importlib.util
 import os
 import re
@@ -109,3 +110,24 @@ def test_the_wheel_holds_every_subpackage(tmp_path):
     assert Path(where) == site / "mxfp8_fusion" / "__init__.py"
     (entry_points,) = site.glob("*.dist-info/entry_points.txt")
     assert "mxfp8_fusion.passes.backend:mxfp8_fusion_backend" in entry_points.read_text()
+
+
+def _imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_examples_extra_holds_what_the_examples_import():
+    """The examples need transformers, which the package itself does not: the ``examples``
+    extra installs it."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    local = {path.stem for path in examples}
+    needed = set().union(*map(_imported, examples)) - local - set(sys.stdlib_module_names)
+    extra = _names(project["optional-dependencies"]["examples"]) | _names(project["dependencies"])
+    assert needed - {"mxfp8_fusion"} <= extra, f"add {sorted(needed - extra)} to examples"
