@@ -54,9 +54,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 from common import capture_graph, environment, write_receipt
-from mxfp8_fusion.kernels import gemm_select
 
 from mxfp8_fusion import reference
+from mxfp8_fusion.kernels import gemm_select
 
 RESULTS = "benchmarks/results"
 OUT = {

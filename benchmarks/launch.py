@@ -26,11 +26,11 @@ import statistics
 
 import torch
 from common import environment, host_us_per_call, write_receipt
-from mxfp8_fusion.kernels import launcher
-from mxfp8_fusion.kernels import quantize_slice as qs
 
 from mxfp8_fusion.api import empty_input
 from mxfp8_fusion.format import GROUP, group_blocks
+from mxfp8_fusion.kernels import launcher
+from mxfp8_fusion.kernels import quantize_slice as qs
 
 
 def _args(source, dest, device: int) -> tuple:
@@ -56,6 +56,7 @@ def _int64_entry(config):
 
     import cutlass
     import cutlass.cute as cute
+
     from mxfp8_fusion.kernels import kernel_cache
     from mxfp8_fusion.kernels.quantize_slice_kernel import THREADS, SliceQuantizer
 
@@ -69,9 +70,9 @@ def _int64_entry(config):
     ints = (cutlass.Int64(1 << 20),) * 3 + (launcher.int32(),) * 5
     compiled = launcher.compile_kernel(Int64Entry(config), ints, config.arch)
     build = launcher.Build("quantizer int64 entry", (config,), config.arch)
-    directory, key = Path(tempfile.mkdtemp()), kernel_cache.entry_key(build)
-    kernel_cache.store(directory, key, build, compiled)
-    return kernel_cache.load(directory, key)
+    directory = Path(tempfile.mkdtemp())
+    kernel_cache.store(directory, build, compiled)
+    return kernel_cache.load(directory, build)
 
 
 def _same_bytes(paths: dict, dest) -> dict:

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from common import cutlass_dsl_version, git_revision, host_us_per_call
-from mxfp8_fusion.kernels import quantize_slice as kernel
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes
+from mxfp8_fusion.kernels import quantize_slice as kernel
 
 SLICES = 6
 WIDTH = 7168

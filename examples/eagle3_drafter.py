@@ -8,7 +8,8 @@ decoder layer whose attention reads ``cat([input_layernorm(embeds), hidden_norm(
 :func:`mxfp8_fusion.convert` both concatenations are sites of the pass: ``fc``'s, and the
 attention input's, which feeds three MXFP8 GEMMs (q, k and v) and is quantized once.
 
-Weights are random (a config, no download). Run::
+Weights are random (a config, no download). Needs transformers (``pip install -e
+".[examples]"``). Run::
 
     python examples/eagle3_drafter.py            # small dims on CPU, real ones on a GPU
 """

@@ -9,7 +9,8 @@ layer (multi-head latent attention and the dense feed-forward of DeepSeek-V3's f
 layers); the norms are its ``DeepseekV3RMSNorm``. After :func:`mxfp8_fusion.convert` the
 ``eh_proj`` concatenation is a site of the pass.
 
-Weights are random (a config, no download). Run::
+Weights are random (a config, no download). Needs transformers (``pip install -e
+".[examples]"``). Run::
 
     python examples/mtp_block.py            # small dims on CPU, real ones on a GPU
 """

@@ -16,3 +16,9 @@ TILE_K16 = 64
 
 CHUNK_WORDS = CHUNK_BYTES // 4
 """One 512-byte chunk of the blocked scale layout as int32 words: the scale TMA boxes' unit."""
+
+UNROLL_CHUNK = 32
+"""Iterations of one static (unrolled) loop over a register fragment. A fragment of 64 or
+more values is walked in chunks: the DSL warns of one static loop that long (slow to
+compile), and ``cutlass.range(..., unroll_full=True)``, which it suggests, changes the PTX.
+Chunks unroll to exactly the same code."""

@@ -26,7 +26,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
 
-from .constants import CHUNK_WORDS, TILE_K8
+from .constants import CHUNK_WORDS, TILE_K8, UNROLL_CHUNK
 from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
 from .ptx import asm_u32, inline_ptx
 
@@ -213,12 +213,14 @@ def add_parts(acc, first, last, part):
         for j in cutlass.range_constexpr(batch):
             if c0 + j < last:
                 values = part(c0 + j)
-                for i in cutlass.range_constexpr(size):
-                    loaded[j][i] = values[i]
+                for i0 in cutlass.range_constexpr(0, size, UNROLL_CHUNK):
+                    for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, size)):
+                        loaded[j][i] = values[i]
         for j in cutlass.range_constexpr(batch):
             if c0 + j < last:
-                for i in cutlass.range_constexpr(size):
-                    acc[i] = acc[i] + loaded[j][i]
+                for i0 in cutlass.range_constexpr(0, size, UNROLL_CHUNK):
+                    for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, size)):
+                        acc[i] = acc[i] + loaded[j][i]
 
 
 @cute.jit

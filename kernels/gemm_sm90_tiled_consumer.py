@@ -19,7 +19,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
-from .constants import TILE_K8, TILE_K16, WG_THREADS
+from .constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
 from .gemm_sm90_common import (
     add_parts,
     convert_fragment,
@@ -158,12 +158,14 @@ class ConsumerRole(TiledSchedule):
         orders the two warpgroups' global accesses (CTA scope)."""
         both = 2 * WG_THREADS
         if cwg == 1:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 0, 1, cta] = acc[i]
+            for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                    mPartials[i, ct, 0, 1, cta] = acc[i]
         cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
         if cwg == 0:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + mPartials[i, ct, 0, 1, cta]
+            for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                    acc[i] = acc[i] + mPartials[i, ct, 0, 1, cta]
         # the next segment may overwrite the block only after the first consumer has read it
         cute.arch.barrier(barrier_id=1 + self.consumers, number_of_threads=both)
 
@@ -183,13 +185,15 @@ class ConsumerRole(TiledSchedule):
                 self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
             elif k1 == self.k_tiles:
                 # the tile's tail: the fixup adds the lower CTAs' parts at the end
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    mPartials[i, ct, 1, cwg, cta] = acc[i]
+                for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                    for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                        mPartials[i, ct, 1, cwg, cta] = acc[i]
                 owned = t
             else:
                 # head or middle of the tile: publish it for the CTA holding the tail
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    mPartials[i, ct, 0, cwg, cta] = acc[i]
+                for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                    for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                        mPartials[i, ct, 0, cwg, cta] = acc[i]
                 cute.arch.fence_acq_rel_gpu()
                 cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
                 if ct == 0:
@@ -222,8 +226,9 @@ class ConsumerRole(TiledSchedule):
         cute.arch.fence_acq_rel_gpu()
         acc.fill(0.0)
         add_parts(acc, first, cta, lambda c: mPartials[None, ct, 0, cwg, c])
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
+        for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                acc[i] = acc[i] + mPartials[i, ct, 1, cwg, cta]
         tm, tn = self._tile_mn(tile, m)
         row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
         self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
@@ -291,12 +296,13 @@ class ConsumerRole(TiledSchedule):
         took out of each row of A and of B (exact: powers of two, see times_pow2)."""
         coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
         a_exp = [Int32(load_smem_words(buf + (row0 + 8 * rr) * 4, 1, 4)[0]) for rr in range(2)]
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r, c = coords[i]
-            b_exp = Int32(load_smem_words(buf + (self.b_ref0 + c) * 4, 1, 4)[0])
-            # the thread's rows are row0 and row0 + 8: r % 16 tells which
-            e = cutlass.select_(r % 16 < 8, a_exp[0], a_exp[1]) + b_exp
-            acc[i] = times_pow2(acc[i], e)
+        for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                r, c = coords[i]
+                b_exp = Int32(load_smem_words(buf + (self.b_ref0 + c) * 4, 1, 4)[0])
+                # the thread's rows are row0 and row0 + 8: r % 16 tells which
+                e = cutlass.select_(r % 16 < 8, a_exp[0], a_exp[1]) + b_exp
+                acc[i] = times_pow2(acc[i], e)
 
     @cute.jit
     def _epilogue(self, acc, thr, mD, mBias, m, row0, tn):
@@ -315,13 +321,14 @@ class ConsumerRole(TiledSchedule):
         assert size == 64 * self.tile_n // WG_THREADS
         dtype = mD.element_type
         vals = cute.make_rmem_tensor((size,), dtype)
-        for i in cutlass.range_constexpr(size):
-            v = acc[i]
-            if cutlass.const_expr(self.has_bias):
-                _r, c = coords[i]
-                col = cutlass.min(tn * self.tile_n + c, self.n - 1)  # past N: discarded
-                v = v + mBias[col].to(cutlass.Float32)
-            vals[i] = v.to(dtype)
+        for i0 in cutlass.range_constexpr(0, size, UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, size)):
+                v = acc[i]
+                if cutlass.const_expr(self.has_bias):
+                    _r, c = coords[i]
+                    col = cutlass.min(tn * self.tile_n + c, self.n - 1)  # past N: discarded
+                    v = v + mBias[col].to(cutlass.Float32)
+                vals[i] = v.to(dtype)
         words = cute.recast_tensor(vals, Int32)  # word 2 j + h: row half h of n8 block j
         base = mD.iterator.toint()
         t = cute.arch.lane_idx() % 4

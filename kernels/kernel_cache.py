@@ -8,14 +8,22 @@ beside a small JSON record of its SHA-256 and what it was built from.
   facts, arch), the source of the kernel package, and the versions of the DSL, its CUDA
   libraries and TVM-FFI. A change to any of them is another key, so a stale entry is never
   found, let alone served.
-* Location: ``MXFP8_FUSION_CACHE_DIR`` (``off`` turns the cache off), else
-  ``$XDG_CACHE_HOME/mxfp8_fusion/kernels`` (``~/.cache`` without it), or
-  :func:`set_cache_dir` in the process.
-* Safety: entries are written to a temporary name and renamed into place, so concurrent
-  processes never see half an entry. An entry whose bytes do not match its record
-  (truncated, corrupted, or replaced between the two renames) is rebuilt, never loaded.
-  A directory that cannot be written (read-only, full) costs one warning; the process then
-  keeps its builds in a private temporary directory.
+* Location: ``MXFP8_FUSION_CACHE_DIR``, else ``$XDG_CACHE_HOME/mxfp8_fusion/kernels``
+  (``~/.cache`` without it), or :func:`set_cache_dir` in the process. ``off``, ``none``,
+  ``0`` or an empty string turn the cache off, in either.
+* Validity: an entry is loaded only where its record names exactly the build asked for
+  (the facts, the source, the toolchain, the key and the exported function) and its object
+  file's size and SHA-256 match the record. Anything else (truncated, corrupted, replaced
+  between the two renames, recorded for another build) is a miss: rebuilt, and replaced.
+  Entries are written to a temporary name and renamed into place, so concurrent processes
+  never see half an entry.
+* Trust: an entry is native code that every later process runs, so the cache keeps to
+  itself: directories it creates are 0700 and its files 0600, whatever the umask, and it
+  neither reads nor writes a directory that another user owns or that group or others can
+  write (as ssh refuses such a ``~/.ssh``), nor loads a file that is not private in the same
+  sense. Such a directory costs one warning naming it and the fix; so does one that cannot
+  be written (read-only, full), which is still read. The process then keeps its builds in a
+  private temporary directory.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import platform
 import secrets
 import shutil
+import stat
 import tempfile
 import warnings
 from importlib import metadata
@@ -43,8 +52,10 @@ class KernelCacheWarning(UserWarning):
 
 
 _override: list = []  # [Path | None] once set_cache_dir was called
-_unwritable: set[Path] = set()
+_unwritable: set[Path] = set()  # cannot be written to: still read
+_untrusted: set[Path] = set()  # other users can write there: neither read nor written
 _private: list[Path] = []
+_OFF = ("", "off", "0", "none")
 
 
 def default_dir() -> Path:
@@ -53,22 +64,36 @@ def default_dir() -> Path:
     return Path(base) / "mxfp8_fusion" / "kernels"
 
 
+def _from_text(text: str) -> Path | None:
+    """A directory spelled as text (the environment variable, or a str given to
+    :func:`set_cache_dir`): None for the words that turn the cache off."""
+    return None if text.strip().lower() in _OFF else Path(text)
+
+
 def cache_dir() -> Path | None:
     """The directory kernels are cached in; None where the cache is off."""
     if _override:
         return _override[0]
     env = os.environ.get(ENV)
     if env is not None:
-        return None if env.strip().lower() in ("", "off", "0", "none") else Path(env)
+        return _from_text(env)
     return default_dir()
 
 
 def set_cache_dir(path: str | os.PathLike | None) -> None:
-    """Cache kernels in ``path`` from now on in this process (``None``: no disk cache).
-    Builds already loaded stay loaded."""
-    if path is not None and not isinstance(path, (str, os.PathLike)):
+    """Cache kernels in ``path`` from now on in this process. ``None``, or a str that
+    ``MXFP8_FUSION_CACHE_DIR`` reads as off (``""``, ``"off"``, ``"none"``, ``"0"``), turns
+    the disk cache off. Builds already loaded stay loaded.
+
+    Raises:
+        TypeError: ``path`` is neither a str, an ``os.PathLike`` nor None.
+    """
+    if path is None or isinstance(path, str):
+        _override[:] = [None if path is None else _from_text(path)]
+    elif isinstance(path, os.PathLike):
+        _override[:] = [Path(path)]
+    else:
         raise TypeError(f"path: expected a str, os.PathLike or None, got {type(path).__name__}")
-    _override[:] = [None if path is None else Path(path)]
 
 
 @functools.cache
@@ -100,71 +125,120 @@ def toolchain() -> dict:
     return {"packages": dict(sorted(versions.items())), "machine": platform.machine()}
 
 
-def entry_key(build) -> str:
-    """The cache key of ``build`` (a ``launcher.Build``): hex SHA-256 of everything that
-    changes its binary."""
-    record = {
+def _identity(build) -> dict:
+    """Everything that changes ``build``'s binary, as its record holds it (JSON values)."""
+    return {
         "build": [build.kind, repr(build.facts), build.arch],
         "source": source_hash(),
         "toolchain": toolchain(),
     }
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _key_of(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def entry_key(build) -> str:
+    """The cache key of ``build`` (a ``launcher.Build``): hex SHA-256 of everything that
+    changes its binary."""
+    return _key_of(_identity(build))
 
 
 def _function_name(key: str) -> str:
     return f"mxfp8_fusion_{key[:24]}"
 
 
-def _verified(directory: Path, key: str) -> dict | None:
-    """The record of a valid entry under ``key`` (its object file's size and SHA-256 match
-    the record), else None."""
+def _not_private(st: os.stat_result) -> str | None:
+    """Why a file or directory with these facts may hold what another user wrote, else None."""
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    if st.st_uid != uid:
+        return f"it is owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "its group or other users can write to it"
+    return None
+
+
+def _read_private(path: Path) -> bytes:
+    """The bytes of ``path``; ``OSError`` where it is not this user's alone to write."""
+    with open(path, "rb") as f:
+        if _not_private(os.fstat(f.fileno())):
+            raise PermissionError(f"{path} is not private")
+        return f.read()
+
+
+def _verified(directory: Path, build) -> dict | None:
+    """The record of ``build``'s entry in ``directory`` where it is valid (the record names
+    exactly this build, its object file's size and SHA-256 match, both files private),
+    else None."""
+    identity = _identity(build)
+    key = _key_of(identity)
     try:
-        record = json.loads((directory / f"{key}.json").read_text())
-        data = (directory / f"{key}.o").read_bytes()
+        record = json.loads(_read_private(directory / f"{key}.json"))
+        data = _read_private(directory / f"{key}.o")
     except (OSError, ValueError):
         return None
-    valid = (
-        isinstance(record, dict)
-        and record.get("key") == key
-        and record.get("size") == len(data)
-        and record.get("sha256") == hashlib.sha256(data).hexdigest()
-    )
+    expected = {
+        **identity,
+        "key": key,
+        "function": _function_name(key),
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    valid = isinstance(record, dict) and all(record.get(f) == v for f, v in expected.items())
     return record if valid else None
 
 
 def stored(directory: Path | None, build) -> bool:
     """Whether ``directory`` holds a valid entry for ``build`` (checked, not loaded)."""
-    return directory is not None and _verified(directory, entry_key(build)) is not None
+    return directory is not None and trusted(directory) and _verified(directory, build) is not None
 
 
-def load(directory: Path, key: str):
-    """The function stored under ``key`` in ``directory``, or None where there is no valid
-    entry (missing, truncated, corrupted, recorded for another key, not loadable)."""
-    record = _verified(directory, key)
+def load(directory: Path, build):
+    """``build``'s function stored in ``directory``, or None where there is no valid entry
+    (missing, truncated, corrupted, recorded for another build, not private, not loadable)."""
+    record = _verified(directory, build)
     if record is None:
         return None
     try:
         from cutlass.cute.runtime import load_module
 
-        module = load_module(str(directory / f"{key}.o"), enable_tvm_ffi=True)
+        module = load_module(str(directory / f"{record['key']}.o"), enable_tvm_ffi=True)
         return getattr(module, record["function"])
     except Exception:  # an entry the DSL cannot load is a miss: the build is redone
         return None
+
+
+def _make_dirs(directory: Path) -> None:
+    """Make ``directory`` and its missing parents, each 0700 whatever the umask."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process
+            continue
+        os.chmod(path, 0o700)  # mkdir's mode passes through the umask
 
 
 def _replace_atomically(directory: Path, name: str, write) -> None:
     tmp = directory / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         write(tmp)
+        os.chmod(tmp, 0o600)  # the writer's mode passes through the umask
         os.replace(tmp, directory / name)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def store(directory: Path, key: str, build, compiled) -> None:
-    """Write ``compiled`` (a TVM-FFI build) under ``key``: the object file first, then its
-    record, each renamed into place. Raises ``OSError`` where the directory is unusable."""
-    directory.mkdir(parents=True, exist_ok=True)
+def store(directory: Path, build, compiled) -> None:
+    """Write ``compiled`` (a TVM-FFI build of ``build``) in ``directory``: the object file
+    first, then its record, each renamed into place. Raises ``OSError`` where the directory
+    is unusable."""
+    _make_dirs(directory)
+    identity = _identity(build)
+    key = _key_of(identity)
     name = _function_name(key)
     data: list[bytes] = []
 
@@ -174,12 +248,12 @@ def store(directory: Path, key: str, build, compiled) -> None:
 
     _replace_atomically(directory, f"{key}.o", write_object)
     record = {
+        **identity,
         "key": key,
         "function": name,
         "size": len(data[0]),
         "sha256": hashlib.sha256(data[0]).hexdigest(),
-        "build": build.describe(),
-        "toolchain": toolchain(),
+        "description": build.describe(),
     }
     _replace_atomically(directory, f"{key}.json", lambda p: p.write_text(json.dumps(record)))
 
@@ -192,12 +266,35 @@ def _private_dir() -> Path:
     return _private[0]
 
 
-def writable(directory: Path) -> bool:
-    """Whether builds can be stored in ``directory`` (it is made if missing)."""
-    if directory in _unwritable:
+def trusted(directory: Path) -> bool:
+    """Whether ``directory`` may be read and written: missing (it is made private), or this
+    user's and writable by no one else. The first refusal of a directory warns."""
+    if directory in _untrusted:
         return False
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        reason = _not_private(os.stat(directory))
+    except OSError:  # missing, or not reachable: writing it will say
+        return True
+    if reason is None:
+        return True
+    _untrusted.add(directory)
+    warnings.warn(
+        f"mxfp8_fusion does not use the kernel cache in {directory}: {reason}, and every "
+        f"process would run the kernels it finds there. Make it yours alone (chown it to "
+        f"you, chmod 700 {directory}), or set {ENV} to such a directory; until then kernels "
+        "are compiled in each process.",
+        KernelCacheWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def writable(directory: Path) -> bool:
+    """Whether builds can be stored in ``directory`` (it is made if missing)."""
+    if directory in _unwritable or not trusted(directory):
+        return False
+    try:
+        _make_dirs(directory)
         probe = directory / f".probe.{os.getpid()}.{secrets.token_hex(4)}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -225,36 +322,39 @@ def build_and_store(build, compile_fn):
     (cache off, or the directory unusable: one warning) in this process's private one.
     Returns the compiled function and the directory it went to (None where no directory
     could be written: it is then launched as compiled)."""
-    directory = cache_dir()
+    directory = _trusted_cache_dir()
     notice(
         f"compiling a kernel, {build.describe()} (seconds; "
         + ("kept on disk for the next process)" if directory else "the disk cache is off)")
     )
     compiled = compile_fn()
-    key = entry_key(build)
     if directory is not None and directory not in _unwritable:
         try:
-            store(directory, key, build, compiled)
+            store(directory, build, compiled)
             return compiled, directory
         except OSError as error:
             _give_up(directory, error)
     try:
         private = _private_dir()
-        store(private, key, build, compiled)
+        store(private, build, compiled)
         return compiled, private
     except OSError:
         return compiled, None
 
 
+def _trusted_cache_dir() -> Path | None:
+    directory = cache_dir()
+    return directory if directory is not None and trusted(directory) else None
+
+
 def load_or_build(build, compile_fn):
     """``build``'s launchable function: loaded from the cache, else compiled by
     ``compile_fn()``, stored and loaded back (so every launch takes the same path)."""
-    directory = cache_dir()
-    key = entry_key(build)
+    directory = _trusted_cache_dir()
     if directory is not None:  # a read-only directory may still hold entries
-        function = load(directory, key)
+        function = load(directory, build)
         if function is not None:
             return function
     compiled, stored_in = build_and_store(build, compile_fn)
-    function = load(stored_in, key) if stored_in is not None else None
+    function = load(stored_in, build) if stored_in is not None else None
     return function if function is not None else compiled

@@ -54,13 +54,19 @@ __all__ = [
     "warmup",
 ]
 
-_PASS_EXPORTS = ("FusionOptions", "FusionPass", "FusionSkippedWarning", "explain")
+# Each name's module in mxfp8_fusion.passes. The pass needs torch._inductor (about a second to
+# import): it is loaded on first use only.
+_PASS_EXPORTS = {
+    "FusionOptions": "fusion",
+    "FusionPass": "fusion",
+    "FusionSkippedWarning": "report",
+    "explain": "explain",
+}
 
 
 def __getattr__(name: str):
-    # The pass needs torch._inductor (about a second to import): load it on first use only.
     if name in _PASS_EXPORTS:
-        from . import passes
+        import importlib
 
-        return getattr(passes, name)
+        return getattr(importlib.import_module(f".passes.{_PASS_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module 'mxfp8_fusion' has no attribute {name!r}")

@@ -3,6 +3,8 @@
 the kernel cache before a server starts (see ``kernel_warmup.py``).
 ``python -m mxfp8_fusion vllm``: what the vLLM plugin does in this environment, without
 starting an engine (see ``vllm/plugin.py``).
+``python -m mxfp8_fusion --version``: the versions this runs with, and the GPU; without a
+command, the help.
 
 The benchmarks are scripts of a repository checkout, run by path (``python
 benchmarks/end_to_end.py``); they are not part of the installed package.
@@ -24,10 +26,46 @@ def _device(text: str):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def versions() -> str:
+    """One line: this package's version, torch's, the DSL's, and the GPU (or its absence)."""
+    from importlib import metadata
+
+    import torch
+
+    from . import __version__
+
+    try:
+        dsl = metadata.version("nvidia-cutlass-dsl")
+    except metadata.PackageNotFoundError:
+        dsl = "not installed"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+    else:
+        gpu = "none (every call runs the plain-torch reference)"
+    return (
+        f"mxfp8_fusion {__version__} | torch {torch.__version__} | nvidia-cutlass-dsl {dsl} "
+        f"| GPU: {gpu}"
+    )
+
+
+class _Versions(argparse.Action):
+    """``--version``, computed when asked for: it imports torch."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and the GPU")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the command; a bad argument exits with status 2 and one line."""
+    """Parse ``argv`` and run the command; a bad argument exits with status 2 and one line.
+    Without a command it prints the help."""
     parser = argparse.ArgumentParser(prog="python -m mxfp8_fusion")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Versions)
+    commands = parser.add_subparsers(dest="command")
     demo = commands.add_parser(
         "demo", help="stage a drafter-like projection and compare it with the concatenated one"
     )
@@ -39,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         "vllm", help="say what the vLLM plugin does here (exit 0 when any part is on)"
     )
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if args.command == "warmup":
         return _warmup(args)
     if args.command == "vllm":
@@ -98,7 +139,7 @@ def _warmup(args) -> int:
             dtype=getattr(torch, _DTYPES[args.dtype]),
             bias_dtype=getattr(torch, bias) if bias else None, workers=args.workers,
         )  # fmt: skip
-    except (TypeError, ValueError, RuntimeError) as error:
+    except (TypeError, ValueError) as error:
         print(f"python -m mxfp8_fusion warmup: {error}", file=sys.stderr)
         return 2
     print(

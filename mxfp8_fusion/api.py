@@ -266,6 +266,10 @@ def quantize_input_slices(
     Every slice must have the same token count and ``dest.dtype``; each is checked as
     :func:`quantize_input_slice` checks its ``source``.
 
+    The slices may cover part of ``dest`` (staging over several calls, as ``destination_column``
+    allows and :class:`~mxfp8_fusion.InputStager` checks). Columns no call covers keep what
+    ``dest`` held (uninitialised after :func:`empty_input`) and the GEMM reads them all.
+
     Raises:
         TypeError, ValueError: naming ``sources[i]`` where a slice is at fault, before
         anything is written.

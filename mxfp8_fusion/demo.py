@@ -90,8 +90,9 @@ def transient_bytes(fn, *args) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def planned_bytes(cfg: DemoConfig, concatenated: bool) -> int:
-    """Transient bytes by construction: [BF16 cat +] MXFP8 values and scales + the output."""
+def computed_bytes(cfg: DemoConfig, concatenated: bool) -> int:
+    """Transient bytes from the shapes, where no allocator measures them (the CPU): the
+    BF16 concatenation (concatenated paths only), the MXFP8 values and scales, the output."""
     k = cfg.hidden * cfg.slices
     itemsize = torch.empty((), dtype=cfg.dtype).element_size()
     storage = cfg.tokens * k * torch.empty((), dtype=VALUE_DTYPE).element_size()
@@ -157,6 +158,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+_HOW = (
+    "how: measured = the CUDA allocator's peak over the call; computed = from the shapes\n"
+    "(no allocator to measure on a CPU): BF16 concatenation + MXFP8 values and scales + output"
+)
+
+
 def main(device: str | torch.device | None = None) -> int:
     """Run the demo on ``device`` (see :func:`resolve_device`) and print what it finds.
 
@@ -199,9 +206,10 @@ def main(device: str | torch.device | None = None) -> int:
             value, how = (
                 (measured, "measured")
                 if measured is not None
-                else (planned_bytes(cfg, is_cat), "planned")
+                else (computed_bytes(cfg, is_cat), "computed")
             )
             print(f"{name:<56} {value:>16,}  {how}")
+        print(_HOW)
     print(f"staged == concatenated, bitwise: {equal}")
     print(
         f'torch.compile(backend="mxfp8_fusion"): {rewritten} cat site(s) rewritten, '

@@ -229,6 +229,13 @@ class MXFP8Input(_Operand):
         """The rows of ``values``: the most tokens one staging holds."""
         return self.values.shape[0]
 
+    def __repr__(self) -> str:
+        # the facts, not the bytes: fresh storage holds uninitialised memory (NaNs, say)
+        return (
+            f"MXFP8Input(capacity={self.capacity}, in_features={self.in_features}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )
+
 
 @dataclass(frozen=True, init=False)
 class MXFP8Weight(_Operand):
@@ -252,3 +259,9 @@ class MXFP8Weight(_Operand):
     def out_features(self) -> int:
         """N: the rows of ``values``."""
         return self.values.shape[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"MXFP8Weight(out_features={self.out_features}, in_features={self.in_features}, "
+            f"device={self.device})"
+        )

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .format import SOURCE_DTYPES
-from .kernels import kernel_cache, launcher
-from .progress import Bar
+from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, scale_bytes
+from .kernels import dispatch, kernel_cache, launcher
+from .progress import Bar, notice
 
 _GEMM_CAPABILITY = (9, 0)  # the CuTe DSL GEMM is Hopper's; others use cuBLAS or the reference
 
@@ -37,17 +37,53 @@ def capture_sizes(max_tokens: int = 512) -> list[int]:
     return [t for t in (1, 2, 4) if t <= max_tokens] + list(range(8, max_tokens + 1, 8))
 
 
+_STAGED_WIDTH = 128  # what quantize_input_slice takes: widths and columns multiples of this
+_BIAS_DTYPES = (None, torch.bfloat16, torch.float16, torch.float32)
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @dataclass(frozen=True)
 class Projection:
     """One MXFP8 projection: ``out_features`` x ``in_features`` weight, its input quantized
     as ``slices`` (widths side by side, summing to ``in_features``; one slice for a plain
-    input), computed in ``dtype`` with a bias of ``bias_dtype`` (None: no bias)."""
+    input), computed in ``dtype`` with a bias of ``bias_dtype`` (None: no bias).
+
+    Raises ``ValueError`` / ``TypeError`` for a projection the calls would refuse: sizes
+    that are not positive ints, ``in_features`` not a multiple of 32 (an MXFP8 weight's
+    rule), several slices whose widths are not multiples of 128 (a staged slice's rule).
+    """
 
     out_features: int
     in_features: int
     slices: tuple[int, ...]
     dtype: torch.dtype = torch.bfloat16
     bias_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        sizes = (self.out_features, self.in_features, *self.slices)
+        if not self.slices or not all(_is_size(v) for v in sizes):
+            raise ValueError("sizes must be positive ints, with at least one slice")
+        if sum(self.slices) != self.in_features:
+            raise ValueError(f"the slice widths {list(self.slices)} must sum to in_features")
+        if self.in_features % GROUP:
+            raise ValueError(f"in_features {self.in_features} must be a multiple of {GROUP}")
+        if len(self.slices) > 1 and any(w % _STAGED_WIDTH for w in self.slices):
+            raise ValueError(
+                f"staged slice widths must be multiples of {_STAGED_WIDTH}, got {list(self.slices)}"
+            )
+        _check_dtypes(self.dtype, self.bias_dtype)
+
+
+def _check_dtypes(dtype, bias_dtype) -> None:
+    if dtype not in SOURCE_DTYPES:
+        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+    if bias_dtype not in _BIAS_DTYPES:
+        raise TypeError(
+            f"bias_dtype: expected None or a BF16, FP16 or FP32 dtype, got {bias_dtype}"
+        )
 
 
 @dataclass(frozen=True)
@@ -86,10 +122,43 @@ def _projection(item, dtype: torch.dtype, bias_dtype) -> Projection:
             f"a sequence of slice widths; got {item!r}"
         )
     n, k = item
-    slices = (k,) if isinstance(k, int) else tuple(k)
-    if not all(isinstance(w, int) and w > 0 for w in (n, *slices)):
+    slices = (k,) if isinstance(k, int) or not isinstance(k, Iterable) else tuple(k)
+    if not all(_is_size(w) for w in (n, *slices)):  # before summing them
         raise ValueError(f"projections: sizes must be positive ints, got {item!r}")
-    return Projection(n, sum(slices), slices, dtype, bias_dtype)
+    try:
+        return Projection(n, sum(slices), slices, dtype, bias_dtype)
+    except ValueError as error:
+        raise ValueError(f"projections: {error}, got {item!r}") from None
+
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _quantizer_served(projection: Projection, tokens: int) -> bool:
+    """Whether the slice quantizer kernel serves ``projection``'s input at ``tokens``: the
+    kernel's own refusal, asked about tensors shaped like the call's (contiguous)."""
+    from .kernels import quantize_slice
+
+    values = _meta((tokens, projection.in_features), VALUE_DTYPE)
+    column = 0
+    for width in projection.slices:
+        if quantize_slice.refusal(_meta((tokens, width), projection.dtype), values, column):
+            return False
+        column += width
+    return True
+
+
+def _gemm_served(projection: Projection, tokens: int) -> bool:
+    """Whether the SM90 GEMM serves ``projection`` at ``tokens`` into a new output: its own
+    refusal, asked about tensors shaped like the call's."""
+    from .kernels import gemm_sm90
+
+    n, k = projection.out_features, projection.in_features
+    a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
+    b = _meta((n, k), VALUE_DTYPE), _meta((scale_bytes(n, k),), SCALE_DTYPE)
+    bias = None if projection.bias_dtype is None else _meta((n,), projection.bias_dtype)
+    return gemm_sm90.refusal(*a, *b, bias, _meta((tokens, n), projection.dtype)) is None
 
 
 def builds_for(
@@ -97,7 +166,9 @@ def builds_for(
 ) -> list[launcher.Build]:
     """The kernel builds ``projection`` launches at each token count on a GPU of compute
     ``capability`` with ``sms`` SMs: its input slices' quantizer and, on Hopper, each GEMM
-    config the selection picks and the launch that runs before it."""
+    config the selection picks and the launch that runs before it. A call that a kernel
+    refuses (an input width that is not a multiple of 128, say) runs the reference and
+    needs no build."""
     from .kernels import gemm_sm90_buffers as buffers
     from .kernels import quantize_slice
     from .kernels.gemm_config import SwapABConfig
@@ -105,8 +176,9 @@ def builds_for(
     from .kernels.gemm_sm90 import gemm_build
 
     builds: dict[launcher.Build, None] = {}
+    tokens = list(tokens)
     arch = quantize_slice.arch_for(capability)
-    if arch is not None:
+    if arch is not None and _quantizer_served(projection, max(tokens, default=1)):
         fp16 = projection.dtype == torch.float16
         widths = projection.slices
         equal = len(set(widths)) == 1 and len(widths) <= quantize_slice.MAX_SLICES
@@ -116,7 +188,7 @@ def builds_for(
     if tuple(capability) != _GEMM_CAPABILITY:
         return list(builds)
     n, k = projection.out_features, projection.in_features
-    for m in tokens:
+    for m in (t for t in tokens if _gemm_served(projection, t)):
         cfg = choose_config(m, n, k, sms)
         if isinstance(cfg, SwapABConfig) and cfg.bf16_tokens:
             builds[buffers.tokens_build(k)] = None
@@ -153,11 +225,17 @@ def warmup(
         progress: show a progress bar on stderr.
 
     Kernels already on disk are read (milliseconds each); the others are compiled and
-    stored there for the next process.
+    stored there for the next process. A call that no kernel serves (an input width that
+    is not a multiple of 128, say) runs the reference and is not planned.
+
+    Without a CUDA device (or without nvidia-cutlass-dsl) every call runs the plain-torch
+    reference, so there is nothing to compile: warm-up says so in one notice and returns a
+    report of 0 builds, and start-up code needs no guard for such machines. The arguments
+    are checked there too.
 
     Raises:
-        TypeError, ValueError: naming the argument, before anything is compiled.
-        RuntimeError: without a CUDA device.
+        TypeError, ValueError: naming the argument, before anything is compiled (on any
+            machine).
     """
     start = time.perf_counter()
     workers = _workers(workers)
@@ -184,12 +262,7 @@ def warmup(
 
 
 def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[launcher.Build]:
-    if dtype not in SOURCE_DTYPES:
-        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
-    if bias_dtype not in (None, torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(
-            f"bias_dtype: expected None or a BF16, FP16 or FP32 dtype, got {bias_dtype}"
-        )
+    _check_dtypes(dtype, bias_dtype)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
     tokens = capture_sizes(max_tokens) if tokens is None else list(tokens)
@@ -201,7 +274,13 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
         items = [_projection(p, dtype, bias_dtype) for p in projections]
     else:
         raise TypeError(f"projections: expected a model or (out, in) pairs, got {projections!r}")
-    index = _cuda_index(device)
+    device = _cuda_device(device)
+    if not torch.cuda.is_available() or not dispatch.cute_dsl_installed():
+        why = "no CUDA device" if not torch.cuda.is_available() else "no nvidia-cutlass-dsl"
+        notice(f"warm-up has nothing to compile ({why}: every call runs the plain-torch "
+               "reference)", once="warmup without kernels")  # fmt: skip
+        return []
+    index = _device_index(device)
     capability = torch.cuda.get_device_capability(index)
     sms = torch.cuda.get_device_properties(index).multi_processor_count
     plan: dict[launcher.Build, None] = {}
@@ -210,18 +289,25 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
     return list(plan)
 
 
-def _cuda_index(device) -> int:
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device: kernels are built for the GPU they will run on")
+def _cuda_device(device) -> torch.device | None:
+    """``device`` checked (a CUDA device, or None for the current one), on any machine."""
     if device is None:
-        return torch.cuda.current_device()
+        return None
     try:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device: {error}") from None
     if device.type != "cuda":
         raise ValueError(f"device: expected a CUDA device, got {device}")
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return device
+
+
+def _device_index(device: torch.device | None) -> int:
+    if device is None or device.index is None:
+        return torch.cuda.current_device()
+    if device.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device}, but there are {torch.cuda.device_count()} GPUs")
+    return device.index
 
 
 def _workers(workers: int | None) -> int:

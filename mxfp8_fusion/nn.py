@@ -16,6 +16,9 @@ log = logging.getLogger("mxfp8_fusion")
 
 # The buffers that hold MXFP8 bytes, and their dtypes.
 _PACKED = {"weight_values": VALUE_DTYPE, "weight_scales": SCALE_DTYPE}
+# What forward takes: the kernels' dtypes, and FP32 as torchao's MX layers take it (quantized
+# from FP32; no kernel here reads it, so it runs the plain-torch reference).
+_INPUT_DTYPES = (*SOURCE_DTYPES, torch.float32)
 
 
 class MXFP8Linear(nn.Module):
@@ -31,9 +34,12 @@ class MXFP8Linear(nn.Module):
             :meth:`from_checkpoint`.
         bias: optional ``[out_features]`` floating-point tensor on the values' device (copied).
 
-    Inputs are BF16/FP16 ``[..., in_features]``; the output has the input's dtype and
-    leading dims. Under ``torch.autocast`` the input is first cast to the autocast dtype, as
-    ``nn.Linear``'s is; an FP32 input outside autocast is a ``TypeError``.
+    Inputs are BF16, FP16 or FP32 ``[..., in_features]``; the output has the input's dtype
+    and leading dims. Under ``torch.autocast`` the input is first cast to the autocast
+    dtype, as ``nn.Linear``'s is. An FP32 input (a model cast with ``.float()``, say) is
+    quantized from FP32, as torchao's ``to_mx`` does, and summed into an FP32 output by the
+    plain-torch reference: the kernels read and write BF16/FP16 only (on CUDA a one-time
+    warning says so). Other dtypes are a ``TypeError``.
 
     Casts such as ``.to(torch.bfloat16)``, ``.half()`` or ``.float()`` cast the bias only:
     the MXFP8 values and scales keep their bytes. Device moves (``.to(device)``, ``.cuda()``,
@@ -91,9 +97,10 @@ class MXFP8Linear(nn.Module):
             device = x.device.type
             if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
                 x = x.to(torch.get_autocast_dtype(device))  # as autocast casts nn.Linear's input
-        if x.dtype not in SOURCE_DTYPES:
+        if x.dtype not in _INPUT_DTYPES:
             raise TypeError(
-                f"x: expected dtype bfloat16 or float16 (or an input under torch.autocast), got {x.dtype}"
+                f"x: expected dtype bfloat16, float16 or float32 (or an input under "
+                f"torch.autocast), got {x.dtype}"
             )
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected {self.in_features} features, got {x.shape[-1]}")

@@ -124,6 +124,7 @@ def mxfp8_fusion_backend(
         once="backend",
     )
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    _say_if_nothing_to_rewrite(fusion, fusion.contents[graphs:])
     if fusion.graphs > graphs:
         new = [dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]]
         report_store.store(digest, new, fusion.contents[graphs:])
@@ -137,6 +138,23 @@ def mxfp8_fusion_backend(
                 "the pass's counters and reports do not cover it"
             )
     return compiled
+
+
+_saw_mxfp8: list[bool] = [False]  # whether a graph compiled here held an MXFP8 op
+
+
+def _say_if_nothing_to_rewrite(fusion: FusionPass, contents: list[tuple[int, int]]) -> None:
+    """Once per process: the graphs just compiled hold no MXFP8 quantize or linear, and no
+    earlier one did (the model was most likely not converted). Silenced with the skipped-site
+    warnings (``warn_skipped``), as explain silences it: its report says the same."""
+    _saw_mxfp8[0] = _saw_mxfp8[0] or any(mxfp8 for _, mxfp8 in contents)
+    if contents and not _saw_mxfp8[0] and fusion.options.warn_skipped:
+        notice(
+            "the graph compiled with backend='mxfp8_fusion' holds no MXFP8 linear, so the "
+            "pass has nothing to rewrite: convert the model first, mxfp8_fusion.convert(model) "
+            "(an nn.Linear stays a BF16 GEMM); mxfp8_fusion.explain(model, *inputs) says more",
+            once="nothing to rewrite",
+        )
 
 
 def _reset() -> None:

@@ -24,7 +24,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import format as format_module
-from . import pattern, rewrite
+from . import pattern, rewrite, widths
 from .report import SiteReport, warn_skipped
 
 log = logging.getLogger("mxfp8_fusion.passes")
@@ -34,7 +34,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(format_module.__file__))
 # The pass's own files, and the files that define the ops it emits (their schemas and
 # autograd): a change to any of them must not be served a graph compiled before it.
 _SOURCES = (
-    *(os.path.join(_PASS_DIR, name) for name in ("fusion.py", "pattern.py", "rewrite.py")),
+    *(
+        os.path.join(_PASS_DIR, name)
+        for name in ("fusion.py", "pattern.py", "rewrite.py", "widths.py")
+    ),
     *(
         os.path.join(_PACKAGE_DIR, name)
         for name in ("format.py", "ops.py", "grad.py", "lowering.py")
@@ -87,7 +90,8 @@ class FusionOptions:
         enabled: rewrite qualifying sites; ``False`` only reports them (the graph is kept).
         max_slices: leave cats of more slices than this unchanged (``None``: no limit).
         warn_skipped: issue a :class:`FusionSkippedWarning` for each candidate site left
-            unchanged (once per site and reason in a process; not when ``enabled`` is False).
+            unchanged (once per site and reason in a process; not when ``enabled`` is False),
+            and the backend's notice that a compiled graph holds no MXFP8 layer at all.
 
     Raises:
         TypeError: ``enabled`` or ``warn_skipped`` is not a bool, or ``max_slices`` is not
@@ -247,7 +251,7 @@ class FusionPass(CustomGraphPass):
             report = SiteReport.from_site(site, self.graphs, reason)
             if reason is None:
                 stage = "rewriting"
-                pattern.specialize(site)
+                widths.specialize(site)
                 rewrite.rewrite(graph, site)
             return report
         except Exception as error:  # never fail a user's compile over an optimization

@@ -7,8 +7,9 @@ when the staged program computes exactly what the original did and the BF16 conc
 is not needed by anything else:
 
 - the cat is along the last dim, of 2 or more dims;
-- every slice has the cat's dtype (BF16 or FP16), its rank and device, and a static width
-  that is a positive multiple of 128 (so each slice owns whole scale chunks);
+- every slice has the cat's dtype (BF16 or FP16), its rank and device, and a width known
+  when compiling (static, or symbolic and free to be specialized: ``widths``) that is a
+  positive multiple of 128 (so each slice owns whole scale chunks);
 - every use of the cat (through views to ``[rows, K]``) is an MXFP8 quantize or one-shot
   linear, and the quantized values and scales are read only by MXFP8 GEMMs.
 
@@ -27,6 +28,7 @@ import torch
 from torch import fx
 
 from ..format import SOURCE_DTYPES, STAGE_ALIGN
+from .widths import hint, required_dynamic
 
 aten = torch.ops.aten
 
@@ -66,15 +68,17 @@ def _val(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def _describe_user(user: fx.Node) -> str:
-    if user.op == "output":
+def describe(node: fx.Node) -> str:
+    """What ``node`` is, for a user: its op, never its FX name (which changes from one
+    compile of the same code to the next, so one site would warn once per name)."""
+    if node.op == "output":
         return "the graph output (it is returned)"
-    target = user.target
+    if node.op == "placeholder":
+        return "a graph input"
+    target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        name = f"{target.namespace}.{target._opname}"
-    else:
-        name = getattr(target, "__name__", str(target))
-    return f"{name} (node {user.name})"
+        return f"{target.namespace}.{target._opname}"
+    return getattr(target, "__name__", str(target))
 
 
 def _is_call(node: fx.Node, target) -> bool:
@@ -90,8 +94,8 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or not val.dim() or _hint(val.shape[-1]) != k:
-                    return f"the concatenation is also reshaped by {_describe_user(user)}"
+                if val is None or not val.dim() or hint(val.shape[-1]) != k:
+                    return f"the concatenation is also reshaped by {describe(user)}"
                 site.views.append(user)
                 stack.append(user)
                 continue
@@ -100,10 +104,10 @@ def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
                 sink = site.linears
             else:
-                return f"the concatenation is also used by {_describe_user(user)}"
+                return f"the concatenation is also used by {describe(user)}"
             val = _val(node)
             if val is None or val.dim() != 2:
-                return f"the concatenation reaches {_describe_user(user)} without a 2-D view"
+                return f"the concatenation reaches {describe(user)} without a 2-D view"
             sink.append(user)
     return None
 
@@ -124,14 +128,14 @@ def _gemm_readers(item: fx.Node, index: int) -> str | None:
         for reader in node.users:
             if reader.op == "call_function" and reader.target in _PASS_THROUGH:
                 if reader.args[0] is not node:
-                    return f"the quantized {which} are also used by {_describe_user(reader)}"
+                    return f"the quantized {which} are also used by {describe(reader)}"
                 stack.append(reader)
                 continue
             if not (_is_call(reader, mm) and reader.args[index] is node):
-                return f"the quantized {which} are also used by {_describe_user(reader)}"
+                return f"the quantized {which} are also used by {describe(reader)}"
             others = [a for i, a in enumerate(reader.args) if i != index]
             if node in others or node in reader.kwargs.values():
-                return f"the quantized {which} are used twice by {_describe_user(reader)}"
+                return f"the quantized {which} are used twice by {describe(reader)}"
     return None
 
 
@@ -140,7 +144,7 @@ def _quantized_readers(site: Site) -> str | None:
     for q in site.quantizes:
         for item in q.users:
             if not (_is_call(item, operator.getitem) and item.args[1] in (0, 1)):
-                return f"the quantize result is used whole by {_describe_user(item)}"
+                return f"the quantize result is used whole by {describe(item)}"
             reason = _gemm_readers(item, item.args[1])
             if reason is not None:
                 return reason
@@ -205,36 +209,14 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
                 f"slice {i} has a data-dependent width ({v.shape[-1]}); widths must be known "
                 "when compiling"
             )
+        if required_dynamic(v.shape[-1]):
+            return (
+                f"slice {i}'s width is marked dynamic (mark_dynamic or a dynamic Dim); the "
+                "staged storage is laid out for widths known when compiling"
+            )
         if width <= 0 or width % STAGE_ALIGN:
             return f"slice {i} has width {width}, not a positive multiple of {STAGE_ALIGN}"
     return None
-
-
-def _hint(size) -> int | None:
-    """A size's value in this compile: the int, or a symbolic size's hint (what Dynamo saw);
-    ``None`` for a data-dependent size, which has none. Reading the hint adds no guard."""
-    if isinstance(size, int):
-        return size
-    node = getattr(size, "node", None)
-    hint = getattr(node, "hint", None)
-    return int(hint) if hint is not None else None
-
-
-def specialize(site: Site) -> None:
-    """Guard each symbolic slice width to its value in this compile, as Inductor does with a
-    size it needs static: the staged storage's columns and scale chunks are laid out for
-    these widths, and a call with other widths compiles again.
-
-    Dynamo makes a width symbolic when a second model of the same class, or the same code
-    with other widths, runs (automatic dynamic shapes); without this the site would not be
-    rewritten in every compile after the first.
-    """
-    from torch.fx.experimental.symbolic_shapes import guard_int
-
-    for i, source in enumerate(site.slices):
-        size = _val(source).shape[-1]
-        if not isinstance(size, int) and guard_int(size) != site.widths[i]:
-            raise RuntimeError(f"slice {i}'s width {size} did not specialize to its hint")
 
 
 def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
@@ -244,7 +226,7 @@ def _cat_parts(cat: fx.Node) -> tuple[list, object, list[int | None]]:
     dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     slices = list(tensors)
     vals = [_val(s) for s in slices]
-    widths = [_hint(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
+    widths = [hint(v.shape[-1]) if v is not None and v.dim() else None for v in vals]
     return slices, dim, widths
 
 
@@ -263,7 +245,7 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     slices, dim, widths = _cat_parts(cat)
     val = _val(cat)
     site = Site(cat, slices, widths, val.dtype if val is not None else None)
-    reason = _consumers(cat, _hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
+    reason = _consumers(cat, hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
     if not (site.quantizes or site.linears or _reaches(cat, (quantize, linear))):
         return None
     site.gemms = _count_gemms(cat)
@@ -362,7 +344,7 @@ def _column_takes(cat: fx.Node, k) -> bool:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is not None and val.dim() and _hint(val.shape[-1]) == k:
+                if val is not None and val.dim() and hint(val.shape[-1]) == k:
                     stack.append(user)
             elif _is_last_dim_slice(user, node) and _reaches(user, (quantize, linear)):
                 return True
@@ -389,9 +371,9 @@ def _slice_bounds(take: fx.Node, k: int) -> tuple[int, int] | str:
     args = _slice_args(take)
     start, end, step = args["start"], args["end"], args["step"]
     if not all(v is None or type(v) is int for v in (start, end, step)):
-        return f"{_describe_user(take)} takes columns with symbolic bounds; they must be static"
+        return f"{describe(take)} takes columns with symbolic bounds; they must be static"
     if step != 1:
-        return f"{_describe_user(take)} takes columns with step {step}; a column range has step 1"
+        return f"{describe(take)} takes columns with step {step}; a column range has step 1"
     start = 0 if start is None else start + k if start < 0 else start
     end = k if end is None else end + k if end < 0 else end
     return min(max(start, 0), k), min(max(end, 0), k)
@@ -408,8 +390,8 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
         for user in node.users:
             if user.op == "call_function" and user.target in VIEW_OPS:
                 val = _val(user)
-                if val is None or val.dim() == 0 or _hint(val.shape[-1]) != width:
-                    return f"{_columns(rng)} also reshaped by {_describe_user(user)}"
+                if val is None or val.dim() == 0 or hint(val.shape[-1]) != width:
+                    return f"{_columns(rng)} also reshaped by {describe(user)}"
                 (site.views if rng is None else rng.views).append(user)
                 stack.append((user, rng))
                 continue
@@ -426,10 +408,10 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
             elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
                 sink = "linears"
             else:
-                return f"{_columns(rng)} also used by {_describe_user(user)}"
+                return f"{_columns(rng)} also used by {describe(user)}"
             val = _val(node)
             if val is None or val.dim() != 2:
-                return f"{_columns(rng)} reaching {_describe_user(user)} without a 2-D view"
+                return f"{_columns(rng)} reaching {describe(user)} without a 2-D view"
             target = rng if rng is not None else _range(site, 0, k)
             getattr(target, sink).append(user)
             getattr(site, sink).append(user)
@@ -446,7 +428,7 @@ def _range_parts(site: Site) -> str | None:
     for rng in site.ranges:
         what = f"columns [{rng.start}, {rng.end})"
         if rng.takes:
-            what += f" taken by {_describe_user(rng.takes[0])}"
+            what += f" taken by {describe(rng.takes[0])}"
         if rng.start % STAGE_ALIGN or rng.end % STAGE_ALIGN:
             return f"{what} do not start and end at multiples of {STAGE_ALIGN}"
         if rng.start >= rng.end:
@@ -468,7 +450,7 @@ def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site |
     chunks and each of its parts is a 128-aligned column range of one slice).
     """
     val = _val(cat)
-    k = _hint(val.shape[-1]) if val is not None and val.dim() else None
+    k = hint(val.shape[-1]) if val is not None and val.dim() else None
     if k is None or not _column_takes(cat, k):
         return None
     slices, dim, widths = _cat_parts(cat)

@@ -34,7 +34,7 @@ from torch import fx
 from torch.fx.node import map_arg
 
 from ..format import ROW_BLOCK, VALUE_DTYPE, row_block_bytes, scale_bytes
-from .pattern import ColumnRange, Site
+from .pattern import ColumnRange, Site, describe
 
 aten = torch.ops.aten
 
@@ -100,7 +100,7 @@ def _ranges(site: Site) -> list[ColumnRange]:
     """The column ranges to stage: ``site.ranges``, or the whole concatenation as one range."""
     if site.ranges is not None:
         return site.ranges
-    k = sum(site.widths)  # ints: symbolic widths were specialized (pattern.specialize)
+    k = sum(site.widths)  # ints: symbolic widths were specialized (widths.specialize)
     whole = ColumnRange(0, k, quantizes=site.quantizes, linears=site.linears)
     whole.parts = [(i, 0, width) for i, width in enumerate(site.widths)]
     return [whole]
@@ -187,14 +187,14 @@ def _check_replaceable(site: Site) -> None:
     for quantize in quantizes:
         for item in quantize.users:
             if not (item.target is operator.getitem and item.args[1] in (0, 1)):
-                raise RuntimeError(f"{quantize.name} is read whole by {item.name}")
+                raise RuntimeError(f"a quantize result is read whole by {describe(item)}")
             replaced.add(item)
     erased = {site.cat, *site.views, *quantizes}
     erased.update(n for rng in ranges for n in (*rng.takes, *rng.views))
     for node in erased:
         for user in node.users:
             if user not in erased and user not in replaced:
-                raise RuntimeError(f"{node.name} is also read by {user.name}")
+                raise RuntimeError(f"{describe(node)} is also read by {describe(user)}")
 
 
 def _in_graph_order(graph: fx.Graph, nodes: list[fx.Node]) -> list[fx.Node]:

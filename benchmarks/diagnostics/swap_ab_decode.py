@@ -54,6 +54,7 @@ def _stamp_op(stamps_addr: int):
     ``stamps_addr`` is 0)."""
     from cutlass import Int64
     from cutlass.cutlass_dsl import dsl_user_op
+
     from mxfp8_fusion.kernels.ptx import inline_ptx
 
     @dsl_user_op
@@ -74,11 +75,11 @@ def _stages_without_conversion():
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warpgroup
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
     from mxfp8_fusion.kernels.constants import TILE_K8
     from mxfp8_fusion.kernels.gemm_sm90_common import load_fragment_bytes
     from mxfp8_fusion.kernels.gemm_sm90_swap_ab_parts import K_STEPS, W_GROUPS
-
-    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 
     @cute.jit
     def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
@@ -120,6 +121,7 @@ def _variant_class(variant: str, stamps_addr: int):
     """The kernel class of ``variant`` (module doc), writing stamps where ``stamps_addr``."""
     import cutlass
     import cutlass.cute as cute
+
     from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
 
     base = sab.MXFP8SwapABGemmSm90
@@ -187,6 +189,7 @@ def worker(variant: str, lock_path: str, out_path: str) -> None:
     import torch
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
+
     from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
 

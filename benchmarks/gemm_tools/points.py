@@ -179,9 +179,9 @@ def _contenders(job, data, t, num_sms) -> dict:
     """name -> (launch i -> None, spec): ours through the configs of :func:`_configs`
     (``mm_quantized_into`` for the sweep's own choice), and cuBLAS."""
     import torch
-    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     from mxfp8_fusion import api
+    from mxfp8_fusion.kernels import gemm_sm90 as g
 
     out = data.out[:t]
     a_values = data.inp.values[:t]
@@ -215,6 +215,7 @@ _FAILED: dict = {}  # config -> why its compile failed (the tune leaves it out)
 def _compile(cfg, n, k, compile_s):
     """Compile outside the GPU lock; records seconds per config spec (and failures)."""
     import torch
+
     from mxfp8_fusion.kernels import gemm_sm90 as g
     from mxfp8_fusion.kernels import launcher
 
@@ -230,6 +231,7 @@ def _compile(cfg, n, k, compile_s):
 def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
+
     from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
     from mxfp8_fusion.kernels import launcher
 

@@ -21,7 +21,7 @@ import hashlib
 
 from vllm.compilation.passes.inductor_pass import InductorPass
 
-from ..passes import ComposedPass, FusionPass, compose
+from ..passes.fusion import ComposedPass, FusionPass, compose
 from . import hooks, settings
 
 _SLOT = "post_grad_custom_post_pass"

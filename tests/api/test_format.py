@@ -30,7 +30,7 @@ def random_wide_range(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch
     return x.reshape(rows, k).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])  # FP32: MXFP8Linear.float()
 @pytest.mark.parametrize("shape", [(1, 32), (7, 96), (129, 256), (300, 1024)])
 def test_random_data_matches_torchao(dtype, shape):
     x = random_wide_range(*shape, dtype, seed=shape[0])

@@ -170,9 +170,27 @@ def test_autocast_casts_an_fp32_input_as_for_nn_linear(dtype, compiled):
     assert torch.equal(y, layer(x.to(dtype)))
 
 
-def test_fp32_input_outside_autocast_is_refused():
-    with pytest.raises(TypeError, match="^x: expected dtype bfloat16 or float16.*autocast"):
-        _layer()(torch.randn(2, 256))
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_after_float_an_fp32_input_is_served_as_nn_linear_serves_it(compiled):
+    """``.float()`` then FP32 inputs, as with an ``nn.Linear``: FP32 out, the input quantized
+    from FP32 (torchao's to_mx rule: tests/api/test_format.py), summed with the FP32 bias.
+    Every forward raised 'expected dtype bfloat16 or float16'."""
+    layer = _layer().float()
+    run = torch.compile(layer, backend="mxfp8_fusion") if compiled else layer
+    x = torch.randn(2, 3, 256)
+    y = run(x)
+    assert y.dtype == torch.float32 and y.shape == (2, 3, 64)
+    values, scales = reference.quantize(x.reshape(6, 256))
+    weight = (layer.weight_values, layer.weight_scales)
+    expected = reference.mm(values, scales, *weight, layer.bias, torch.float32)
+    assert torch.equal(y.reshape(6, 64), expected)
+
+
+def test_an_input_of_another_dtype_is_refused():
+    with pytest.raises(
+        TypeError, match="^x: expected dtype bfloat16, float16 or float32.*autocast"
+    ):
+        _layer().double()(torch.randn(2, 256, dtype=torch.float64))
 
 
 # --- casts and devices (nn.Module._apply) ---------------------------------------------

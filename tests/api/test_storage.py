@@ -215,3 +215,14 @@ def test_compiled_quantize_returns_an_input_with_raw_scales():
     assert got.raw_scales.dtype == torch.uint8
     assert torch.equal(got.raw_scales, want.raw_scales)
     assert torch.equal(bits(got.values), bits(want.values))
+
+
+def test_storage_shows_its_shape_not_its_bytes():
+    """A fresh empty_input holds uninitialised memory (NaNs, say): its repr shows what it
+    is, in one line."""
+    dest = mf.empty_input(64, 384, "cpu", dtype=torch.float16)
+    assert repr(dest) == (
+        "MXFP8Input(capacity=64, in_features=384, dtype=torch.float16, device=cpu)"
+    )
+    weight = mf.pack_weight(torch.randn(256, 384, dtype=torch.bfloat16))
+    assert repr(weight) == "MXFP8Weight(out_features=256, in_features=384, device=cpu)"

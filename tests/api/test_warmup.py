@@ -2,6 +2,7 @@
 command line, and the parallel compile into the kernel cache (``CUTE_DSL_ARCH``)."""
 
 import importlib.util
+import logging
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import mxfp8_fusion as mf
-from mxfp8_fusion import kernel_warmup
+from mxfp8_fusion import kernel_warmup, progress
 
 H200 = ((9, 0), 132)
 
@@ -56,19 +57,69 @@ def test_unequal_slices_and_other_gpus():
         (dict(projections=[(4096, -1)]), ValueError, "^projections:"),
         (dict(projections=3), TypeError, "^projections:"),
         (dict(projections=[(4096, 4096)], workers=0), ValueError, "^workers:"),
+        (dict(projections=[(4096, [])]), ValueError, "^projections: sizes"),
+        (dict(projections=[(4096, [128, 100])]), ValueError, "^projections: in_features 228"),
+        (dict(projections=[(4096, [128, 160])]), ValueError, "^projections: staged slice"),
+        (dict(projections=[(4096, 100)]), ValueError, "^projections: in_features 100"),
+        (dict(projections=[(0, 4096)]), ValueError, "^projections: sizes"),
+        (dict(projections=[(4096, True)]), ValueError, "^projections: sizes"),
+        (dict(projections=[(4096, 4096)], device="cpu"), ValueError, "^device:"),
+        (dict(projections=[(4096, 4096)], device="gpu0"), ValueError, "^device:"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs, error, match):
+    """On any machine, before anything compiles (on a CPU, before finding no GPU)."""
     with pytest.raises(error, match=match):
         mf.warmup(**kwargs)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
-def test_without_a_gpu_it_says_so():
-    with pytest.raises(RuntimeError, match="no CUDA device"):
-        mf.warmup([(4096, 4096)])
+def test_a_projection_the_calls_refuse_cannot_be_made():
+    with pytest.raises(ValueError, match="sizes must be positive ints"):
+        kernel_warmup.Projection(4096, 0, ())  # builds_for divided by K = 0
+    with pytest.raises(TypeError, match="^dtype:"):
+        kernel_warmup.Projection(4096, 128, (128,), torch.float32)
+
+
+@pytest.mark.parametrize("k", [160, 2880])
+def test_a_width_the_quantizer_refuses_plans_no_quantizer(k):
+    """``MXFP8Linear(k -> 128)``: its input width is no multiple of 128, so the calls run
+    the reference quantizer (the GEMM still takes K = k); a quantizer build for it would not
+    even compile."""
+    projection = kernel_warmup._projection((128, k), torch.bfloat16, None)
+    builds = kernel_warmup.builds_for(projection, [1, 64], *H200)
+    assert [b for b in builds if b.kind == "quantizer"] == []
+    assert any(b.kind == "gemm" for b in builds)
+
+
+def test_every_planned_build_is_one_the_calls_launch():
+    from mxfp8_fusion.kernels.quantize_geometry import check_config
+
+    for n, k in [(256, 32), (256, 96), (256, 4096), (256, [128, 256]), (100, 256)]:
+        projection = kernel_warmup._projection((n, k), torch.bfloat16, None)
+        builds = kernel_warmup.builds_for(projection, [1, 512], *H200)
+        for build in builds:
+            if build.kind == "quantizer":
+                check_config(build.facts[0])  # raises for a config the kernel refuses
+        # N = 100: BF16 output rows of 200 bytes are not 16-byte aligned, the GEMM refuses
+        assert any(b.kind == "gemm" for b in builds) == (n != 100)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine without CUDA")
+def test_without_a_gpu_it_compiles_nothing_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(progress, "_said", set())
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        report = mf.warmup([(4096, 4096)])
+        model = mf.convert(torch.nn.Sequential(torch.nn.Linear(160, 128, dtype=torch.bfloat16)))
+        assert mf.warmup(model).builds == 0
+    assert (report.builds, report.compiled) == (0, 0)
+    assert [m for m in caplog.messages if "nothing to compile (no CUDA device" in m]
     run = _command_line("4096x4096+4096")
-    assert run.returncode == 2 and "no CUDA device" in run.stderr
+    assert run.returncode == 0 and "nothing to compile" in run.stderr
+
+
+def test_command_line_names_a_bad_projection():
+    run = _command_line("4096x128+100")
+    assert run.returncode == 2 and "projections: in_features 228" in run.stderr
 
 
 def _command_line(*args):
@@ -98,7 +149,6 @@ def test_a_model_lists_its_mxfp8_layers():
 def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
     from mxfp8_fusion.kernels import kernel_cache, launcher
     from mxfp8_fusion.kernels import quantize_slice as qs
-
     from mxfp8_fusion.progress import Bar
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))

@@ -10,13 +10,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass
 from torch import fx, nn
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import mxfp8_fusion as mf
 from mxfp8_fusion.nn import MXFP8Linear
+from mxfp8_fusion.passes.fusion import ComposedPass, FusionOptions, FusionPass
 
 NO_CACHE = {"fx_graph_cache": False, "force_disable_caches": True}
 

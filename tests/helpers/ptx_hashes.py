@@ -102,6 +102,7 @@ def gemm_builds() -> list[dict]:
 
 def _gemm_ptx(build: dict) -> str:
     import torch
+
     from mxfp8_fusion.kernels import gemm_sm90 as g
 
     cfg = config_from_fields(build["fields"])

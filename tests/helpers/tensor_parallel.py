@@ -160,7 +160,7 @@ class CountingBackend:
     """``backend="mxfp8_fusion"`` with its pass and the number of compiles kept to read."""
 
     def __init__(self):
-        from mxfp8_fusion.passes import FusionPass
+        from mxfp8_fusion.passes.fusion import FusionPass
 
         self.fusion = FusionPass()
         self.compiles = 0

@@ -20,6 +20,9 @@ def test_demo_runs_and_paths_are_bitwise_equal():
     )
     assert result.returncode == 0, result.stderr
     assert "bitwise: True" in result.stdout
+    # every row says how its bytes were found, and the table says what that means
+    rows = [line for line in result.stdout.splitlines() if line.endswith(("measured", "computed"))]
+    assert len(rows) == 3 and "how: measured = the CUDA allocator's peak" in result.stdout
 
 
 @pytest.mark.slow

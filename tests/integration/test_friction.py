@@ -91,3 +91,21 @@ def test_a_kernel_build_says_so(tmp_path):
     assert len(said[0]) == 1 and said[1] == []
     assert said[0][0].startswith("mxfp8_fusion: compiling a kernel, quantizer QuantizerConfig(")
     assert said[0][0].endswith("for sm_90a (seconds; kept on disk for the next process)")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mxfp8_fusion", *args], capture_output=True, text=True
+    )
+
+
+def test_version_names_what_it_runs_with_and_a_bare_call_prints_the_help():
+    import torch
+
+    run = _cli("--version")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(f"mxfp8_fusion {mf.__version__} | torch {torch.__version__} |")
+    assert "nvidia-cutlass-dsl" in run.stdout and "| GPU: " in run.stdout
+    bare = _cli()
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: python -m mxfp8_fusion")
+    assert "demo" in bare.stdout and "warmup" in bare.stdout

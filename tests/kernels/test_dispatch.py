@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from mxfp8_fusion.kernels import dispatch
 
 

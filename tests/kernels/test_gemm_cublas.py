@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mxfp8_fusion.kernels import dispatch, gemm_cublas
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import format as fmt
 from mxfp8_fusion import reference
+from mxfp8_fusion.kernels import dispatch, gemm_cublas
 
 E8M0 = torch.float8_e8m0fnu
 TOKENS = [1, 127, 128, 129, 300]

@@ -15,10 +15,10 @@ from helpers.gemm import (
     requires_sm90,
     run_kernel,
 )
-from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP, scale_bytes, scale_offset
+from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 SHAPES = [  # (tokens, N, K)
     (1, 128, 128),

@@ -17,21 +17,22 @@ import torch
 from helpers.gemm import (
     requires_cutlass,
 )
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 from mxfp8_fusion.format import scale_bytes
+from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 
 @pytest.mark.slow
 @requires_cutlass
 def test_compiles_for_sm90a_without_gpu():
     """CI proof: the kernel compiles for Hopper on a CPU-only machine (CUTE_DSL_ARCH), and
-    neither importing nor compiling it uses an API the DSL has deprecated (its
-    DeprecationWarnings are errors here)."""
+    neither importing nor compiling it uses an API the DSL has deprecated or draws its
+    optimization warnings (static loops of 64 or more iterations): both are errors here."""
     code = textwrap.dedent(
         """
         import sys, torch, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
+        warnings.filterwarnings("error", message="This static loop has")
         from mxfp8_fusion.kernels import gemm_sm90 as g
         from mxfp8_fusion.kernels.gemm_config import TiledConfig, swap_ab_config
         from mxfp8_fusion.kernels.gemm_names import config_from_spec as named
@@ -62,7 +63,8 @@ def test_compiles_for_sm90a_without_gpu():
         print("compiled")
         """
     )
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    # the DSL ignores its optimization warnings unless asked (pytest's own filters show them)
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_ENABLE_OPTIMIZATION_WARNINGS="1")
     res = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
 
 

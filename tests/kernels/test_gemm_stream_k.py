@@ -17,10 +17,10 @@ from helpers.gemm import (
     requires_cutlass,
     requires_sm90,
 )
-from mxfp8_fusion.kernels import gemm_names, gemm_select
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP
+from mxfp8_fusion.kernels import gemm_names, gemm_select
 
 STREAM_K_SPECS = [
     "tiled 128x128 c2 stream-k",

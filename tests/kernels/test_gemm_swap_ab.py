@@ -9,10 +9,10 @@ import pytest
 import torch
 from helpers import gemm as checks
 from helpers.gemm import random_operand, requires_cutlass, requires_sm90
-from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_offset
+from mxfp8_fusion.kernels import gemm_config, gemm_names
 
 
 def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import stat
 import subprocess
 import sys
 import warnings
@@ -28,7 +29,16 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path / "kernels"))
     monkeypatch.setattr(launcher, "_functions", {})
     monkeypatch.setattr(kernel_cache, "_unwritable", set())
+    monkeypatch.setattr(kernel_cache, "_untrusted", set())
     return tmp_path / "kernels"
+
+
+class _Compiled:
+    """Stands in for a compiled build: exports a few bytes, no compile needed."""
+
+    def export_to_c(self, path, function_name):
+        with open(path, "wb") as f:
+            f.write(function_name.encode())
 
 
 def _build(width=256, arch="sm_90a"):
@@ -87,6 +97,18 @@ def test_default_location_and_override(monkeypatch, tmp_path):
         kernel_cache.set_cache_dir(3)
 
 
+@pytest.mark.parametrize("off", ["", "off", " OFF ", "none", "0"])
+def test_the_words_for_off_mean_off_in_the_variable_and_in_the_call(monkeypatch, off):
+    from mxfp8_fusion.kernels import kernel_cache
+
+    monkeypatch.setattr(kernel_cache, "_override", [])
+    monkeypatch.setenv(kernel_cache.ENV, off)
+    assert kernel_cache.cache_dir() is None
+    monkeypatch.delenv(kernel_cache.ENV)
+    kernel_cache.set_cache_dir(off)  # '' wrote into the current directory
+    assert kernel_cache.cache_dir() is None
+
+
 @requires_cutlass
 def test_entry_is_reused_by_a_fresh_process(cache, monkeypatch):
     from mxfp8_fusion.kernels import launcher
@@ -142,10 +164,9 @@ def _store_concurrently(directory: str, rounds: int) -> None:
                     f.flush()
 
     build = launcher.Build("quantizer", ("concurrency",), "sm_90a")
-    key = kernel_cache.entry_key(build)
     for _ in range(rounds):
-        kernel_cache.store(kernel_cache.Path(directory), key, build, Slow())
-        record = kernel_cache._verified(kernel_cache.Path(directory), key)
+        kernel_cache.store(kernel_cache.Path(directory), build, Slow())
+        record = kernel_cache._verified(kernel_cache.Path(directory), build)
         assert record is not None and record["size"] == 64 * 4096
 
 
@@ -204,3 +225,80 @@ def test_read_only_cache_with_entries_is_still_read(cache, monkeypatch):
     calls = _counting(monkeypatch)
     launcher.function(_build())
     assert calls == []
+
+
+@requires_cutlass
+@pytest.mark.parametrize("lie", ["another build's entry", "another toolchain", "another source"])
+def test_an_entry_is_used_only_for_the_build_it_records(cache, monkeypatch, lie):
+    """An entry whose record names anything but the build asked for (here put under the
+    asked-for key, with that key written into its record) is a miss: rebuilt, replaced."""
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    asked, other = _build(width=384), _build(width=256)
+    launcher.function(other if lie == "another build's entry" else asked)
+    key = kernel_cache.entry_key(asked)
+    if lie == "another build's entry":
+        other_key = kernel_cache.entry_key(other)
+        (cache / f"{key}.o").write_bytes((cache / f"{other_key}.o").read_bytes())
+        fields = json.loads((cache / f"{other_key}.json").read_text())
+    else:
+        fields = json.loads((cache / f"{key}.json").read_text())
+        field = "toolchain" if lie == "another toolchain" else "source"
+        fields[field] = {"packages": {}, "machine": "elsewhere"} if field == "toolchain" else "0"
+    (cache / f"{key}.json").write_text(json.dumps({**fields, "key": key}))
+    assert not kernel_cache.stored(cache, asked)
+    launcher._functions.clear()
+    calls = _counting(monkeypatch)
+    launcher.function(asked)
+    assert calls == [asked] and kernel_cache.stored(cache, asked)
+    assert json.loads((cache / f"{key}.json").read_text())["function"].endswith(key[:24])
+
+
+def test_entries_are_private_whatever_the_umask(cache):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    directory = cache / "a" / "b"
+    kernel_cache.set_cache_dir(directory)
+    build = launcher.Build("quantizer", ("private",), "sm_90a")
+    old = os.umask(0)
+    try:
+        _, stored_in = kernel_cache.build_and_store(build, _Compiled)
+    finally:
+        os.umask(old)
+        kernel_cache._override.clear()
+    assert stored_in == directory
+    for made in (cache, cache / "a", directory):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    entries = sorted(directory.iterdir())
+    assert len(entries) == 2 and all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in entries)
+
+
+@pytest.mark.parametrize("exposure", ["world-writable", "group-writable", "another owner"])
+def test_a_directory_others_can_write_is_neither_read_nor_written(cache, monkeypatch, exposure):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    build, second = (launcher.Build("quantizer", (name,), "sm_90a") for name in "ab")
+    kernel_cache.build_and_store(build, _Compiled)
+    assert kernel_cache.stored(cache, build)
+    if exposure == "another owner":
+        uid = os.getuid()
+        monkeypatch.setattr(kernel_cache.os, "getuid", lambda: uid + 1)
+    else:
+        cache.chmod(0o777 if exposure == "world-writable" else 0o770)
+    with pytest.warns(kernel_cache.KernelCacheWarning, match="chmod 700") as caught:
+        assert not kernel_cache.stored(cache, build)
+        _, stored_in = kernel_cache.build_and_store(second, _Compiled)
+    assert len(caught) == 1 and str(cache) in str(caught[0].message)
+    assert (
+        stored_in not in (None, cache)
+        and not (cache / f"{kernel_cache.entry_key(second)}.o").exists()
+    )
+
+
+def test_an_entry_file_others_can_write_is_not_loaded(cache):
+    from mxfp8_fusion.kernels import kernel_cache, launcher
+
+    build = launcher.Build("quantizer", ("file",), "sm_90a")
+    kernel_cache.build_and_store(build, _Compiled)
+    (cache / f"{kernel_cache.entry_key(build)}.o").chmod(0o666)
+    assert not kernel_cache.stored(cache, build)

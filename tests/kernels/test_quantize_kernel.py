@@ -89,9 +89,8 @@ def test_six_slices_equal_quantize_of_the_concatenation():
 def test_eager_multi_slice_call_is_one_launch(monkeypatch, tokens):
     """``quantize_input_slices`` with six equal slices takes the one-launch kernel and writes
     the bytes of the one-shot quantizer on the concatenation."""
-    from mxfp8_fusion.kernels import dispatch
-
     import mxfp8_fusion as mf
+    from mxfp8_fusion.kernels import dispatch
 
     launches = []
     run_many = dispatch.quantize_slices
@@ -194,9 +193,8 @@ def _check_many_with_padding(sources, columns, k: int, capacity: int, **launch) 
     from the reference, scale byte 127 for the rows [tokens, roundup(tokens, 128)) of every
     group of the slices, poison left in value rows past ``tokens``, in the columns no slice
     owns and in the row blocks past the 128-row boundary."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-
     from mxfp8_fusion.format import scale_offset
+    from mxfp8_fusion.kernels import quantize_slice as kernel
 
     tokens, width = sources[0].shape
     values, scales = poisoned(capacity, k, "cuda")
@@ -279,9 +277,8 @@ def test_edge_case_blocks(dtype):
     source = tiled.to(dtype).cuda()
     check_against_reference(source, 384, 128)
     # And the scale bytes the rule pins down, independently of the reference.
-    from mxfp8_fusion.kernels import quantize_slice as kernel
-
     from mxfp8_fusion.format import scale_offset
+    from mxfp8_fusion.kernels import quantize_slice as kernel
 
     values, scales = poisoned(128, 128, "cuda")
     kernel.run(source, values, scales, 0)

@@ -225,9 +225,8 @@ def test_work_split_writes_each_byte_once(variant):
     """CPU model of the launch: every value byte of the live rows, every scale byte of the
     live rows and 127 for every padding row up to the 128-row boundary, each exactly once,
     and nothing else (no padding CTAs, no value bytes for padding rows)."""
-    from mxfp8_fusion.kernels import quantize_geometry as geometry
-
     from mxfp8_fusion.format import scale_offset
+    from mxfp8_fusion.kernels import quantize_geometry as geometry
 
     config = geometry.QuantizerConfig(fp16=False, **variant)
     width = config.width

@@ -19,6 +19,7 @@ from mxfp8_fusion import reference
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_cuda_graph_capture_and_replay(dtype):
     import tvm_ffi
+
     from mxfp8_fusion.kernels import launcher
     from mxfp8_fusion.kernels import quantize_slice as kernel
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import subprocess
@@ -15,11 +16,12 @@ import textwrap
 import pytest
 import torch
 from helpers.passes import NO_CACHE, CatLinear, assert_bitwise, slices
-from mxfp8_fusion.passes import ComposedPass, FusionOptions, FusionPass, compose, install
 from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
+
+from mxfp8_fusion.passes.fusion import ComposedPass, FusionOptions, FusionPass, compose, install
 
 
 def run_backend(model, xs, **compile_kwargs):
@@ -71,6 +73,27 @@ def test_backend_pass_options_through_torch_compile_options():
     code = run_backend(CatLinear(384), xs, options={"mxfp8_fusion.max_slices": 2})
     assert "quantize_slices_" not in code
     assert counters["mxfp8_fusion"]["sites_skipped"] == 1
+
+
+def test_a_compile_without_mxfp8_layers_says_convert_first_once(monkeypatch, caplog):
+    """Compiling a model that was not converted: one notice naming convert (explain's hint),
+    not one per compile; a converted model gets none."""
+    from mxfp8_fusion import progress
+    from mxfp8_fusion.passes import backend
+
+    monkeypatch.setattr(progress, "_said", set())
+    monkeypatch.setattr(backend, "_saw_mxfp8", [False])
+    plain = torch.nn.Sequential(torch.nn.Linear(256, 64, dtype=torch.bfloat16))
+    x = torch.randn(8, 256, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        run_backend(CatLinear(256), slices())
+        assert not [m for m in caplog.messages if "nothing to rewrite" in m]
+        monkeypatch.setattr(backend, "_saw_mxfp8", [False])
+        for _ in range(2):
+            torch._dynamo.reset()
+            run_backend(plain, [x])
+    said = [m for m in caplog.messages if "nothing to rewrite" in m]
+    assert len(said) == 1 and "mxfp8_fusion.convert(model)" in said[0]
 
 
 def test_backend_rejects_unknown_option():

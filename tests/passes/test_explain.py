@@ -9,9 +9,9 @@ import pytest
 import torch
 from expecttest import assert_expected_inline
 from helpers.passes import CatLinear, randn, slices
-from mxfp8_fusion.passes import FusionOptions
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.passes.fusion import FusionOptions
 
 
 def test_explain_lists_every_site_with_reasons(caplog):

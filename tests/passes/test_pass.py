@@ -434,5 +434,6 @@ def test_rewrite_checks_the_site_before_changing_the_graph(monkeypatch):
     cap = compile_and_check(ReturnsCat(), randn(8, 128), randn(8, 128, seed=1))
     assert cap.unchanged and cap.fusion.matches == 0
     assert cap.fusion.reports[0].reason == (
-        "internal error while rewriting (RuntimeError: cat is also read by output)"
+        "internal error while rewriting (RuntimeError: aten.cat is also read by the graph "
+        "output (it is returned))"
     )

@@ -4,8 +4,6 @@ slices or slice parts inside the range, bitwise equal to the eager path."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from expecttest import assert_expected_inline
@@ -241,7 +239,7 @@ def test_non_qualifying_range_left_exactly_unchanged(make_model, reason):
     assert cap.fusion.matches == 0 and cap.fusion.skipped == 1
     (report,) = cap.fusion.reports
     assert not report.rewritten
-    assert re.sub(r" \(node \w+\)", "", report.reason) == reason  # node names vary
+    assert report.reason == reason  # no FX node names: they vary between compiles
 
 
 def test_explain_reports_range_sites():

@@ -3,9 +3,10 @@ same class is rewritten too, and a site left unchanged reports its real reason."
 
 import pytest
 import torch
-from helpers.passes import Capture, CatLinear, assert_bitwise, randn
+from helpers.passes import NO_CACHE, Capture, CatLinear, assert_bitwise, randn
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.passes.report import FusionSkippedWarning
 
 
 @pytest.fixture(autouse=True)
@@ -61,3 +62,18 @@ def test_explain_gives_the_real_reason_after_widths_went_symbolic():
         assert report.sites[0].reason == "slice 0 has width 160, not a positive multiple of 128"
         report = mf.explain(CatLinear(3 * 384), *_slices(384), options={"max_slices": 2})
         assert report.sites[0].reason == "3 slices exceed the pass option max_slices=2"
+
+
+def test_a_width_marked_dynamic_is_left_unchanged_and_the_compile_succeeds():
+    """``mark_dynamic`` on the slices' widths: specializing them would fail the whole compile
+    (Dynamo's ConstraintViolationError at its guard check); the site is left unchanged with
+    the reason, and the compile goes on, as it does with plain Inductor."""
+    model, xs = CatLinear(2 * 128), _slices(128)[:2]
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 1)
+    with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
+        compiled = torch.compile(model, backend="mxfp8_fusion")
+        with pytest.warns(FusionSkippedWarning, match="slice 0's width is marked dynamic"):
+            assert_bitwise(compiled(*xs), model(*xs))
+        report = mf.explain(model, *xs)
+    assert report.sites[0].reason.startswith("slice 0's width is marked dynamic")

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.passes import NO_CACHE, linear, randn
-from mxfp8_fusion.passes import FusionPass, FusionSkippedWarning, report
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.passes import report
+from mxfp8_fusion.passes.fusion import FusionPass
+from mxfp8_fusion.passes.report import FusionSkippedWarning
 
 
 class Narrow(torch.nn.Module):
@@ -72,6 +74,32 @@ def test_report_only_pass_and_explain_do_not_warn():
         explained = mf.explain(Narrow(), *[randn(8, 96, seed=i) for i in range(2)])
     assert explained.sites[0].reason == _REASON
     assert not [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+
+
+class AlsoScaled(torch.nn.Module):
+    """The concatenation is also read by a product: the site is left unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = linear(256)
+
+    def forward(self, a, b):
+        h = torch.cat([a, b], -1)
+        return self.fc(h), h * 2
+
+
+def test_a_recompile_with_dynamic_tokens_does_not_warn_again():
+    """Static tokens, then a recompile with symbolic tokens: the graphs differ (their FX node
+    names with them), the site and its reason do not, so it warns once, naming no node."""
+    model = AlsoScaled()
+    compiled = torch.compile(model, backend="mxfp8_fusion")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(NO_CACHE):
+            for tokens in (8, 16):  # the second call recompiles with dynamic tokens
+                compiled(*[randn(tokens, 128, seed=i) for i in range(2)])
+    (warning,) = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+    assert str(warning.message).endswith("the concatenation is also used by aten.mul")
 
 
 _TESTS = Path(__file__).resolve().parents[1]  # the helpers package's folder
