@@ -88,7 +88,9 @@ class GraphStaging:
 
     ``stage`` is what ``torch.cat(slices, -1, out=buffer[:n])`` becomes (eager); ``project``
     is what ``combine_hidden_states(buffer[:m])`` becomes (inside the captured graph). Rows
-    never staged read as zeros, as the zero-filled buffer they replace.
+    never staged read as zeros, as the zero-filled buffer they replace. Rows past a step's
+    tokens hold an earlier step's, as vLLM's buffer does, but need not give the same
+    output: the kernel resets their scales (vLLM stores their K/V in padding slots).
     """
 
     def __init__(self, model: nn.Module, fc: nn.Module, rows: int, dtype: torch.dtype):

@@ -175,8 +175,11 @@ def test_dflash_v2_graph_buffer_and_eager_rows_are_staged(release, monkeypatch):
     assert settings.stats.staged_steps - before == 5  # four buffer fills, one eager tail
     for g, e in zip(got, expected, strict=True):
         assert torch.equal(g.view(torch.int16), e.view(torch.int16))
-    for g, e in zip(speculator.stored, expected_kv, strict=True):  # every graph row: stale too
-        assert torch.equal(g.view(torch.int16), e.view(torch.int16))
+    # the rows whose K/V the graph stores for live tokens (past them vLLM's rows are stale and
+    # their K/V goes to padding slots)
+    live = [min(b[1], speculator._num_graph_context_tokens(b[0])) for b, _ in batches]
+    for g, e, n in zip(speculator.stored, expected_kv, live, strict=True):
+        assert torch.equal(g[:n].view(torch.int16), e[:n].view(torch.int16))
     assert counts["allocated"] == 0
 
 
@@ -276,6 +279,9 @@ def test_dflash_graph_staging_replays_bitwise_on_the_gpu(monkeypatch):
     staged._aux_staging = graph.stand_in()
     counts = vllm_drafters.count_concatenations(monkeypatch, WIDTH)
     got = _graph_steps(staged, steps)
-    for g, e in zip(got, expected, strict=True):
-        assert torch.equal(g.view(torch.int16), e.view(torch.int16))
+    for g, e, (_, tokens) in zip(got, expected, steps, strict=True):
+        # the live rows; past them the GPU quantizer resets the padding rows' scales, so
+        # stale rows (whose K/V vLLM writes to padding slots) need not match vLLM's stale rows
+        assert torch.equal(g[:tokens].view(torch.int16), e[:tokens].view(torch.int16))
+        assert torch.isfinite(g).all()
     assert counts["allocated"] == 0
