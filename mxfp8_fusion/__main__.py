@@ -1,6 +1,8 @@
 """``python -m mxfp8_fusion demo``: the main job (see ``demo.py``).
 ``python -m mxfp8_fusion warmup OUTxIN ...``: compile the kernels of MXFP8 projections into
 the kernel cache before a server starts (see ``kernel_warmup.py``).
+``python -m mxfp8_fusion vllm``: what the vLLM plugin does in this environment, without
+starting an engine (see ``vllm/plugin.py``).
 
 The benchmarks are scripts of a repository checkout, run by path (``python
 benchmarks/end_to_end.py``); they are not part of the installed package.
@@ -33,9 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         "--device", type=_device, default=None, help="cuda or cpu (default: cuda when present)"
     )
     _add_warmup(commands)
+    commands.add_parser(
+        "vllm", help="say what the vLLM plugin does here (exit 0 when any part is on)"
+    )
     args = parser.parse_args(argv)
     if args.command == "warmup":
         return _warmup(args)
+    if args.command == "vllm":
+        return _vllm()
     from .demo import main as demo_main
 
     return demo_main(args.device)
@@ -99,6 +106,17 @@ def _warmup(args) -> int:
         f"{report.compiled} compiled, {report.from_disk} read from the kernel cache"
     )
     return 0
+
+
+def _vllm() -> int:
+    import logging
+
+    from .vllm.plugin import describe
+
+    logging.disable(logging.WARNING)  # vLLM's import-time chatter; the report says it all
+    text, on = describe()
+    print(text)
+    return 0 if on else 1
 
 
 if __name__ == "__main__":

@@ -111,8 +111,9 @@ def _wrap_init_backend(original):
     return init_backend
 
 
-def install() -> bool:
-    """Wrap the pass manager's ``configure`` and ``CompilationConfig.init_backend`` (once)."""
-    configure = hooks.wrap(hooks.hook("pass", "PostGradPassManager.configure"), _wrap_configure)
-    backend = hooks.wrap(hooks.hook("pass", "CompilationConfig.init_backend"), _wrap_init_backend)
+def install(table: dict[str, hooks.Hook]) -> bool:
+    """Wrap the pass manager's ``configure`` and ``CompilationConfig.init_backend`` named in
+    ``table`` (this release's pass hooks), once."""
+    configure = hooks.wrap(table["PostGradPassManager.configure"], _wrap_configure)
+    backend = hooks.wrap(table["CompilationConfig.init_backend"], _wrap_init_backend)
     return configure or backend

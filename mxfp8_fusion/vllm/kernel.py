@@ -3,10 +3,12 @@
 Every MXFP8 linear method of vLLM (ModelOpt ``modelopt_mxfp8``, online
 ``quantization="mxfp8"``, compressed-tensors W8A8 MXFP8, and the others built on
 ``init_mxfp8_linear_kernel``) picks its kernel from a per-platform list. The plugin puts
-this class first on CUDA, where it serves sm_90 (Hopper has no block-scaled MMA, and
-vLLM's own choices there are Marlin W8A16 or a Triton W8A8 kernel), and adds it to the CPU
-list, where vLLM has no MXFP8 kernel and this library's plain-torch reference runs.
-``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel`` leaves the choice to vLLM.
+this class first on CUDA and into the CPU list, where vLLM has no MXFP8 kernel and this
+library's plain-torch reference runs. On a GPU it serves only where :mod:`.policy` says so:
+by default where it measured at least as fast as vLLM's own choice. On sm_90 vLLM's choice
+is Humming, W8A16 (BF16 activations), which measured faster; there this class yields
+unless ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours``. ``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel``
+leaves the choice to vLLM everywhere.
 
 The work itself is in :mod:`.linear`, which does not import vLLM.
 """
@@ -21,7 +23,7 @@ from vllm.model_executor.kernels import linear as vllm_linear
 from vllm.platforms import PlatformEnum, current_platform
 
 from ..format import GROUP
-from . import linear, settings
+from . import linear, policy, settings
 
 log = logging.getLogger("mxfp8_fusion.vllm")
 
@@ -29,8 +31,11 @@ log = logging.getLogger("mxfp8_fusion.vllm")
 def _cuda_reason() -> str | None:
     """Why this kernel does not serve this CUDA device (``None``: it does)."""
     capability = current_platform.get_device_capability()
-    if capability is None or (capability[0], capability[1]) != (9, 0):
-        return f"mxfp8_fusion serves sm_90 only, this device is {capability}"
+    if capability is not None:
+        capability = (capability[0], capability[1])
+    decision = policy.decide(policy.arch_name(capability), settings.gpu_kernel()[0])
+    if not decision.ours:
+        return f"mxfp8_fusion yields on {decision.arch}: {decision.reason}"
     if importlib.util.find_spec("cutlass") is None:
         return "mxfp8_fusion needs nvidia-cutlass-dsl for its sm_90 kernels (not installed)"
     return None
@@ -81,8 +86,9 @@ def install() -> bool:
         kernels = table.setdefault(platform, [])
         if any(k.__name__ == Mxfp8FusionLinearKernel.__name__ for k in kernels):
             continue
-        # CUDA: ahead of vLLM's choices, which is_supported yields to off sm_90. CPU: vLLM
-        # has none there, so the place does not matter; appended after any a user added.
+        # CUDA: ahead of vLLM's choices; is_supported yields to them where the policy says.
+        # CPU: vLLM has none there, so the place does not matter; appended after any a
+        # user added.
         if first:
             kernels.insert(0, Mxfp8FusionLinearKernel)
         else:

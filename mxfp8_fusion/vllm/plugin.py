@@ -2,17 +2,94 @@
 
 vLLM calls it in every process it starts (front end, engine core, workers), possibly
 several times; it installs each part once per process. Before changing anything it checks
-the vLLM release and every name the enabled parts touch (:mod:`.hooks`); if one does not
-fit, it logs one line and leaves vLLM as it was.
+the vLLM release and, part by part, every name the part touches (:mod:`.hooks`): a part
+that does not fit is left out with one line saying why, and the others install. One INFO
+line per process then says what is on (:func:`status`); ``python -m mxfp8_fusion vllm``
+prints the same without starting an engine.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass, field
 
-from . import settings
+from . import policy, settings
 
 log = logging.getLogger("mxfp8_fusion.vllm")
+_PREFIX = "mxfp8_fusion vLLM plugin"
+_reported = False  # the status line is logged once per process
+
+
+@dataclass
+class Status:
+    """What the plugin does (or would do) in this process."""
+
+    version: str = "none"
+    release: str | None = None
+    tested: bool = False
+    parts: tuple[str, ...] = ()
+    """The parts that are on and fit this vLLM."""
+    off: dict[str, str] = field(default_factory=dict)
+    """Part -> why it is not installed."""
+    warnings: list[str] = field(default_factory=list)
+    """Switch values that were not understood."""
+    kernel_setting: str = "auto"
+    switched_off: str = ""
+    """The ``MXFP8_FUSION_VLLM`` value that turned the whole plugin off."""
+
+    def line(self) -> str:
+        """The one-line summary: release, parts, the kernel decision per arch."""
+        if self.switched_off:
+            return f"{_PREFIX}: off ({settings.ENABLE_VARIABLE}={self.switched_off})"
+        if self.release is None:
+            why = next(iter(self.off.values()), "no vLLM")
+            return f"{_PREFIX}: not installed, nothing changed: {why}"
+        tested = "tested" if self.tested else f"untested, newer than {self.release}"
+        text = f"{_PREFIX}: vLLM {self.version} ({tested}); on: {', '.join(self.parts) or 'none'}"
+        if self.off:
+            text += "; off: " + "; ".join(f"{p} ({why})" for p, why in self.off.items())
+        if "kernel" in self.parts:
+            text += f"; kernel: {policy.summary(self.kernel_setting)}"
+        return text
+
+
+def status(environ=None, version: str | None = None) -> tuple[Status, object | None]:
+    """What :func:`register` would install here, without installing anything; and the
+    :class:`~.hooks.Fit` it is based on (``None`` when the plugin is switched off)."""
+    state = Status()
+    enabled, bad = settings.plugin_switch(environ)
+    if bad is not None:
+        state.warnings.append(
+            f"{settings.ENABLE_VARIABLE}={bad!r} is none of {'/'.join(settings.ON)} (on) or "
+            f"{'/'.join(settings.OFF)} (off): the plugin stays off"
+        )
+    if not enabled:
+        state.switched_off = (environ if environ is not None else os.environ)[
+            settings.ENABLE_VARIABLE
+        ]
+        return state, None
+    parts, unknown = settings.enabled_parts(environ)
+    if unknown:
+        state.warnings.append(
+            f"{settings.DISABLE_VARIABLE} names unknown parts {', '.join(unknown)} (known: "
+            f"{', '.join(settings.PARTS)}); ignored"
+        )
+    state.kernel_setting, bad_kernel = settings.gpu_kernel(environ)
+    if bad_kernel is not None:
+        state.warnings.append(
+            f"{settings.KERNEL_VARIABLE}={bad_kernel!r} is none of "
+            f"{', '.join(settings.KERNEL_CHOICES)}: read as auto"
+        )
+    off = f"turned off by {settings.DISABLE_VARIABLE}"
+    state.off = {p: off for p in settings.PARTS if p not in parts}
+    from . import hooks
+
+    fit = hooks.check(parts, version)
+    state.version, state.release, state.tested = fit.version, fit.release, fit.tested
+    state.parts = tuple(p for p in parts if fit.fits(p))
+    state.off.update(fit.problems)
+    return state, fit
 
 
 def _installers():
@@ -22,35 +99,71 @@ def _installers():
     return {"kernel": kernel.install, "pass": compile.install, "drafter": drafter.install}
 
 
+def _install(part: str, fit) -> bool:
+    install = _installers()[part]
+    if part == "drafter":
+        return install(fit.hooks(part), graph_staging=fit.tested)
+    if part == "pass":
+        return install(fit.hooks(part))
+    return install()
+
+
 def register() -> None:
-    """Install the enabled parts of the plugin into the running vLLM (idempotent).
+    """Install the enabled parts of the plugin that fit the running vLLM (idempotent).
 
-    Switches: ``MXFP8_FUSION_VLLM=0`` (the whole plugin off) and
-    ``MXFP8_FUSION_VLLM_DISABLE=kernel,pass,drafter`` (some parts off).
+    Switches: ``MXFP8_FUSION_VLLM=0`` (the whole plugin off),
+    ``MXFP8_FUSION_VLLM_DISABLE=kernel,pass,drafter`` (some parts off),
+    ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` (our kernel ahead of vLLM's on GPUs).
     """
-    if not settings.plugin_enabled():
-        log.info("mxfp8_fusion vLLM plugin: off (%s=0)", settings.ENABLE_VARIABLE)
-        return
-    parts, unknown = settings.enabled_parts()
-    if unknown:
-        log.warning(
-            "mxfp8_fusion vLLM plugin: %s names unknown parts %s (known: %s); ignored",
-            settings.DISABLE_VARIABLE,
-            ", ".join(unknown),
-            ", ".join(settings.PARTS),
-        )
-    if not parts:
-        log.info("mxfp8_fusion vLLM plugin: every part is off (%s)", settings.DISABLE_VARIABLE)
-        return
-    from . import hooks
+    global _reported
+    state, fit = status()
+    if not _reported:
+        for warning in state.warnings:
+            log.warning("%s: %s", _PREFIX, warning)
+    newly = [part for part in state.parts if _install(part, fit)]
+    if state.parts:
+        settings.stats.registered = True
+        settings.stats.parts = state.parts
+    if not _reported or newly:
+        log.info("%s", state.line())
+    _reported = True
 
-    problem = hooks.check(parts)
-    if problem is not None:
-        log.warning("mxfp8_fusion vLLM plugin: not installed, nothing changed: %s", problem)
-        return
-    installers = _installers()
-    newly = [part for part in parts if installers[part]()]
-    settings.stats.registered = True
-    settings.stats.parts = tuple(parts)
-    if newly:
-        log.info("mxfp8_fusion vLLM plugin: installed %s", ", ".join(newly))
+
+def _paths(fit) -> str:
+    names = fit.hooks("drafter")
+    paths = [
+        label
+        for label, name in (
+            ("V1 runner", "GPUModelRunner.propose_draft_token_ids"),
+            ("V2 EAGLE-3", "TargetDependentARSpeculator.propose"),
+            ("V2 DFlash", "DFlashSpeculator.propose"),
+        )
+        if name in names
+    ]
+    if fit.tested and "DFlashSpeculator._store_hidden_states" in names:
+        paths.append("DFlash full-graph buffer")
+    return ", ".join(paths)
+
+
+def describe(environ=None) -> tuple[str, bool]:
+    """``python -m mxfp8_fusion vllm``: the status line and, part by part, what is on and
+    why, without starting an engine; and whether any part is on."""
+    state, fit = status(environ)
+    env = environ if environ is not None else os.environ
+    lines = [state.line(), *(f"warning: {w}" for w in state.warnings)]
+    for name in (settings.ENABLE_VARIABLE, settings.DISABLE_VARIABLE, settings.KERNEL_VARIABLE):
+        lines.append(f"  {name}={env.get(name, '')!r}" if name in env else f"  {name} unset")
+    for part in settings.PARTS:
+        if part in state.parts:
+            detail = {
+                "kernel": "vLLM's MXFP8 linear kernel list (see below)",
+                "pass": "vLLM's compile pipeline",
+                "drafter": f"{_paths(fit)} (where our kernel packed fc)",
+            }[part]
+            lines.append(f"  {part}: on: {detail}")
+        elif not state.switched_off and state.release is not None:
+            lines.append(f"  {part}: off: {state.off.get(part, '')}")
+    if "kernel" in state.parts:
+        for arch in (*policy.ARCHS, "other GPUs"):
+            lines.append(f"  kernel on {arch}: {policy.decide(arch, state.kernel_setting).reason}")
+    return "\n".join(lines), bool(state.parts)

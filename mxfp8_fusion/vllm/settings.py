@@ -2,9 +2,15 @@
 
 Imports neither vLLM nor torch: the plugin reads these before deciding to import anything.
 
-- ``MXFP8_FUSION_VLLM=0`` turns the whole plugin off (also ``false``, ``off``, ``no``).
+- ``MXFP8_FUSION_VLLM``: ``1`` / ``true`` / ``on`` / ``yes`` (or unset) leave the plugin on;
+  ``0`` / ``false`` / ``off`` / ``no`` turn it off. Any other value turns it off too, with a
+  warning: a kill switch that is mistyped fails safe.
 - ``MXFP8_FUSION_VLLM_DISABLE=kernel,pass,drafter`` turns off the parts named (any subset,
   comma-separated).
+- ``MXFP8_FUSION_VLLM_GPU_KERNEL``: ``auto`` (default) puts this library's MXFP8 linear
+  kernel ahead of vLLM's on a GPU arch only where it measured at least as fast as vLLM's
+  own choice there (:mod:`.policy`); ``ours`` puts it ahead wherever it serves (W8A8 on
+  sm_90, where vLLM runs W8A16). An unknown value is read as ``auto``, with a warning.
 """
 
 from __future__ import annotations
@@ -14,24 +20,50 @@ from dataclasses import dataclass, field
 
 ENABLE_VARIABLE = "MXFP8_FUSION_VLLM"
 DISABLE_VARIABLE = "MXFP8_FUSION_VLLM_DISABLE"
+KERNEL_VARIABLE = "MXFP8_FUSION_VLLM_GPU_KERNEL"
 PARTS = ("kernel", "pass", "drafter")
 """The plugin's parts, in the order they are installed."""
 
-_OFF = {"0", "false", "off", "no"}
+ON = ("1", "true", "on", "yes")
+OFF = ("0", "false", "off", "no")
+KERNEL_CHOICES = ("auto", "ours")
+
+
+def _get(environ, name: str) -> str:
+    return (environ if environ is not None else os.environ).get(name, "").strip().lower()
+
+
+def plugin_switch(environ=None) -> tuple[bool, str | None]:
+    """Whether ``MXFP8_FUSION_VLLM`` leaves the plugin on (unset: on), and the value when it
+    is none of the documented ones (then the plugin is off)."""
+    value = _get(environ, ENABLE_VARIABLE)
+    if value in ("", *ON):
+        return True, None
+    if value in OFF:
+        return False, None
+    return False, value
 
 
 def plugin_enabled(environ=None) -> bool:
     """Whether ``MXFP8_FUSION_VLLM`` leaves the plugin on (unset: on)."""
-    value = (environ if environ is not None else os.environ).get(ENABLE_VARIABLE, "")
-    return value.strip().lower() not in _OFF
+    return plugin_switch(environ)[0]
 
 
 def enabled_parts(environ=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The parts left on by ``MXFP8_FUSION_VLLM_DISABLE``, and the unknown names it holds."""
-    value = (environ if environ is not None else os.environ).get(DISABLE_VARIABLE, "")
-    named = {item.strip().lower() for item in value.split(",") if item.strip()}
+    value = _get(environ, DISABLE_VARIABLE)
+    named = {item.strip() for item in value.split(",") if item.strip()}
     unknown = tuple(sorted(named - set(PARTS)))
     return tuple(part for part in PARTS if part not in named), unknown
+
+
+def gpu_kernel(environ=None) -> tuple[str, str | None]:
+    """``MXFP8_FUSION_VLLM_GPU_KERNEL`` (``auto`` or ``ours``), and the value when it is
+    neither (then ``auto``)."""
+    value = _get(environ, KERNEL_VARIABLE) or "auto"
+    if value in KERNEL_CHOICES:
+        return value, None
+    return "auto", value
 
 
 @dataclass
@@ -53,7 +85,7 @@ class Stats:
     pass_rewrites: int = 0
     """``cat -> MXFP8 linear`` sites the pass rewrote."""
     staged_steps: int = 0
-    """Drafter ``fc`` projections staged slice by slice."""
+    """Drafter ``fc`` inputs staged slice by slice (eager steps and graph buffer fills)."""
     unstaged_concatenations: int = 0
     """Drafter concatenations left to vLLM (a drafter this plugin does not stage)."""
 

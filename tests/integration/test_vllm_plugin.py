@@ -9,14 +9,15 @@ the drafter's ``combine_hidden_states``, which applies ``self.model.fc``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import pytest
 import torch
+from helpers import vllm_drafters
 from torch import nn
 
-import mxfp8_fusion as mf
-from mxfp8_fusion.vllm import drafter, hooks, linear, plugin, settings
+from mxfp8_fusion.vllm import drafter, hooks, plugin, settings
 
 HIDDEN = 256
 
@@ -28,25 +29,45 @@ def test_switches():
     parts, unknown = settings.enabled_parts({"MXFP8_FUSION_VLLM_DISABLE": "pass, Drafter,x"})
     assert parts == ("kernel",) and unknown == ("x",)
     assert settings.enabled_parts({}) == (settings.PARTS, ())
+    assert settings.gpu_kernel({}) == ("auto", None)
+    assert settings.gpu_kernel({"MXFP8_FUSION_VLLM_GPU_KERNEL": "Ours"}) == ("ours", None)
+    assert settings.gpu_kernel({"MXFP8_FUSION_VLLM_GPU_KERNEL": "fast"}) == ("auto", "fast")
 
 
-@pytest.mark.parametrize(
-    ("version", "fits"),
-    [("0.32.0", True), ("0.32.3+cpu", True), ("0.33.0", False), ("0.3.2", False), ("", False)],
-)
-def test_version_gate(version, fits):
-    assert hooks.version_fits(version) is fits
+@pytest.mark.parametrize("value", ["1", "true", "ON", " yes ", ""])
+def test_kill_switch_on_values(value):
+    assert settings.plugin_switch({"MXFP8_FUSION_VLLM": value}) == (True, None)
+
+
+@pytest.mark.parametrize("value", ["disable", "disabled", "fasle", "n", "2"])
+def test_kill_switch_typo_fails_safe_with_one_warning(monkeypatch, caplog, value):
+    """An unknown value turns the plugin off (a kill switch fails safe) and says so once,
+    naming the value and the accepted ones."""
+    assert settings.plugin_switch({"MXFP8_FUSION_VLLM": value}) == (False, value)
+    monkeypatch.setenv("MXFP8_FUSION_VLLM", value)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(plugin, "_reported", False)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
+        plugin.register()
+        plugin.register()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert repr(value) in warnings[0] and "1/true/on/yes" in warnings[0]
+    assert "stays off" in warnings[0]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == [f"mxfp8_fusion vLLM plugin: off (MXFP8_FUSION_VLLM={value})"]
 
 
 def test_without_vllm_register_logs_one_line_and_changes_nothing(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm fails, as where it is absent
     monkeypatch.delenv("MXFP8_FUSION_VLLM", raising=False)
+    monkeypatch.setattr(plugin, "_reported", False)
     before = dict(vars(settings.stats))
     with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
         plugin.register()
         plugin.register()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and all("not installed, nothing changed" in m for m in lines)
+    assert len(lines) == 1 and "not installed, nothing changed" in lines[0]
     assert "vLLM cannot be imported" in lines[0]
     assert vars(settings.stats) == before
 
@@ -54,6 +75,7 @@ def test_without_vllm_register_logs_one_line_and_changes_nothing(monkeypatch, ca
 def test_plugin_off_imports_nothing(monkeypatch, caplog):
     monkeypatch.setenv("MXFP8_FUSION_VLLM", "0")
     monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(plugin, "_reported", False)
     with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
         plugin.register()
     assert [r.getMessage() for r in caplog.records] == [
@@ -71,24 +93,13 @@ def test_import_mxfp8_fusion_does_not_import_vllm():
 # --- drafter staging on stand-ins ----------------------------------------------------------
 
 
-class _Inner(nn.Module):
-    def __init__(self, fc: nn.Module):
-        super().__init__()
-        self.fc = fc
-        self.use_aux_hidden_state = True
-        self.norm_before_fc = False
-        self.fc_norm = None
-
-
-class _Drafter(nn.Module):
-    """vLLM's ``Eagle3LlamaForCausalLM.combine_hidden_states``, reduced to what it does here."""
-
-    def __init__(self, fc: nn.Module):
-        super().__init__()
-        self.model = _Inner(fc)
-
-    def combine_hidden_states(self, hidden_states):
-        return self.model.fc(hidden_states)
+_V1_PROPOSE = next(
+    h for h in hooks.RELEASES["0.32"]["drafter"] if h.name.endswith("propose_draft_token_ids")
+)
+_Drafter = vllm_drafters.drafter_class("V1Drafter", vllm_drafters.reduced_combine)
+_PlainDrafter = vllm_drafters.drafter_class(
+    "PlainDrafter", vllm_drafters.reduced_combine, wrapped=False
+)
 
 
 class _Runner:
@@ -106,50 +117,16 @@ class _Runner:
         return self.drafter.model.combine_hidden_states(target_hidden_states).clone()
 
 
-class _VllmFc(nn.Module):
-    """A ``ReplicatedLinear`` whose MXFP8 weight our kernel packed."""
-
-    def __init__(self, device, hidden=HIDDEN):
-        super().__init__()
-        gen = torch.Generator().manual_seed(3)
-        w = (torch.randn(hidden, 3 * hidden, generator=gen) * 0.05).to(torch.bfloat16)
-        values, scales = mf.reference.quantize_rows(w)
-        self.weight = nn.Parameter(values.to(device), requires_grad=False)
-        self.weight_scale = nn.Parameter(scales.to(device), requires_grad=False)
-        self.bias = None
-        self.return_bias = False
-        self.skip_bias_add = False
-        linear.process_weights(self, "model.fc")
-
-    def forward(self, x):
-        return linear.apply_weights(self, x, self.bias)
+_VllmFc = vllm_drafters.PackedFc
 
 
 def _patched(monkeypatch):
-    monkeypatch.setattr(
-        _Runner, "propose_draft_token_ids", drafter._wrap_propose(_Runner.propose_draft_token_ids)
-    )
-    monkeypatch.setattr(
-        _Drafter, "combine_hidden_states", drafter._wrap_combine(_Drafter.combine_hidden_states)
-    )
+    make = drafter._wrap_propose(_V1_PROPOSE, drafter._runner_drafter)
+    monkeypatch.setattr(_Runner, "propose_draft_token_ids", make(_Runner.propose_draft_token_ids))
 
 
 def _count_cats(monkeypatch, width):
-    counts = {"allocated": 0}
-    original = torch.cat
-
-    def cat(*args, **kwargs):
-        out = original(*args, **kwargs)
-        if (
-            out.dim() == 2
-            and out.shape[1] == width
-            and out.untyped_storage().nbytes() >= out.numel() * 2
-        ):
-            counts["allocated"] += 1
-        return out
-
-    monkeypatch.setattr(torch, "cat", cat)
-    return counts
+    return vllm_drafters.count_concatenations(monkeypatch, width)
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -180,7 +157,7 @@ def test_drafter_whose_fc_is_not_ours_is_unchanged(monkeypatch):
     got = runner.propose_draft_token_ids(8, None, None, None, None, aux)
     assert torch.equal(got, fc(torch.cat([h[:8] for h in aux], -1)))
     assert counts["allocated"] == 2  # vLLM's own and the check's
-    assert not hasattr(runner.drafter.model, drafter._STAGING)
+    assert not hasattr(runner.drafter.model, drafter._STEP)
 
 
 def test_drafter_fc_with_unaligned_slices_is_left_to_vllm(monkeypatch):
@@ -191,19 +168,30 @@ def test_drafter_fc_with_unaligned_slices_is_left_to_vllm(monkeypatch):
     _patched(monkeypatch)
     got = runner.propose_draft_token_ids(5, None, None, None, None, aux)
     assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    assert not hasattr(runner.drafter.model, drafter._STAGING)
+    assert not hasattr(runner.drafter.model, drafter._STEP)
 
 
-def test_drafter_step_over_capacity_falls_back_to_the_concatenation(monkeypatch):
-    fc = _VllmFc("cpu")
-    runner = _Runner(_Drafter(fc), max_num_tokens=8)
+@pytest.mark.parametrize(
+    ("model_cls", "capacity", "tokens", "counter", "added"),
+    [
+        (_Drafter, 8, 20, "unstaged_concatenations", 1),  # a step over the capacity
+        # a drafter class of its own (Qwen3 or DeepSeek EAGLE-3, say) with our fc: its
+        # combine step is not one the plugin read
+        (_PlainDrafter, 16, 9, "staged_steps", 0),
+    ],
+    ids=["over-capacity", "combine-not-wrapped"],
+)
+def test_drafter_falls_back_to_vllms_concatenation(
+    monkeypatch, model_cls, capacity, tokens, counter, added
+):
+    runner = _Runner(model_cls(_VllmFc("cpu")), max_num_tokens=capacity)
     aux = [torch.randn(32, HIDDEN).to(torch.bfloat16) for _ in range(3)]
-    expected = runner.propose_draft_token_ids(20, None, None, None, None, aux)
+    expected = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
     _patched(monkeypatch)
-    before = settings.stats.unstaged_concatenations
-    got = runner.propose_draft_token_ids(20, None, None, None, None, aux)
+    before = getattr(settings.stats, counter)
+    got = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
     assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-    assert settings.stats.unstaged_concatenations == before + 1
+    assert getattr(settings.stats, counter) == before + added
 
 
 def test_wrap_is_idempotent():
@@ -220,3 +208,81 @@ def test_wrap_is_idempotent():
         assert Owner.method is wrapped
     finally:
         del globals()["Owner"]
+
+
+# --- parts are checked and installed independently ---------------------------------------
+
+
+def _fake_vllm(monkeypatch, version: str) -> None:
+    """A vLLM of ``version`` to import, no switches set, a fresh process's plugin state."""
+    fake = type(sys)("vllm")
+    fake.__version__ = version
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    for name in ("MXFP8_FUSION_VLLM", "MXFP8_FUSION_VLLM_DISABLE", "MXFP8_FUSION_VLLM_GPU_KERNEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(plugin, "_reported", False)
+    monkeypatch.setattr(settings, "stats", settings.Stats())
+
+
+@pytest.mark.parametrize("broken", settings.PARTS)
+def test_a_hook_that_does_not_fit_turns_off_its_part_only(monkeypatch, caplog, broken):
+    _fake_vllm(monkeypatch, "0.34.0")
+    missing = hooks.RELEASES["0.34"][broken][-1]
+
+    def resolve(hook):
+        if hook == missing:
+            raise LookupError(f"{hook.qualified} does not exist")
+        return object()
+
+    monkeypatch.setattr(hooks.Hook, "resolve", resolve)
+    installed = []
+    installers = {p: (lambda *a, p=p, **k: installed.append(p) or True) for p in settings.PARTS}
+    monkeypatch.setattr(plugin, "_installers", lambda: installers)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
+        plugin.register()
+    assert installed == [p for p in settings.PARTS if p != broken]
+    assert settings.stats.parts == tuple(installed)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "vLLM 0.34.0 (tested)" in line
+    assert f"{broken} ({missing.qualified} does not exist)" in line
+
+
+def test_a_newer_release_installs_what_fits_and_says_untested(monkeypatch, caplog):
+    _fake_vllm(monkeypatch, "0.36.1")
+    monkeypatch.setattr(hooks.Hook, "resolve", lambda hook: object())
+    calls = {}
+    installers = {p: (lambda *a, p=p, **k: calls.setdefault(p, k) or True) for p in settings.PARTS}
+    monkeypatch.setattr(plugin, "_installers", lambda: installers)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
+        plugin.register()
+    assert list(calls) == list(settings.PARTS)
+    assert calls["drafter"] == {"graph_staging": False}  # stand-ins only where code was read
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "vLLM 0.36.1 (untested, newer than 0.34)" in line
+
+
+def test_status_line_names_the_kernel_decision_per_arch(monkeypatch):
+    monkeypatch.setattr(hooks.Hook, "resolve", lambda hook: object())
+    state, _ = plugin.status({}, version="0.34.0")
+    line = state.line()
+    assert "sm_90 Humming (W8A16)" in line and "MXFP8_FUSION_VLLM_GPU_KERNEL=ours" in line
+    assert "cpu ours: vLLM has no MXFP8 kernel on the CPU" in line
+    state, _ = plugin.status({"MXFP8_FUSION_VLLM_GPU_KERNEL": "ours"}, version="0.34.0")
+    assert "sm_90 ours (W8A8)" in state.line()
+
+
+def test_command_says_whether_it_is_on_without_vllm():
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXFP8_FUSION_VLLM")}
+    env["MXFP8_FUSION_VLLM_GPU_KERNEL"] = "fastest"
+    result = subprocess.run(
+        [sys.executable, "-m", "mxfp8_fusion", "vllm"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if "vllm" in sys.modules or result.returncode == 0:
+        pytest.skip("vLLM is installed here: the engine test checks the command there")
+    assert result.returncode == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("mxfp8_fusion vLLM plugin: not installed, nothing changed")
+    assert "MXFP8_FUSION_VLLM_GPU_KERNEL='fastest'" in result.stdout
