@@ -65,14 +65,14 @@ def _no_device_kernel(device: torch.device, cap: tuple[int, int] | None) -> str:
 
 @functools.cache
 def _quantize_slice():
-    from . import quantize_slice
+    from .quantize import host as quantize_slice
 
     return quantize_slice
 
 
 @functools.cache
 def _gemm_sm90():
-    from . import gemm_sm90
+    from .gemm_sm90 import host as gemm_sm90
 
     return gemm_sm90
 

@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, scale_bytes
-from .kernels import dispatch, kernel_cache, launcher
+from .kernels import dispatch
+from .kernels.runtime import cache as kernel_cache
+from .kernels.runtime import launcher
 from .progress import Bar, notice
 
 _GEMM_CAPABILITY = (9, 0)  # the CuTe DSL GEMM is Hopper's; others use cuBLAS or the reference
@@ -138,7 +140,7 @@ def _meta(shape, dtype) -> torch.Tensor:
 def _quantizer_served(projection: Projection, tokens: int) -> bool:
     """Whether the slice quantizer kernel serves ``projection``'s input at ``tokens``: the
     kernel's own refusal, asked about tensors shaped like the call's (contiguous)."""
-    from .kernels import quantize_slice
+    from .kernels.quantize import host as quantize_slice
 
     values = _meta((tokens, projection.in_features), VALUE_DTYPE)
     column = 0
@@ -152,7 +154,7 @@ def _quantizer_served(projection: Projection, tokens: int) -> bool:
 def _gemm_served(projection: Projection, tokens: int) -> bool:
     """Whether the SM90 GEMM serves ``projection`` at ``tokens`` into a new output: its own
     refusal, asked about tensors shaped like the call's."""
-    from .kernels import gemm_sm90
+    from .kernels.gemm_sm90 import host as gemm_sm90
 
     n, k = projection.out_features, projection.in_features
     a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
@@ -169,11 +171,11 @@ def builds_for(
     config the selection picks and the launch that runs before it. A call that a kernel
     refuses (an input width that is not a multiple of 128, say) runs the reference and
     needs no build."""
-    from .kernels import gemm_sm90_buffers as buffers
-    from .kernels import quantize_slice
-    from .kernels.gemm_config import SwapABConfig
-    from .kernels.gemm_select import choose_config
-    from .kernels.gemm_sm90 import gemm_build
+    from .kernels.gemm_sm90 import buffers
+    from .kernels.gemm_sm90.config import SwapABConfig
+    from .kernels.gemm_sm90.host import gemm_build
+    from .kernels.gemm_sm90.select import choose_config
+    from .kernels.quantize import host as quantize_slice
 
     builds: dict[launcher.Build, None] = {}
     tokens = list(tokens)

@@ -28,7 +28,9 @@ import statistics
 import time
 from pathlib import Path
 
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 # (N, K): the projection it is
 SHAPES = {
@@ -181,7 +183,7 @@ def _contenders(job, data, t, num_sms) -> dict:
     import torch
 
     from mxfp8_fusion import api
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     out = data.out[:t]
     a_values = data.inp.values[:t]
@@ -216,8 +218,8 @@ def _compile(cfg, n, k, compile_s):
     """Compile outside the GPU lock; records seconds per config spec (and failures)."""
     import torch
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.runtime import launcher
 
     t0 = time.perf_counter()
     try:  # made ready in this process (compiled, or read from the kernel cache)
@@ -232,8 +234,8 @@ def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
 
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.runtime import launcher
 
     n, k = job["n"], job["k"]
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -1,5 +1,5 @@
 """What a GEMM sweep or tune receipt becomes (``benchmarks/gemm.py --sweep`` / ``--tune``):
-the printed summary, the measured table module (kernels/gemm_sm90_table.py) and the plot of
+the printed summary, the measured table module (kernels/gemm_sm90/table.py) and the plot of
 ratios to cuBLAS BF16."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
 
 REGENERATE = (
     "python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json "
-    "--write-table kernels/gemm_sm90_table.py"
+    "--write-table kernels/gemm_sm90/table.py"
 )
 
 
@@ -87,7 +87,7 @@ def merge_base(by_shape: dict, base: dict) -> dict:
 
 
 def table_header(gpu: str, revision: str) -> list[str]:
-    """The lines of kernels/gemm_sm90_table.py before its rows."""
+    """The lines of kernels/gemm_sm90/table.py before its rows."""
     return [
         '"""Measured GEMM schedules (gemm_select.choose_config) per weight shape (N, K) and',
         "token count: data the tuner writes, not edited by hand. Regenerate on an H200 (132",
@@ -112,9 +112,9 @@ def table_header(gpu: str, revision: str) -> list[str]:
 
 
 def write_table(receipt: dict, path: str) -> None:
-    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid schedule per point,
+    """kernels/gemm_sm90/table.py from a tune receipt: the fastest valid schedule per point,
     as data (the receipt names contenders; the table holds their fields)."""
-    from mxfp8_fusion.kernels.gemm_names import schedule_of
+    from mxfp8_fusion.kernels.gemm_sm90.names import schedule_of
 
     lines = table_header(receipt["gpu"], receipt.get("git_revision", "unknown"))
     for shape in receipt["shapes"]:

@@ -22,8 +22,8 @@ def test_capture_sizes_are_vllms_defaults():
 
 
 def test_a_drafter_projection_needs_a_handful_of_builds():
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.quantize import host as qs
 
     projection = kernel_warmup._projection((4096, [4096] * 3), torch.bfloat16, None)
     builds = kernel_warmup.builds_for(projection, kernel_warmup.capture_sizes(), *H200)
@@ -92,7 +92,7 @@ def test_a_width_the_quantizer_refuses_plans_no_quantizer(k):
 
 
 def test_every_planned_build_is_one_the_calls_launch():
-    from mxfp8_fusion.kernels.quantize_geometry import check_config
+    from mxfp8_fusion.kernels.quantize.geometry import check_config
 
     for n, k in [(256, 32), (256, 96), (256, 4096), (256, [128, 256]), (100, 256)]:
         projection = kernel_warmup._projection((n, k), torch.bfloat16, None)
@@ -147,8 +147,9 @@ def test_a_model_lists_its_mxfp8_layers():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the DSL")
 def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
     from mxfp8_fusion.progress import Bar
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))

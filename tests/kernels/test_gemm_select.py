@@ -1,7 +1,7 @@
 """The SM90 GEMM's configs and their selection on a CPU: each config class checks its
 fields, the constructors fit shared memory, the heuristic's rules and model hold against the
 tune receipt, the measured table is well formed and looked up as documented, and the
-tooling names (kernels/gemm_names.py) round-trip."""
+tooling names (kernels/gemm_sm90/names.py) round-trip."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 
 def test_swap_ab_configs_fit_shared_memory():
@@ -32,7 +34,7 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
     tile_w 128), and a flag each."""
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
 
     for spec, tokens, finishing in [
         ("swap-ab", 64, 1),
@@ -172,7 +174,7 @@ def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
 
 
 def test_config_names_round_trip():
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     for spec in (
         "tiled 128x128 c2",
@@ -293,7 +295,7 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     """The smallest measured token count at or above the call's; the last row past the end;
     a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
     heuristic."""
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
     names = ("swap-ab", "tiled 128x64 c1 stream-k", "swap-ab", "tiled 192x128 c1")
     rows = tuple(zip((1, 16, 48, 96), map(gemm_names.schedule_of, names), strict=True))
@@ -321,7 +323,7 @@ def test_measured_table_is_well_formed():
     """Every row of the committed table holds a valid config's schedule for its token
     count, rows ascend, swap-AB rows stay within the kernel's token range, and the table is
     the one its receipt's names give (the tuner writes both)."""
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
     assert table.NUM_SMS == 132
     for (n, k), rows in table.TABLE.items():

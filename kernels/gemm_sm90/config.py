@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxfp8_fusion.format import CHUNK_BYTES, fail
-
+from ...format import CHUNK_BYTES, fail
 from .constants import TILE_K8, TILE_K16
 
 # Tokens up to this many can take the swap-AB kernel: it streams the weight once, converting

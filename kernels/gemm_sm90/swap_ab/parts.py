@@ -11,10 +11,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from mxfp8_fusion.format import CHUNK_BYTES, ceil_div, row_blocks
-
-from .constants import TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ceil_div, row_blocks
+from ..common import (
     Sm90Gemm,
     add_parts,
     chunk_word,
@@ -26,6 +24,7 @@ from .gemm_sm90_common import (
     store_smem_word,
     wait_flag,
 )
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage

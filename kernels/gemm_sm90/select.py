@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import functools
 
-from mxfp8_fusion.format import ceil_div
-
-from .gemm_config import (
+from ...format import ceil_div
+from .config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
     GemmConfig,
@@ -85,7 +84,7 @@ def table_entry(tokens: int, n: int, k: int, num_sms: int = 132) -> dict | None:
     """The measured table's entry for ``tokens`` at (N, K), or None where the table has no
     such shape (or was measured on another SM count). The entry is that of the smallest
     measured token count at or above ``tokens`` (the largest one past the end)."""
-    from . import gemm_sm90_table as table
+    from . import table
 
     rows = table.TABLE.get((n, k)) if num_sms == table.NUM_SMS else None
     if not rows:

@@ -20,11 +20,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
+from ...format import CHUNK_BYTES, ROW_BLOCK
+from ..runtime.launcher import address
+from .common import chunk_word, dequant_pair, load_gmem_word, mul_bf16x2, scale_factors
 from .constants import TILE_K8
-from .gemm_sm90_common import chunk_word, dequant_pair, load_gmem_word, mul_bf16x2, scale_factors
-from .launcher import address
 
 THREADS = 128
 UNITS = TILE_K8 // 16  # 16-byte units per row and 128-K stage

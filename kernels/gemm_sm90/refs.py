@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import (
+from ...format import (
     CHUNK_BYTES,
     GROUP_BLOCK,
     ROW_BLOCK,
@@ -25,9 +25,9 @@ from mxfp8_fusion.format import (
     row_blocks,
     scale_groups,
 )
-
-from .gemm_sm90_common import load_smem_words, store_smem_word
-from .gemm_sm90_f16 import (
+from ..runtime.launcher import address
+from .common import load_smem_words, store_smem_word
+from .f16 import (
     BYTES_MAX_INIT,
     BYTES_MIN_INIT,
     bytes_max,
@@ -36,7 +36,6 @@ from .gemm_sm90_f16 import (
     u16x2_max,
     u16x2_min,
 )
-from .launcher import address
 
 WARPS = 16
 

@@ -42,7 +42,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-from ..progress import notice
+from ...progress import notice
 
 ENV = "MXFP8_FUSION_CACHE_DIR"
 
@@ -99,9 +99,10 @@ def set_cache_dir(path: str | os.PathLike | None) -> None:
 @functools.cache
 def source_hash() -> str:
     """SHA-256 of the kernel package's source and the storage format it builds against."""
-    from .. import format as storage_format
+    from ... import format as storage_format
 
-    files = [*sorted(Path(__file__).parent.glob("*.py")), Path(storage_format.__file__)]
+    package = Path(__file__).parents[1]
+    files = [*sorted(package.rglob("*.py")), Path(storage_format.__file__)]
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -11,10 +11,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from mxfp8_fusion.format import ROW_BLOCK, ceil_div, row_blocks
-
-from .constants import TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import Sm90Gemm
+from ....format import ROW_BLOCK, ceil_div, row_blocks
+from ..common import Sm90Gemm
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 HALVES = TILE_K8 // TILE_K16  # 16-bit stages (K 64) per FP8 stage (K 128)
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)

@@ -51,10 +51,9 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
-
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
+from ...runtime.launcher import address
+from ..common import (
     chunk_slots,
     chunk_views,
     fp8_load_pipe,
@@ -67,10 +66,10 @@ from .gemm_sm90_common import (
     tma_load_chunks,
     tma_views,
 )
-from .gemm_sm90_tiled_consumer import ConsumerRole
-from .gemm_sm90_tiled_convert import WeightConverterRole
-from .gemm_sm90_tiled_schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
-from .launcher import address
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from .consumer import ConsumerRole
+from .convert import WeightConverterRole
+from .schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
 
 
 class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):

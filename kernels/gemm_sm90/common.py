@@ -24,11 +24,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
-
+from ...format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
+from ..runtime.ptx import asm_u32, inline_ptx
 from .constants import CHUNK_WORDS, TILE_K8
-from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
-from .ptx import asm_u32, inline_ptx
+from .f16 import dequant_pair_f16, f16_factor
 
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
 ONE_FACTOR_MAX = 134

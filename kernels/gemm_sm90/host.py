@@ -40,13 +40,12 @@ from dataclasses import replace
 
 import torch
 
-from mxfp8_fusion.format import CHUNK_BYTES, GROUP, padded_rows
-
-from . import gemm_sm90_buffers as buffers
-from . import launcher
-from .gemm_config import GemmConfig, SwapABConfig
-from .gemm_select import choose_config
-from .launcher import int32, pointer, raw_stream
+from ...format import CHUNK_BYTES, GROUP, padded_rows
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
+from . import buffers
+from .config import GemmConfig, SwapABConfig
+from .select import choose_config
 
 _TORCH_TO_CUTLASS = {
     torch.bfloat16: "BFloat16",
@@ -127,9 +126,9 @@ def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_d
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
     if isinstance(cfg, SwapABConfig):
-        from .gemm_sm90_swap_ab import MXFP8SwapABGemmSm90 as kernel_class
+        from .swap_ab.kernel import MXFP8SwapABGemmSm90 as kernel_class
     else:
-        from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
+        from .tiled.kernel import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
     return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype), buffers.ARCH)

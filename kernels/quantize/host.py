@@ -52,11 +52,10 @@ import functools
 
 import torch
 
-from mxfp8_fusion.format import GROUP, group_blocks, padded_rows
-
-from . import launcher
-from .launcher import int32, pointer, raw_stream
-from .quantize_geometry import (
+from ...format import GROUP, group_blocks, padded_rows
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
+from .geometry import (
     ARCHS,
     DEFAULT_ARCH,
     DEFAULT_TILE_ROWS,
@@ -94,7 +93,7 @@ def compile_kernel(config: QuantizerConfig):
 
     Raises ``ValueError`` for an invalid config and ``ImportError`` without nvidia-cutlass-dsl.
     """
-    from .quantize_slice_kernel import build
+    from .kernel import build
 
     check_config(config)
     return launcher.compile_kernel(build(config), compile_args(config), config.arch)

@@ -2,7 +2,7 @@
 token count: data the tuner writes, not edited by hand. Regenerate on an H200 (132
 SMs) with
 
-    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90_table.py
+    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90/table.py
 
 Measured on the NVIDIA H200 at revision e6e8cef (receipt: benchmarks/results/
 gemm_tune.json): per (tokens, N, K) the fastest candidate that matched the reference,

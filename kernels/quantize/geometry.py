@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxfp8_fusion.format import GROUP, GROUP_BLOCK
+from ...format import GROUP, GROUP_BLOCK
 
 TILE_COLS = GROUP * GROUP_BLOCK
 """Columns of one column tile: 4 scale groups, so one 512-byte scale chunk per 128 rows."""

@@ -17,10 +17,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-from .constants import TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ..common import (
     add_parts,
     convert_fragment,
     load_fragment_bytes,
@@ -29,8 +27,9 @@ from .gemm_sm90_common import (
     store_flag,
     wait_flag,
 )
-from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
-from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
+from ..f16 import RING_TO_LOW, times_pow2
+from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
 class ConsumerRole(TiledSchedule):

@@ -11,12 +11,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
-
-from . import quantize_ptx as qptx
-from .launcher import address, int32_or_zero, wait_for_previous_kernel
-from .ptx import prefetch_l2
-from .quantize_geometry import (
+from ...format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
+from ..runtime.launcher import address, int32_or_zero, wait_for_previous_kernel
+from ..runtime.ptx import prefetch_l2
+from . import ptx as qptx
+from .geometry import (
     ROWS_PER_PASS,
     THREADS,
     THREADS_PER_ROW,

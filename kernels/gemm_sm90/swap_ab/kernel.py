@@ -68,10 +68,9 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ...runtime.launcher import address
+from ..common import (
     chunk_slots,
     chunk_views,
     convert_fragment,
@@ -84,7 +83,8 @@ from .gemm_sm90_common import (
     tma_load_chunks,
     tma_views,
 )
-from .gemm_sm90_swap_ab_parts import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from .parts import (
     K_STEPS,
     L2_EVICT_FIRST,
     L2_EVICT_NORMAL,
@@ -92,7 +92,6 @@ from .gemm_sm90_swap_ab_parts import (
     W_GROUPS,
     SwapABParts,
 )
-from .launcher import address
 
 
 class MXFP8SwapABGemmSm90(SwapABParts):

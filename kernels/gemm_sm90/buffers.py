@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mxfp8_fusion.format import padded_rows
-
-from . import launcher
+from ...format import padded_rows
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
 from .constants import WG_THREADS
-from .launcher import int32, pointer, raw_stream
 
 if TYPE_CHECKING:
-    from .gemm_config import GemmConfig
+    from .config import GemmConfig
 
 ARCH = "sm_90a"  # the GEMM and its helper launches are built for Hopper only
 
@@ -25,7 +24,7 @@ ARCH = "sm_90a"  # the GEMM and its helper launches are built for Hopper only
 def compile_tokens(k: int):
     """The swap-AB kernel's token conversion (gemm_sm90_tokens) for K: arguments A values,
     A scales, the BF16 tokens, M."""
-    from .gemm_sm90_tokens import TokensToBF16Sm90
+    from .tokens import TokensToBF16Sm90
 
     args = (pointer("Float8E4M3FN"), pointer("Uint8"), pointer("BFloat16"), int32())
     return launcher.compile_kernel(TokensToBF16Sm90(k), args, ARCH)
@@ -34,7 +33,7 @@ def compile_tokens(k: int):
 def compile_refs(k: int):
     """The per-row FP16 reference scan (gemm_sm90_refs) for K: arguments A scales, B scales,
     the references, M, N."""
-    from .gemm_sm90_refs import RowReferencesSm90
+    from .refs import RowReferencesSm90
 
     args = (pointer("Uint8"), pointer("Uint8"), pointer("Int32"), int32(), int32())
     return launcher.compile_kernel(RowReferencesSm90(k), args, ARCH)

@@ -13,18 +13,17 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-from .constants import TILE_K8, TILE_K16
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ..common import (
     chunk_word,
     dequant_pair,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
 )
-from .gemm_sm90_f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
-from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
+from ..constants import TILE_K8, TILE_K16
+from ..f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
+from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
 class WeightConverterRole(TiledSchedule):

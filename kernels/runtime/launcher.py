@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import kernel_cache
+from . import cache as kernel_cache
 
 
 class Build(NamedTuple):
@@ -98,17 +98,17 @@ def compile_kernel(kernel, args: tuple, arch: str | None = None):
 # Each kind's compile function, by module and name: ``function(*build.facts)``. A build
 # names everything its compile needs, so any process (a warm-up worker too) can make it.
 _COMPILERS = {
-    "quantizer": ("quantize_slice", "compile_kernel"),
-    "gemm": ("gemm_sm90", "compile_gemm"),
-    "gemm tokens": ("gemm_sm90_buffers", "compile_tokens"),
-    "gemm refs": ("gemm_sm90_buffers", "compile_refs"),
+    "quantizer": ("quantize.host", "compile_kernel"),
+    "gemm": ("gemm_sm90.host", "compile_gemm"),
+    "gemm tokens": ("gemm_sm90.buffers", "compile_tokens"),
+    "gemm refs": ("gemm_sm90.buffers", "compile_refs"),
 }
 
 
 def compile_build(build: Build):
     """Compile ``build`` (seconds; no cache involved)."""
     module, name = _COMPILERS[build.kind]
-    compile_fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    compile_fn = getattr(importlib.import_module(f"..{module}", __package__), name)
     return compile_fn(*build.facts)
 
 

@@ -28,9 +28,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir import ir
 from cutlass.cutlass_dsl import dsl_user_op
 
-from mxfp8_fusion.format import SCALE_BIAS, SCALE_NAN_BYTE
-
-from .ptx import asm_u32, inline_ptx
+from ...format import SCALE_BIAS, SCALE_NAN_BYTE
+from ..runtime.ptx import asm_u32, inline_ptx
 
 # e4m3 * 2**d is exact in FP16 for d in [-15, 7]; the path uses [-14, 7] so that every
 # factor 2**d is a normal FP16 number (exponent field d + 15 >= 1, see f16_factor)
