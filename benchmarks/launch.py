@@ -69,7 +69,9 @@ def _int64_entry(config):
 
     ints = (cutlass.Int64(1 << 20),) * 3 + (launcher.int32(),) * 5
     compiled = launcher.compile_kernel(Int64Entry(config), ints, config.arch)
-    build = launcher.Build("quantizer int64 entry", (config,), config.arch)
+    build = launcher.Build(
+        "quantizer int64 entry", (config,), config.arch, None
+    )  # stored, never compiled
     directory = Path(tempfile.mkdtemp())
     kernel_cache.store(directory, build, compiled)
     return kernel_cache.load(directory, build)

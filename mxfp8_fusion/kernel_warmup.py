@@ -171,10 +171,7 @@ def builds_for(
     config the selection picks and the launch that runs before it. A call that a kernel
     refuses (an input width that is not a multiple of 128, say) runs the reference and
     needs no build."""
-    from .kernels.gemm_sm90 import buffers
-    from .kernels.gemm_sm90.config import SwapABConfig
-    from .kernels.gemm_sm90.host import gemm_build
-    from .kernels.gemm_sm90.select import choose_config
+    from .kernels.gemm_sm90 import host as gemm_sm90
     from .kernels.quantize import host as quantize_slice
 
     builds: dict[launcher.Build, None] = {}
@@ -182,21 +179,13 @@ def builds_for(
     arch = quantize_slice.arch_for(capability)
     if arch is not None and _quantizer_served(projection, max(tokens, default=1)):
         fp16 = projection.dtype == torch.float16
-        widths = projection.slices
-        equal = len(set(widths)) == 1 and len(widths) <= quantize_slice.MAX_SLICES
-        for width, count in ((widths[0], len(widths)),) if equal else ((w, 1) for w in widths):
-            config = quantize_slice.config_of(fp16, width, count, arch)
-            builds[quantize_slice.build_of(config)] = None
+        builds.update(dict.fromkeys(quantize_slice.builds(fp16, projection.slices, arch)))
     if tuple(capability) != _GEMM_CAPABILITY:
         return list(builds)
     n, k = projection.out_features, projection.in_features
     for m in (t for t in tokens if _gemm_served(projection, t)):
-        cfg = choose_config(m, n, k, sms)
-        if isinstance(cfg, SwapABConfig) and cfg.bf16_tokens:
-            builds[buffers.tokens_build(k)] = None
-        elif not isinstance(cfg, SwapABConfig) and cfg.fp16_tiles:
-            builds[buffers.refs_build(k)] = None
-        builds[gemm_build(cfg, n, k, n, projection.dtype, projection.bias_dtype)] = None
+        found = gemm_sm90.builds(m, n, k, n, projection.dtype, projection.bias_dtype, sms)
+        builds.update(dict.fromkeys(found))
     return list(builds)
 
 

@@ -41,12 +41,12 @@ def compile_refs(k: int):
 
 def tokens_build(k: int) -> launcher.Build:
     """The token conversion's binary for K (see launcher.Build)."""
-    return launcher.Build("gemm tokens", (k,), ARCH)
+    return launcher.Build("gemm tokens", (k,), ARCH, compile_tokens)
 
 
 def refs_build(k: int) -> launcher.Build:
     """The reference scan's binary for K (see launcher.Build)."""
-    return launcher.Build("gemm refs", (k,), ARCH)
+    return launcher.Build("gemm refs", (k,), ARCH, compile_refs)
 
 
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
@@ -133,18 +133,18 @@ def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
     device = a_scales.device
     dev = device.index if device.index is not None else 0
     a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
-    return launch_row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+    return launch_row_references(refs_build(k), a_ptr, b_ptr, m, n, device, dev, raw_stream(dev))
 
 
-def convert_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
-    """Launch the token conversion of ``bf16_tokens`` configs (gemm_sm90_tokens) into a
+def convert_tokens(build, a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
+    """Launch the token conversion of ``bf16_tokens`` configs (``build``: tokens_build(k)) into a
     buffer kept per stream (at least ``m * k`` BF16, row-major), and return it."""
     (tokens,) = stream_buffers(
         "BF16 tokens", device, dev, stream, m * k,
         lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
     )  # fmt: skip
     convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
-    launcher.launch(tokens_build(k), convert)
+    launcher.launch(build, convert)
     return tokens
 
 
@@ -158,11 +158,14 @@ def bf16_references(m, n, device, dev, stream) -> torch.Tensor:
     return refs
 
 
-def launch_row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
+def launch_row_references(
+    build, a_scales_ptr, b_scales_ptr, m, n, device, dev, stream
+) -> torch.Tensor:
+    """Launch the reference scan ``build`` (refs_build(k)) into references kept per stream."""
     (refs,) = stream_buffers(
         "references", device, dev, stream, padded_rows(m) + padded_rows(n),
         lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
     )  # fmt: skip
     scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
-    launcher.launch(refs_build(k), scan)
+    launcher.launch(build, scan)
     return refs

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -138,7 +139,34 @@ def gemm_build(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dty
     """The kernel binary of a call (see launcher.Build): ``cfg`` as compiled
     (:func:`compiled_config`) and the compile-time facts of :func:`compile_gemm`."""
     facts = (compiled_config(cfg), n, k, ld_out, out_dtype, bias_dtype)
-    return launcher.Build("gemm", facts, buffers.ARCH)
+    return launcher.Build("gemm", facts, buffers.ARCH, compile_gemm)
+
+
+class Launches(NamedTuple):
+    """What one call launches: the GEMM ``config``, the launch before it (``before``: the
+    swap-AB token conversion of ``bf16_tokens`` configs, the tiled kernel's reference scan
+    of ``fp16_tiles`` configs, else None) and the GEMM's build."""
+
+    config: GemmConfig
+    before: launcher.Build | None
+    gemm: launcher.Build
+
+
+def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, sms: int, config=None):
+    """The :class:`Launches` of a call of ``m`` tokens on ``sms`` SMs (``config`` overrides
+    the choice). The call runs exactly these; warm-up compiles them (:func:`builds`)."""
+    cfg = config or choose_config(m, n, k, sms)
+    if isinstance(cfg, SwapABConfig):
+        before = buffers.tokens_build(k) if cfg.bf16_tokens else None
+    else:
+        before = buffers.refs_build(k) if cfg.fp16_tiles else None
+    return Launches(cfg, before, gemm_build(cfg, n, k, ld_out, out_dtype, bias_dtype))
+
+
+def builds(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, sms: int) -> list:
+    """The kernel builds a call of ``m`` tokens launches (see :func:`launches`)."""
+    plan = launches(m, n, k, ld_out, out_dtype, bias_dtype, sms)
+    return [plan.gemm] if plan.before is None else [plan.before, plan.gemm]
 
 
 @functools.cache
@@ -178,7 +206,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         return
     device = a_values.device
     dev = device.index if device.index is not None else 0
-    cfg = config or choose_config(m, n, k, _num_sms(dev))
+    bias_dtype = bias.dtype if bias is not None else None
+    plan = launches(m, n, k, out.stride(0), out.dtype, bias_dtype, _num_sms(dev), config)
+    cfg = plan.config
     swap_ab = isinstance(cfg, SwapABConfig)
     if swap_ab and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
@@ -196,8 +226,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     )
     stream = raw_stream(dev)
     if swap_ab:
-        if cfg.bf16_tokens:
-            tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
+        if plan.before is not None:
+            tokens = buffers.convert_tokens(
+                plan.before, args[0], a_scales_ptr, m, k, device, dev, stream
+            )
             args = (tokens.data_ptr(), *args[1:])
         partials, flags = buffers.stream_buffers(
             "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
@@ -205,9 +237,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
-        if cfg.fp16_tiles:
+        if plan.before is not None:
             refs = buffers.launch_row_references(
-                a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream
+                plan.before, a_scales_ptr, b_scales_ptr, m, n, device, dev, stream
             )
         else:
             refs = buffers.bf16_references(m, n, device, dev, stream)
@@ -221,7 +253,4 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
             args += (partials.data_ptr(), flags.data_ptr())
         else:
             args += (None, None)  # a build without stream-K has no workspace
-    build = gemm_build(
-        cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None
-    )
-    launcher.launch(build, (*args, stream))
+    launcher.launch(plan.gemm, (*args, stream))

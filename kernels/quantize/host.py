@@ -101,7 +101,17 @@ def compile_kernel(config: QuantizerConfig):
 
 def build_of(config: QuantizerConfig) -> launcher.Build:
     """The kernel binary ``config`` names (see launcher.Build)."""
-    return launcher.Build("quantizer", (config,), config.arch)
+    return launcher.Build("quantizer", (config,), config.arch, compile_kernel)
+
+
+def builds(fp16: bool, widths, arch: str) -> list[launcher.Build]:
+    """The builds that quantizing slices of ``widths`` columns (FP16 sources where ``fp16``)
+    launches on ``arch``: one launch of them all where they share a width and are at most
+    MAX_SLICES (:func:`run_many`, as the ops call it), else one launch per slice."""
+    widths = list(widths)
+    if len(set(widths)) == 1 and len(widths) <= MAX_SLICES:
+        return [build_of(config_of(fp16, widths[0], len(widths), arch))]
+    return list(dict.fromkeys(build_of(config_of(fp16, w, 1, arch)) for w in widths))
 
 
 def arch_for(capability: tuple[int, int]) -> str | None:

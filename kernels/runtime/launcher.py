@@ -15,7 +15,6 @@ side of programmatic dependent launch, :func:`wait_for_previous_kernel`.
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -28,12 +27,15 @@ from . import cache as kernel_cache
 class Build(NamedTuple):
     """One kernel binary: ``kind`` names the kernel (``"gemm"``, ``"quantizer"``, ...),
     ``facts`` are its compile-time facts (a tuple of hashable values with a stable
-    ``repr``: configs, sizes, dtypes), ``arch`` the target (``"sm_90a"``). A tuple, so that
-    making and looking one up per launch costs little."""
+    ``repr``: configs, sizes, dtypes), ``arch`` the target (``"sm_90a"``), ``compiler`` the
+    kernel module's compile function, called as ``compiler(*facts)``. A tuple, so that
+    making and looking one up per launch costs little; it pickles (the function by its
+    module and name), so a warm-up worker process can compile it too."""
 
     kind: str
     facts: tuple
     arch: str
+    compiler: Callable
 
     def describe(self) -> str:
         """One line naming the build, for notices and cache entries."""
@@ -95,21 +97,9 @@ def compile_kernel(kernel, args: tuple, arch: str | None = None):
     return cute.compile(kernel, *args, make_fake_stream(), options=options)
 
 
-# Each kind's compile function, by module and name: ``function(*build.facts)``. A build
-# names everything its compile needs, so any process (a warm-up worker too) can make it.
-_COMPILERS = {
-    "quantizer": ("quantize.host", "compile_kernel"),
-    "gemm": ("gemm_sm90.host", "compile_gemm"),
-    "gemm tokens": ("gemm_sm90.buffers", "compile_tokens"),
-    "gemm refs": ("gemm_sm90.buffers", "compile_refs"),
-}
-
-
 def compile_build(build: Build):
     """Compile ``build`` (seconds; no cache involved)."""
-    module, name = _COMPILERS[build.kind]
-    compile_fn = getattr(importlib.import_module(f"..{module}", __package__), name)
-    return compile_fn(*build.facts)
+    return build.compiler(*build.facts)
 
 
 _functions: dict[Build, Callable] = {}

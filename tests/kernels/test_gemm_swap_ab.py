@@ -210,7 +210,9 @@ def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k)
     a, sa = random_operand(tokens, k, spread=30, seed=31)
     sa.view(torch.uint8)[scale_offset(0, 1, k)] = 255  # row 0, group 1: a NaN scale
     stream = torch.cuda.current_stream().cuda_stream
-    got = buffers.convert_tokens(a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream)
+    got = buffers.convert_tokens(
+        buffers.tokens_build(k), a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream
+    )
     got = got[: tokens * k].view(tokens, k)
     want = reference.dequantize(a, sa).to(torch.bfloat16)
     col = torch.arange(k)

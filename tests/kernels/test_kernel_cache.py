@@ -42,6 +42,10 @@ class _Compiled:
             f.write(function_name.encode())
 
 
+def _no_compile(*facts):
+    raise AssertionError("these tests store what they built themselves")
+
+
 def _build(width=256, arch="sm_90a"):
     from mxfp8_fusion.kernels.quantize import host as qs
 
@@ -168,7 +172,7 @@ def _store_concurrently(directory: str, rounds: int) -> None:
                     f.write(bytes([i]) * 4096)
                     f.flush()
 
-    build = launcher.Build("quantizer", ("concurrency",), "sm_90a")
+    build = launcher.Build("quantizer", ("concurrency",), "sm_90a", _no_compile)
     for _ in range(rounds):
         kernel_cache.store(kernel_cache.Path(directory), build, Slow())
         record = kernel_cache._verified(kernel_cache.Path(directory), build)
@@ -269,7 +273,7 @@ def test_entries_are_private_whatever_the_umask(cache):
 
     directory = cache / "a" / "b"
     kernel_cache.set_cache_dir(directory)
-    build = launcher.Build("quantizer", ("private",), "sm_90a")
+    build = launcher.Build("quantizer", ("private",), "sm_90a", _no_compile)
     old = os.umask(0)
     try:
         _, stored_in = kernel_cache.build_and_store(build, _Compiled)
@@ -288,7 +292,7 @@ def test_a_directory_others_can_write_is_neither_read_nor_written(cache, monkeyp
     from mxfp8_fusion.kernels.runtime import cache as kernel_cache
     from mxfp8_fusion.kernels.runtime import launcher
 
-    build, second = (launcher.Build("quantizer", (name,), "sm_90a") for name in "ab")
+    build, second = (launcher.Build("quantizer", (name,), "sm_90a", _no_compile) for name in "ab")
     kernel_cache.build_and_store(build, _Compiled)
     assert kernel_cache.stored(cache, build)
     if exposure == "another owner":
@@ -310,7 +314,7 @@ def test_an_entry_file_others_can_write_is_not_loaded(cache):
     from mxfp8_fusion.kernels.runtime import cache as kernel_cache
     from mxfp8_fusion.kernels.runtime import launcher
 
-    build = launcher.Build("quantizer", ("file",), "sm_90a")
+    build = launcher.Build("quantizer", ("file",), "sm_90a", _no_compile)
     kernel_cache.build_and_store(build, _Compiled)
     (cache / f"{kernel_cache.entry_key(build)}.o").chmod(0o666)
     assert not kernel_cache.stored(cache, build)
