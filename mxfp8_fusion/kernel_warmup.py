@@ -26,11 +26,10 @@ from torch import nn
 
 from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, scale_bytes
 from .kernels import dispatch
+from .kernels.capability import kernels_of
 from .kernels.runtime import cache as kernel_cache
 from .kernels.runtime import launcher
 from .progress import Bar, notice
-
-_GEMM_CAPABILITY = (9, 0)  # the CuTe DSL GEMM is Hopper's; others use cuBLAS or the reference
 
 
 def capture_sizes(max_tokens: int = 512) -> list[int]:
@@ -180,7 +179,7 @@ def builds_for(
     if arch is not None and _quantizer_served(projection, max(tokens, default=1)):
         fp16 = projection.dtype == torch.float16
         builds.update(dict.fromkeys(quantize_slice.builds(fp16, projection.slices, arch)))
-    if tuple(capability) != _GEMM_CAPABILITY:
+    if kernels_of(capability).gemm != "cute":  # cuBLAS or the reference: nothing to build
         return list(builds)
     n, k = projection.out_features, projection.in_features
     for m in (t for t in tokens if _gemm_served(projection, t)):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...format import padded_rows
+from ..capability import CUTE_GEMM_TARGET
 from ..runtime import launcher
 from ..runtime.launcher import int32, pointer, raw_stream
 from .constants import WG_THREADS
@@ -18,7 +19,7 @@ from .constants import WG_THREADS
 if TYPE_CHECKING:
     from .config import GemmConfig
 
-ARCH = "sm_90a"  # the GEMM and its helper launches are built for Hopper only
+ARCH = CUTE_GEMM_TARGET  # the GEMM and the launches before it (the capability table)
 
 
 def compile_tokens(k: int):
