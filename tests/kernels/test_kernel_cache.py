@@ -76,6 +76,23 @@ def test_key_names_everything_that_changes_the_binary(monkeypatch):
     assert key != kernel_cache.entry_key(_build())
 
 
+def test_key_hashes_the_device_code_not_the_tuned_table():
+    """A retuned table or a dispatch rule keeps every entry; every module that holds device
+    code (a ``@cute`` function, an inline-PTX op) or compiles a build is hashed, and so is
+    the storage format."""
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+
+    hashed = kernel_cache.device_sources()
+    package = next(iter(hashed.values())).parents[1]
+    for name in kernel_cache.HOST_ONLY:
+        assert (package / name).is_file() and name not in hashed
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if any(mark in text for mark in ("@cute.", "@dsl_user_op", "def compile_")):
+            assert path.relative_to(package).as_posix() in hashed
+    assert "../format.py" in hashed
+
+
 def test_key_is_the_same_in_another_process():
     from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
