@@ -163,10 +163,14 @@ def _gemm_served(projection: Projection, tokens: int) -> bool:
 
 
 def builds_for(
-    projection: Projection, tokens: Iterable[int], capability: tuple[int, int], sms: int
+    projection: Projection,
+    tokens: Iterable[int],
+    capability: tuple[int, int],
+    sms: int,
+    device_name: str,
 ) -> list[launcher.Build]:
     """The kernel builds ``projection`` launches at each token count on a GPU of compute
-    ``capability`` with ``sms`` SMs: its input slices' quantizer and, on Hopper, each GEMM
+    ``capability`` with ``sms`` SMs, named ``device_name`` (as CUDA reports it): its input slices' quantizer and, on Hopper, each GEMM
     config the selection picks and the launch that runs before it. A call that a kernel
     refuses (an input width that is not a multiple of 128, say) runs the reference and
     needs no build."""
@@ -183,7 +187,9 @@ def builds_for(
         return list(builds)
     n, k = projection.out_features, projection.in_features
     for m in (t for t in tokens if _gemm_served(projection, t)):
-        found = gemm_sm90.builds(m, n, k, n, projection.dtype, projection.bias_dtype, sms)
+        found = gemm_sm90.builds(
+            m, n, k, n, projection.dtype, projection.bias_dtype, (sms, device_name)
+        )
         builds.update(dict.fromkeys(found))
     return list(builds)
 
@@ -272,10 +278,11 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
         return []
     index = _device_index(device)
     capability = torch.cuda.get_device_capability(index)
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    properties = torch.cuda.get_device_properties(index)
+    sms, name = properties.multi_processor_count, properties.name
     plan: dict[launcher.Build, None] = {}
     for item in items:
-        plan.update(dict.fromkeys(builds_for(item, tokens, capability, sms)))
+        plan.update(dict.fromkeys(builds_for(item, tokens, capability, sms, name)))
     return list(plan)
 
 

@@ -151,6 +151,11 @@ def run(args) -> None:
         "hung_specs": hung,
         **base_note,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
+        **(
+            {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
+            if torch.cuda.is_available()
+            else {}
+        ),
         "shapes": [
             {
                 "n": n,

@@ -1,8 +1,8 @@
 """The SM90 GEMM kernels' compile-time configs: one frozen class per kernel (no torch, no
 cutlass), and the constructors that give each tile its standard stage counts.
 
-Which config serves a call is chosen in ``gemm_select``; the kernels read these fields in
-their constructors (``gemm_sm90_tiled``, ``gemm_sm90_swap_ab``).
+Which config serves a call is chosen in ``select``; the kernels read these fields in
+their constructors (``tiled.kernel``, ``swap_ab.kernel``).
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from ...format import CHUNK_BYTES, fail
 from .constants import TILE_K8, TILE_K16
 
-# Tokens up to this many can take the swap-AB kernel: it streams the weight once, converting
-# it in registers, while every CTA converts all tokens (so its cost grows with them).
-SWAP_AB_MAX_TOKENS = 64
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
-# whole 16-byte units of the tile's tokens (8 per token and stage). 128 only with tile_w
-# 128 (BF16 tokens through TMA; a 64 x 128 accumulator per consumer).
+# whole 16-byte units of the tile's tokens (8 per token and stage).
 SWAP_AB_TILES = (8, 16, 32, 64, 128)
-SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TILES[-1]
+# The most tokens a swap-AB launch serves, by tile_w: it streams the weight once, converting
+# it in registers, while every CTA converts all tokens (so its cost grows with them). The
+# 128-token tile only with tile_w 128 (BF16 tokens through TMA; a 64 x 128 accumulator per
+# consumer). The one statement of the limit: everything else reads it here.
+SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
+SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
+SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
 
 
@@ -101,14 +103,19 @@ class SwapABConfig:
             self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
         ):
             fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
-        if self.tokens_tile not in SWAP_AB_TILES or (
-            self.tokens_tile > SWAP_AB_MAX_TOKENS and self.tile_w == 64
+        if self.tokens_tile not in SWAP_AB_TILES or self.tokens_tile > swap_ab_token_limit(
+            self.tile_w
         ):
             fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (128 with tile_w 128)",
                  self.tokens_tile)  # fmt: skip
 
 
 GemmConfig = TiledConfig | SwapABConfig
+
+
+def swap_ab_token_limit(tile_w: int = 64) -> int:
+    """The most tokens a swap-AB launch with ``tile_w`` weight rows per stage serves."""
+    return SWAP_AB_TOKEN_LIMIT.get(tile_w, SWAP_AB_MAX_TOKENS)
 
 
 # FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
@@ -160,7 +167,7 @@ def swap_ab_config(
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
             2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`SwapABConfig` does.
     """
-    limit = SWAP_AB_WIDE_MAX_TOKENS if tile_w == 128 else SWAP_AB_MAX_TOKENS
+    limit = swap_ab_token_limit(tile_w)
     if tokens > limit:
         fail(ValueError, "tokens", f"at most {limit} for this swap-AB schedule", tokens)
     tokens_tile = 8

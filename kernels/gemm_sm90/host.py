@@ -152,10 +152,11 @@ class Launches(NamedTuple):
     gemm: launcher.Build
 
 
-def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, sms: int, config=None):
-    """The :class:`Launches` of a call of ``m`` tokens on ``sms`` SMs (``config`` overrides
-    the choice). The call runs exactly these; warm-up compiles them (:func:`builds`)."""
-    cfg = config or choose_config(m, n, k, sms)
+def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu, config=None):
+    """The :class:`Launches` of a call of ``m`` tokens on ``gpu`` ((SM count, device name):
+    :func:`gpu_of`; ``config`` overrides the choice). The call runs exactly these; warm-up
+    compiles them (:func:`builds`)."""
+    cfg = config or choose_config(m, n, k, *gpu)
     if isinstance(cfg, SwapABConfig):
         before = buffers.tokens_build(k) if cfg.bf16_tokens else None
     else:
@@ -163,15 +164,17 @@ def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, sms: in
     return Launches(cfg, before, gemm_build(cfg, n, k, ld_out, out_dtype, bias_dtype))
 
 
-def builds(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, sms: int) -> list:
-    """The kernel builds a call of ``m`` tokens launches (see :func:`launches`)."""
-    plan = launches(m, n, k, ld_out, out_dtype, bias_dtype, sms)
+def builds(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu) -> list:
+    """The kernel builds a call of ``m`` tokens launches on ``gpu`` (see :func:`launches`)."""
+    plan = launches(m, n, k, ld_out, out_dtype, bias_dtype, gpu)
     return [plan.gemm] if plan.before is None else [plan.before, plan.gemm]
 
 
 @functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def gpu_of(index: int) -> tuple[int, str]:
+    """(SM count, name) of CUDA device ``index``: what the config choice keys on."""
+    properties = torch.cuda.get_device_properties(index)
+    return properties.multi_processor_count, properties.name
 
 
 def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | None = None):
@@ -207,7 +210,7 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     device = a_values.device
     dev = device.index if device.index is not None else 0
     bias_dtype = bias.dtype if bias is not None else None
-    plan = launches(m, n, k, out.stride(0), out.dtype, bias_dtype, _num_sms(dev), config)
+    plan = launches(m, n, k, out.stride(0), out.dtype, bias_dtype, gpu_of(dev), config)
     cfg = plan.config
     swap_ab = isinstance(cfg, SwapABConfig)
     if swap_ab and m > cfg.tokens_tile:

@@ -102,6 +102,7 @@ HOST_ONLY = (
     "dispatch.py",
     "gemm_cublas.py",
     "gemm_sm90/names.py",
+    "gemm_sm90/search.py",
     "gemm_sm90/select.py",
     "gemm_sm90/table.py",
     "runtime/cache.py",

@@ -12,7 +12,7 @@ import torch
 import mxfp8_fusion as mf
 from mxfp8_fusion import kernel_warmup, progress
 
-H200 = ((9, 0), 132)
+H200 = ((9, 0), 132, "NVIDIA H200")
 
 
 def test_capture_sizes_are_vllms_defaults():
@@ -40,9 +40,9 @@ def test_unequal_slices_and_other_gpus():
     quantizers = [b.facts[0] for b in on_h200 if b.kind == "quantizer"]
     assert sorted(c.width for c in quantizers) == [128, 256] and all(c.fp16 for c in quantizers)
     # Blackwell: the quantizer is built for it, the GEMM is cuBLAS's (nothing to compile)
-    on_b200 = kernel_warmup.builds_for(projection, [1, 300], (10, 0), 148)
+    on_b200 = kernel_warmup.builds_for(projection, [1, 300], (10, 0), 148, "NVIDIA B200")
     assert {b.kind for b in on_b200} == {"quantizer"} and on_b200[0].arch == "sm_100a"
-    assert kernel_warmup.builds_for(projection, [1], (8, 0), 108) == []
+    assert kernel_warmup.builds_for(projection, [1], (8, 0), 108, "NVIDIA A100") == []
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ def gemm_builds() -> list[dict]:
     from mxfp8_fusion.kernels.gemm_sm90 import select, table
 
     builds, seen = [], set()
-    shapes = [*table.TABLE, *_EXTRA_SHAPES]
+    shapes = [*table.measured_shapes(), *_EXTRA_SHAPES]
     for n, k in shapes:
         for tokens in _TOKENS:
             for cfg in (select.choose_config(tokens, n, k), select.heuristic_config(tokens, n, k)):

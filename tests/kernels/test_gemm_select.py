@@ -299,7 +299,9 @@ def test_choose_config_looks_up_the_table(monkeypatch):
 
     names = ("swap-ab", "tiled 128x64 c1 stream-k", "swap-ab", "tiled 192x128 c1")
     rows = tuple(zip((1, 16, 48, 96), map(gemm_names.schedule_of, names), strict=True))
-    monkeypatch.setattr(table, "TABLE", {(1024, 2048): rows})
+    monkeypatch.setattr(
+        table, "shapes", lambda device, sms: {(1024, 2048): rows} if sms == 132 else {}
+    )
     gemm_select.choose_config.cache_clear()
     try:
         spec = lambda t: gemm_names.spec_of(gemm_select.choose_config(t, 1024, 2048))  # noqa: E731
@@ -325,8 +327,9 @@ def test_measured_table_is_well_formed():
     the one its receipt's names give (the tuner writes both)."""
     from mxfp8_fusion.kernels.gemm_sm90 import table
 
-    assert table.NUM_SMS == 132
-    for (n, k), rows in table.TABLE.items():
+    shapes = table.shapes(table.MEASURED_DEVICE, 132)
+    assert shapes and list(shapes) == table.measured_shapes()
+    for (n, k), rows in shapes.items():
         assert n > 0 and k % 32 == 0 and rows
         buckets = [t for t, _ in rows]
         assert buckets == sorted(set(buckets)), (n, k)
@@ -334,3 +337,34 @@ def test_measured_table_is_well_formed():
             cfg = gemm_select.config_of(entry, t)
             assert gemm_names.schedule_of(gemm_names.spec_of(cfg)) == entry
             assert gemm_select.choose_config(t, n, k) == cfg
+
+
+def test_the_table_is_keyed_by_device_name_not_only_sm_count():
+    """An H100 SXM has the H200's 132 SMs: it takes the heuristic, not the H200's table."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert table.shapes(h100, 132) == {}
+    for t in (1, 48, 300, 4096):
+        on_h200 = gemm_select.choose_config(t, 7168, 43008, 132, table.MEASURED_DEVICE)
+        assert gemm_select.choose_config(t, 7168, 43008, 132, h100) == (
+            gemm_select.heuristic_config(t, 7168, 43008, 132)
+        )
+        assert on_h200 == gemm_select.config_of(gemm_select.table_entry(t, 7168, 43008), t)
+
+
+def test_a_table_measured_with_the_toolchain_in_use_is_taken_first(monkeypatch):
+    """Of one device's tables, the one its toolchain measured, else the latest written."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    (measured,) = table.tables()
+    version = measured["toolchain"][table.TOOLCHAIN_PACKAGE]
+    latest = {**measured, "toolchain": {table.TOOLCHAIN_PACKAGE: "0.0"}, "shapes": []}
+    monkeypatch.setattr(table, "tables", lambda: (measured, latest))
+    try:
+        for toolchain, has_rows in ((version, True), ("0.0", False), ("9.9", False)):
+            monkeypatch.setattr(table, "_toolchain", lambda v=toolchain: v)
+            table.shapes.cache_clear()
+            assert bool(table.shapes(table.MEASURED_DEVICE, 132)) == has_rows, toolchain
+    finally:
+        table.shapes.cache_clear()

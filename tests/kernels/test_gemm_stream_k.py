@@ -202,7 +202,7 @@ def _table_points():
     from mxfp8_fusion.kernels.gemm_sm90 import table
 
     points = []
-    for (n, k), rows in table.TABLE.items():
+    for (n, k), rows in table.shapes(table.MEASURED_DEVICE, 132).items():
         tokens = {1}
         for i in range(1, len(rows)):
             if rows[i][1] != rows[i - 1][1]:  # t0 takes the one spec, t0 + 1 the other
