@@ -91,15 +91,22 @@ class _Data:
         self.out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
 
 
+def _device_name() -> str:
+    """The GPU's name (a table is its measured device's only); without one (the tooling's
+    CPU tests) the device the table was measured on."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return gemm_select.table.MEASURED_DEVICE
+
+
 def _configs(job, t, num_sms) -> dict:
     """name -> (spec, config) of our contenders at ``t`` tokens (not cuBLAS)."""
 
     n, k = job["n"], job["k"]
     if job["mode"] == "sweep":
-        import torch
-
-        device = torch.cuda.get_device_name()  # the table is the measured device's only
-        found = {"ours": gemm_select.choose_config(t, n, k, num_sms, device)}
+        found = {"ours": gemm_select.choose_config(t, n, k, num_sms, _device_name())}
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
