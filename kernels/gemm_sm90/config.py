@@ -119,11 +119,11 @@ def swap_ab_token_limit(tile_w: int = 64) -> int:
 
 
 # FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
-# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
-# was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
+# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). 4 + 4 was the fastest
+# split at 4096 tokens (docs/gemm_log.md, 'Numbers behind the kernel sources').
 _TILED_STAGES = (4, 4)
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
-# (3.73 ms at 4096 tokens; docs/gemm_log.md)
+# (docs/gemm_log.md, 'Numbers behind the kernel sources')
 _TALL_STAGES = (3, 4)
 
 
@@ -159,7 +159,7 @@ def swap_ab_config(
     FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
-    threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
+    threads, 96 registers) fit up to 32 tokens but measured slower at 1 and 16 tokens
     with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
     see :class:`SwapABConfig`.
 

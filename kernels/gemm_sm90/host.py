@@ -18,8 +18,8 @@ docs/gemm_log.md.)
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
-  ``bf16_tokens`` (measured faster at 32 tokens on five of six shapes; the heuristic takes it
-  from 17 tokens on) a launch before it converts the tokens to BF16 once
+  ``bf16_tokens`` (measured faster at 32 tokens on most shapes: docs/gemm_log.md; the
+  heuristic takes it from 17 tokens on) a launch before it converts the tokens to BF16 once
   (gemm_sm90_tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
   consumer warpgroups share each stage's token tile, on 64 weight rows each; with
   ``cluster`` 2 CTA pairs share it through TMA multicast.

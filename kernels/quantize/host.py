@@ -30,8 +30,7 @@ quarter of the CTAs, each thread still 4 loads deep), otherwise ``tile_rows`` x 
 
 Launches use programmatic dependent launch (``QuantizerConfig.pdl``): a launch's CTAs may be
 scheduled while the previous kernel's last ones run, and wait for it to finish before they
-read anything, so back-to-back slice launches lose less between kernels (six 16-token
-slices: 7.6 instead of 10.3 us on the H200). While they wait, the first CTAs prefetch their
+read anything, so back-to-back slice launches lose less between kernels. While they wait, the first CTAs prefetch their
 source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
 docs/quantize_log.md.
 

@@ -29,7 +29,7 @@ from .geometry import (
 
 # About the CTAs that can be resident while the previous kernel drains (6 per SM on the
 # H200's 132 SMs). Only these prefetch before the PDL wait: in one large launch, every CTA
-# prefetching cost 3% of copy bandwidth (docs/quantize_log.md).
+# prefetching cost copy bandwidth (docs/quantize_log.md, 'Numbers behind the kernel sources').
 _PREFETCH_CTAS = 1024
 
 
@@ -316,9 +316,8 @@ class ManySliceQuantizer(SliceQuantizer):
     """One launch for up to 8 equal-width slices: grid.x runs over (slice, column tiles).
 
     Slice descriptors are 8 fixed scalar slots (address, row stride, column); slots past
-    ``slices`` are never read. H200, six 4096 x 7168 slices: 0.133 ms (0.97 of the copy
-    bandwidth) against 0.150 ms for six launches (0.162 ms without PDL; receipt
-    benchmarks/results/quantize_slice.json).
+    ``slices`` are never read. One launch for all slices is faster than one per slice
+    (docs/quantize_log.md, 'Numbers behind the kernel sources').
     """
 
     @cute.jit

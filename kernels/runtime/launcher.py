@@ -3,8 +3,9 @@
 Every kernel is compiled with the DSL's TVM-FFI calling convention (``--enable-tvm-ffi``):
 its host entry takes typed pointers, 32-bit integers and a stream, and a call passes plain
 Python ints (``tensor.data_ptr()``, the raw stream handle) or ``None`` for an argument the
-build leaves out. TVM-FFI converts them in C: about 4 us per launch on the H200 host,
-against 60-80 us for the DSL's generic Python call path.
+build leaves out. TVM-FFI converts them in C, an order of magnitude faster per launch than
+the DSL's generic Python call path (docs/quantize_log.md, 'Numbers behind the kernel
+sources').
 
 A build is named by a :class:`Build` (which kernel, its compile-time facts, its arch). The
 first call of a build in a process takes it from, in order: this process's table, the disk
@@ -140,8 +141,8 @@ def wait_for_previous_kernel() -> None:
     This waits until that kernel has finished and its writes are visible, then lets the
     next kernel's CTAs be scheduled (they wait here in turn, so at most one kernel waits
     ahead of the running one; with the trigger before the wait, a whole chain of tiny
-    launches was scheduled at once, and six 16-token slice launches replayed from a graph
-    took 14 us against 10 us for plain launches). Call it before reading or writing
+    launches was scheduled at once, and small slice launches replayed from a graph were
+    slower than plain launches: docs/quantize_log.md). Call it before reading or writing
     anything in global memory; only set-up may come first. Stream order is kept; the
     launch latency between back-to-back kernels is hidden.
     """

@@ -33,8 +33,8 @@ W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 
 
 # L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
-# EVICT_FIRST). On the weight stream: 16 tokens 0.572-0.574 of cuBLAS BF16's time against
-# 0.582 without, 1 token 0.576 against 0.582-0.585 (H200, two runs each, alternated).
+# EVICT_FIRST). On the weight stream, read once: slightly faster at 1 and 16 tokens
+# (docs/gemm_log.md, 'Numbers behind the kernel sources').
 L2_EVICT_FIRST = 0x12F0000000000000
 # ... and the default priority (EVICT_NORMAL), spelled out for the multicast token loads,
 # whose instruction always carries a policy

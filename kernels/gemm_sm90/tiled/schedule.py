@@ -18,10 +18,10 @@ from ..constants import TILE_K8, TILE_K16, WG_THREADS
 HALVES = TILE_K8 // TILE_K16  # 16-bit stages (K 64) per FP8 stage (K 128)
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
-# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
+# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was
 # faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
 # + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 =
-# 61440. (Two converters with the consumers at 176 and the FP16 path measured 3% faster;
+# 61440. (Two converters with the consumers at 176 and the FP16 path measured faster;
 # docs/gemm_log.md.)
 # Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
@@ -30,7 +30,7 @@ REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 # (three consumers) ptxas spills 56 and 36 bytes there. Two converters take 56 / 168, which
 # spills 8 bytes (none with consumers at 176, where the converters spill). Three consumers
 # keep 128 and let the converter spill: at 72 / 120 (no spills) the 192-row stream-K kernel
-# ran 8-12% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
+# ran slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
 # consumers, stream-K).
 REGS = {
     (1, 2, False): (40, 120, 176),
