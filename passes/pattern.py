@@ -56,7 +56,7 @@ GEMM = "mm"
 
 
 @functools.cache
-def _targets() -> dict:
+def _targets() -> tuple[dict, object]:
     """``{OpOverload: Sink}`` and the GEMM's overload, looked up when first needed
     (``mxfp8_fusion.ops`` registers the ops)."""
     from .. import ops  # noqa: F401
@@ -181,8 +181,10 @@ def _count_gemms(cat: fx.Node) -> int:
     for node in _through(cat, (*VIEW_OPS, aten.slice.Tensor)):
         for user in node.users:
             sink = _sink(user, node)
-            if sink is None or sink.is_gemm:
-                gemms.update([user] if sink else [])
+            if sink is None:
+                continue
+            if sink.is_gemm:
+                gemms.add(user)
                 continue
             for item in user.users:
                 if _is_call(item, operator.getitem) and item.args[1] == 0:
