@@ -23,7 +23,7 @@ ARCH = CUTE_GEMM_TARGET  # the GEMM and the launches before it (the capability t
 
 
 def compile_tokens(k: int):
-    """The swap-AB kernel's token conversion (gemm_sm90_tokens) for K: arguments A values,
+    """The swap-AB kernel's token conversion (gemm_sm90.tokens) for K: arguments A values,
     A scales, the BF16 tokens, M."""
     from .tokens import TokensToBF16Sm90
 
@@ -32,7 +32,7 @@ def compile_tokens(k: int):
 
 
 def compile_refs(k: int):
-    """The per-row FP16 reference scan (gemm_sm90_refs) for K: arguments A scales, B scales,
+    """The per-row FP16 reference scan (gemm_sm90.refs) for K: arguments A scales, B scales,
     the references, M, N."""
     from .refs import RowReferencesSm90
 
@@ -128,7 +128,7 @@ def made_outside_graph_pools(make, device: torch.device):
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
-    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
+    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90.refs) on the current
     stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
     row's reference byte or -1 if the row must take the BF16 path. No sync."""
     device = a_scales.device

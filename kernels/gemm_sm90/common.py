@@ -129,7 +129,7 @@ def convert_fragment(words, scale_words, groups, frag_words, lows=None):
     second factor (scale bytes above ONE_FACTOR_MAX) is one branch for the whole fragment.
 
     With ``lows`` (``ref - 15`` of the two rows) the fragment is FP16 instead, each value
-    times 2**(s - ref) (gemm_sm90_f16).
+    times 2**(s - ref) (gemm_sm90.f16).
     """
     n = len(groups)
     big = Int32(0)

@@ -27,7 +27,7 @@ _SMEM_BYTES = 227 * 1024
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """The tiled kernel (gemm_sm90_tiled): persistent CTAs over output tiles, or their
+    """The tiled kernel (gemm_sm90.tiled): persistent CTAs over output tiles, or their
     (tile, K stage) units split evenly (stream-K).
 
     Raises:
@@ -52,7 +52,7 @@ class TiledConfig:
     """Persistent CTAs (the SM count)."""
     fp16_tiles: bool = True
     """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
-    the GEMM (gemm_sm90_refs); False: every tile takes the BF16 path and nothing runs
+    the GEMM (gemm_sm90.refs); False: every tile takes the BF16 path and nothing runs
     before the GEMM (the same compiled kernel)."""
 
     kernel = "tiled"
@@ -64,7 +64,7 @@ class TiledConfig:
 
 @dataclass(frozen=True)
 class SwapABConfig:
-    """The swap-AB kernel (gemm_sm90_swap_ab): the weight is the wgmma M operand, the tokens
+    """The swap-AB kernel (gemm_sm90.swap_ab): the weight is the wgmma M operand, the tokens
     a small N tile; the (64-row weight tile, K stage) units are split evenly over the CTAs.
 
     Raises:
@@ -79,7 +79,7 @@ class SwapABConfig:
     consumers: int = 3
     """Consumer warpgroups, converting alternate stages."""
     bf16_tokens: bool = False
-    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90_tokens) and the
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.tokens) and the
     kernel reads them through TMA instead of converting them in every CTA."""
     tile_w: int = 64
     """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer

@@ -3,33 +3,34 @@
 Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
 exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run BF16 wgmma
 with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
-order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
+order (gemm_sm90.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 docs/gemm_log.md.)
 
-* gemm_sm90_tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
+* gemm_sm90.tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
   per persistent CTA or (stream-K) the (tile, K stage) units split evenly over the CTAs;
   consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
   converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
-  the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
-  (gemm_sm90_refs); the others BF16.
-* gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
+  the conversion work, gemm_sm90.f16), found by a scan launch before the GEMM
+  (gemm_sm90.refs); the others BF16.
+* gemm_sm90.swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
   ``bf16_tokens`` (measured faster at 32 tokens on most shapes: docs/gemm_log.md; the
   heuristic takes it from 17 tokens on) a launch before it converts the tokens to BF16 once
-  (gemm_sm90_tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
+  (gemm_sm90.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
   consumer warpgroups share each stage's token tile, on 64 weight rows each; with
   ``cluster`` 2 CTA pairs share it through TMA multicast.
 
 This module is the host side of one call: :func:`refusal` (a call it refuses is the
 caller's to serve: the ops run the reference, with a one-time warning naming the reason),
-the config (``gemm_select.choose_config``: the measured table, else a heuristic; the config
-classes are in ``gemm_config``), the compile cache :func:`compile_gemm` (keyed on
+:func:`launches` (what the call launches; :func:`builds` lists it for warm-up),
+the config (``gemm_sm90.select.choose_config``: the measured table, else a heuristic; the config
+classes are in ``gemm_sm90.config``), the compile cache :func:`compile_gemm` (keyed on
 compile-time facts; the token count M is a runtime value) and the launch (integer arguments
-through a reusable buffer: see launcher.py). gemm_sm90_buffers holds the per-stream
+through a reusable buffer: see runtime/launcher.py). buffers.py holds the per-stream
 workspaces and the small launches that run before a GEMM.
 """
 
@@ -97,7 +98,7 @@ def compile_args(cfg: GemmConfig, out_dtype, bias_dtype) -> tuple:
     """Compile-time placeholders of ``cfg``'s kernel arguments (see launcher.compile_kernel):
     A values, A scales, B values, B scales, bias (None in a build without bias), out, M, the
     A scale chunk count; then the swap-AB kernel's stream-K workspace (partial sums, flags),
-    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90_refs) and its
+    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90.refs) and its
     stream-K workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
     bias = pointer(_TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None

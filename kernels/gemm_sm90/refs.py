@@ -1,5 +1,5 @@
 """Per-row FP16 reference bytes of both GEMM operands, for the tiled kernel's FP16 path
-(gemm_sm90_f16). Imports cutlass: load lazily.
+(gemm_sm90.f16). Imports cutlass: load lazily.
 
 One CTA per 128-row block of A or of B reads the block's whole blocked-scale stripe (K / 128
 chunks of 512 bytes, contiguous): warp w takes chunks w, w + 16, ..., lane l the 16 bytes of

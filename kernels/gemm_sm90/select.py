@@ -1,10 +1,10 @@
 """Which SM90 GEMM kernel and tile serve a call: the measured table, else a heuristic.
 
 :func:`choose_config` is the one place a call's config comes from. The table
-(``table.json``, read by ``table``, written by ``benchmarks/gemm.py --tune`` from the receipt it names)
-holds, per device, toolchain and weight shape (N, K) measured, the fastest schedule at each
-measured token count. Shapes it does not hold take :func:`heuristic_config`, whose rules follow what
-won in the table's shapes. No torch, no cutlass: everything here runs on a CPU.
+(``table.json``, read by ``table``, written by ``benchmarks/gemm.py --tune`` from the
+receipt it names) holds, per device, toolchain and weight shape (N, K) measured, the fastest
+schedule at each measured token count. Shapes it does not hold take
+:func:`heuristic_config`, whose rules follow what won in the table's shapes. No torch, no cutlass: everything here runs on a CPU.
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def _tiled_schedule(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
 
 
 def whole_waves(tiles: int, k_tiles: int, num_sms: int) -> int:
-    """The full waves a stream_k 2 launch runs as whole tiles (gemm_sm90_tiled._waves)."""
+    """The full waves a stream_k 2 launch runs as whole tiles (the kernel's own count:
+    gemm_sm90.tiled.schedule._waves)."""
     grid = min(tiles * k_tiles, num_sms)
     waves, rest = divmod(tiles, grid)
     return waves - 1 if waves and (rest * 8 < grid or rest * k_tiles < grid) else waves

@@ -6,7 +6,7 @@ converting them in every CTA: with 33-64 tokens each CTA converted as many token
 per stage as weight elements, and every CTA converted all the tokens. This launch converts
 each token element once, exactly (E4M3 times its E8M0 scale is a BF16 value), into a
 ``[m, K]`` BF16 buffer whose K order inside each 32-element scale group is the one the
-weight fragment uses (gemm_sm90_common), so a TMA box of it is the BF16 token tile the
+weight fragment uses (gemm_sm90.common), so a TMA box of it is the BF16 token tile the
 kernel used to build in shared memory.
 
 One thread per 16-byte unit of FP8 (half a scale group); consecutive threads take

@@ -1,6 +1,6 @@
 """The slice quantizer's compile-time facts and tile geometry (no torch, no cutlass).
 
-The host side (``quantize_slice``) and the kernel (``quantize_slice_kernel``) both read these:
+The host side (``quantize.host``) and the kernel (``quantize.kernel``) both read these:
 the config that keys a compile, the tile shapes a launch chooses from, its grid, and the
 padding walk's row arithmetic. Plain ints and dataclasses, so they are checked on a CPU.
 """

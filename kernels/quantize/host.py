@@ -1,12 +1,12 @@
 """CuTe DSL slice quantizer: BF16/FP16 ``[tokens, width]`` -> MXFP8 columns of a destination.
 
-Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` entry and ``@cute.kernel``
+Layers: the kernel (``quantize.kernel``: the ``@cute.jit`` entry and ``@cute.kernel``
 body) -> :func:`compile_kernel` (one build per :class:`QuantizerConfig`, kept by the launcher
 in memory and on disk: launcher.py) -> :func:`run_if_served` (what the ops call: checks and
 launches in one pass over the call's facts), with :func:`refusal` and :func:`run` as its two
 halves for tests and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
 (the same tile code; one launch instead of six removes the gaps between kernels). The config,
-tile shapes and grid both sides read are in ``quantize_geometry``.
+tile shapes and grid both sides read are in ``quantize.geometry``.
 
 Work split. A CTA of 256 threads quantizes a tile of ``rows`` rows x ``blocks`` column tiles
 of 128 columns (4 scale groups each). 16 threads cover 128 columns of one row, each loading
@@ -30,8 +30,8 @@ quarter of the CTAs, each thread still 4 loads deep), otherwise ``tile_rows`` x 
 
 Launches use programmatic dependent launch (``QuantizerConfig.pdl``): a launch's CTAs may be
 scheduled while the previous kernel's last ones run, and wait for it to finish before they
-read anything, so back-to-back slice launches lose less between kernels. While they wait, the first CTAs prefetch their
-source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
+read anything, so back-to-back slice launches lose less between kernels. While they wait,
+the first CTAs prefetch their source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
 docs/quantize_log.md.
 
 Everything the call can change (tokens, the source row stride, the destination width K, the

@@ -2,7 +2,7 @@
 :func:`quantize_slice.compile_kernel` loads this module).
 
 The tile layout, the padding walk, the few-token tile and the exactness rules are described
-in ``quantize_slice``'s docstring; the arithmetic is in ``quantize_ptx``.
+in ``quantize.host``'s docstring; the arithmetic is in ``quantize.ptx``.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class SliceQuantizer:
         self.small_last = _Tile(config, self.small, partial=True) if self.small else None
 
     def grid(self, tokens):
-        """As ``quantize_geometry.grid``, on the launch's runtime token count."""
+        """As ``quantize.geometry.grid``, on the launch's runtime token count."""
         big_x = self.slices * self.blocks
         big_y = (tokens + (self.big.rows - 1)) // self.big.rows
         if self.small is None:

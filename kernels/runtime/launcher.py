@@ -9,7 +9,7 @@ sources').
 
 A build is named by a :class:`Build` (which kernel, its compile-time facts, its arch). The
 first call of a build in a process takes it from, in order: this process's table, the disk
-cache (``kernel_cache``: an object file per build, once per machine), a compile (seconds,
+cache (``runtime.cache``: an object file per build, once per machine), a compile (seconds,
 then stored on disk). :func:`launch` is that lookup plus the call. Also here: the device
 side of programmatic dependent launch, :func:`wait_for_previous_kernel`.
 """

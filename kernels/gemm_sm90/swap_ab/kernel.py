@@ -30,7 +30,7 @@ Each CTA has 1 + C warpgroups:
   behind the TMA stream (docs/gemm_log.md, 'Numbers behind the kernel sources').
 
 With ``bf16_tokens`` the tokens arrive already BF16, converted once by a launch before the
-GEMM (gemm_sm90_tokens): the producer loads the stage's BF16 token tile (two K halves)
+GEMM (gemm_sm90.tokens): the producer loads the stage's BF16 token tile (two K halves)
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
 read that tile, are done. Every CTA converting all the tokens had been a large part of a
 consumer's conversion work at 32 tokens (docs/gemm_log.md, 'Numbers behind the kernel

@@ -1,5 +1,5 @@
 """The swap-AB GEMM's geometry and the parts of its consumers after the main loop
-(gemm_sm90_swap_ab; imports cutlass: load lazily): a config becomes the kernel's
+(gemm_sm90.swap_ab; imports cutlass: load lazily): a config becomes the kernel's
 compile-time facts here (refused where the kernel has no form for them), the CTA groups of
 a cluster, the token tile's loads and stores (the tokens converted in each CTA), and the
 partial sums' reduction across consumers, stream-K fixup and store.
@@ -43,13 +43,13 @@ L2_EVICT_NORMAL = 0x1000000000000000
 
 class SwapABParts(Sm90Gemm):
     """The swap-AB kernel's compile-time geometry and its consumers' helpers. The kernel
-    class (gemm_sm90_swap_ab) derives from it, so every member its methods read is declared
+    class (gemm_sm90.swap_ab) derives from it, so every member its methods read is declared
     here or in :class:`Sm90Gemm`."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile
-        # tokens already BF16 in the weight fragment's K order (gemm_sm90_tokens): TMA'd with
+        # tokens already BF16 in the weight fragment's K order (gemm_sm90.tokens): TMA'd with
         # the stage, no conversion here
         self.bf16_tokens = bool(cfg.bf16_tokens)
         self.stages = cfg.stages

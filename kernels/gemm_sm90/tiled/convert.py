@@ -1,9 +1,9 @@
-"""The tiled GEMM's weight-converter role (gemm_sm90_tiled; imports cutlass: load lazily).
+"""The tiled GEMM's weight-converter role (gemm_sm90.tiled; imports cutlass: load lazily).
 
 Converter warpgroups turn the B (weight) half of each FP8 stage into scaled 16-bit stages of
 K 64 in shared memory, which the consumers' RS wgmmas read. Per 32-element unit: two
 16-byte shared loads, 16 pair conversions, four 16-byte shared stores, conflict-free under
-the 128-byte swizzle, K permuted per scale group as the A fragment is (gemm_sm90_common).
+the 128-byte swizzle, K permuted per scale group as the A fragment is (gemm_sm90.common).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The tiled GEMM's tile geometry and work split (gemm_sm90_tiled; imports cutlass: load
+"""The tiled GEMM's tile geometry and work split (gemm_sm90.tiled; imports cutlass: load
 lazily): what its producer, converter and consumer roles all read. A config's tile shape,
 warpgroups and stage counts become the kernel's compile-time facts here (refused where the
 kernel has no form for them), and the jit methods below walk a CTA's (output tile, K stage)
@@ -16,7 +16,7 @@ from ..common import Sm90Gemm
 from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 HALVES = TILE_K8 // TILE_K16  # 16-bit stages (K 64) per FP8 stage (K 128)
-REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
+REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90.tiled)
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
 # accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was
 # faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
@@ -41,8 +41,8 @@ REGS = {
     (1, 3, True): (32, 64, 128),
 }
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
-# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
-# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring
+# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90.refs) ahead
+# of the tile and publishes them and the tile's path (gemm_sm90.f16) in a two-stage ring
 # (REF_STAGES): words [0, tile_m) A rows, then 128 B rows (ref - 127), then the mode (1 =
 # BF16).
 SCAN_THREADS = 32
@@ -50,7 +50,7 @@ SCAN_THREADS = 32
 
 class TiledSchedule(Sm90Gemm):
     """The tiled kernel's compile-time geometry (from its config) and its work split. The
-    roles (gemm_sm90_tiled_convert, gemm_sm90_tiled_consumer) and the kernel class derive
+    roles (gemm_sm90.tiled.convert, gemm_sm90.tiled.consumer) and the kernel class derive
     from it, so every member they read is declared here or in :class:`Sm90Gemm`."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
