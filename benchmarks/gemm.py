@@ -18,11 +18,11 @@ Across token counts and model shapes, as CUDA Graph replays in worker processes
 (benchmarks/gemm_tools): ``--sweep`` times the config the measured table picks (and with
 ``--before`` the pre-table heuristic's) and draws the ratios to cuBLAS beside its receipt;
 ``--tune`` times the candidate configs of each point, and ``--write-table`` writes the
-fastest valid one per point as kernels/gemm_sm90_table.py; ``--plot RECEIPT`` redraws a
+fastest valid one per point as kernels/gemm_sm90/table.json; ``--plot RECEIPT`` redraws a
 sweep's PNG:
 
     python benchmarks/gemm.py --sweep [--before] [--out benchmarks/results/gemm_sweep.json]
-    python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90_table.py \
+    python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90/table.json \
         [--out benchmarks/results/gemm_tune.json]
 
 ``--power``: sustained SM clock and board power at one token count, ours against cuBLAS
@@ -56,7 +56,7 @@ import torch
 from common import capture_graph, environment, write_receipt
 
 from mxfp8_fusion import reference
-from mxfp8_fusion.kernels import gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 RESULTS = "benchmarks/results"
 OUT = {
@@ -121,7 +121,7 @@ def _dequant_bf16(values, scales):
 
 
 def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
-    from mxfp8_fusion.kernels import gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -129,9 +129,8 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     xv, xs = reference.quantize(x)
     wv, ws = reference.quantize(w)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    cfg = gemm_select.choose_config(
-        tokens, n, k, torch.cuda.get_device_properties(0).multi_processor_count
-    )
+    properties = torch.cuda.get_device_properties(0)
+    cfg = gemm_select.choose_config(tokens, n, k, properties.multi_processor_count, properties.name)
 
     def ours():
         gemm_sm90.run(xv, xs, wv, ws, None, out)
@@ -189,17 +188,17 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
 
 
 def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
-    """Median ms of each named config (kernels/gemm_names.py: e.g. ``"tiled 128x64 c1
+    """Median ms of each named config (kernels/gemm_sm90/names.py: e.g. ``"tiled 128x64 c1
     stream-k"``) against the table's choice, checked bitwise against it first."""
-    from mxfp8_fusion.kernels import gemm_sm90
-    from mxfp8_fusion.kernels.gemm_names import config_from_spec
+    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90.names import config_from_spec
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
     wv, ws = reference.quantize(torch.randn(n, k, device="cuda", generator=gen))
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    base = gemm_select.choose_config(tokens, n, k, num_sms)
+    base = gemm_select.choose_config(tokens, n, k, num_sms, torch.cuda.get_device_name())
     gemm_sm90.run(xv, xs, wv, ws, None, out, config=base)
     expected = out.clone()
     fns = {}
@@ -265,7 +264,7 @@ def sustained(fn, seconds: float) -> dict:
 def bench_power(tokens: int, n: int, k: int, seconds: float, git_rev: str | None) -> dict:
     """The ``--power`` receipt: :func:`sustained` for ours, cuBLAS BF16, and cuBLAS BF16 with
     an all-zero A operand."""
-    from mxfp8_fusion.kernels import gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
@@ -363,7 +362,9 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--power", action="store_true", help="sustained clock and power")
     mode.add_argument("--decode", action="store_true", help="the decode points and their targets")
     p.add_argument("--before", action="store_true", help="sweep: also the pre-table heuristic")
-    p.add_argument("--write-table", default=None, help="tune: write the table module here")
+    p.add_argument(
+        "--write-table", default=None, help="tune: write the measured table (table.json) here"
+    )
     p.add_argument("--shapes", default=None, help="sweep/tune: N,K;N,K;... (default: all)")
     p.add_argument("--sweep-tokens", type=int, nargs="+", default=None)
     p.add_argument("--workers", type=int, default=12)

@@ -4,14 +4,14 @@ The same slice quantizer build (BF16 [16, 7168] into [16, 7168] storage) launche
 ways, each timed over many back-to-back launches on one stream (host wall time per launch;
 the kernel itself takes about 1.5 us, so the queue never fills):
 
-* ``tvm_ffi_entry``: the project's path (``kernels.launcher.launch``): the build's TVM-FFI
+* ``tvm_ffi_entry``: the project's path (``kernels.runtime.launcher.launch``): the build's TVM-FFI
   entry, loaded from the kernel cache, called with plain ints.
 * ``dsl_compiled``: the object ``cute.compile(..., options="--enable-tvm-ffi")`` returns,
   called the same way (the DSL wraps the entry and converts pointer arguments in Python).
 * ``int64_entry``: the same kernel behind an entry taking its three addresses as Int64
   instead of typed pointers (the interface before the pointers), exported and loaded the
   same way: what the typed pointers cost per launch.
-* ``launch``: ``kernels.launcher.launch`` (the build's table lookup, then the entry).
+* ``launch``: ``kernels.runtime.launcher.launch`` (the build's table lookup, then the entry).
 * ``run_if_served``: the eager entry point as the ops call it (checks, then the launch).
 
 Every path's output bytes are checked equal. Writes benchmarks/results/launch.json.
@@ -29,8 +29,8 @@ from common import environment, host_us_per_call, write_receipt
 
 from mxfp8_fusion.api import empty_input
 from mxfp8_fusion.format import GROUP, group_blocks
-from mxfp8_fusion.kernels import launcher
-from mxfp8_fusion.kernels import quantize_slice as qs
+from mxfp8_fusion.kernels.quantize import host as qs
+from mxfp8_fusion.kernels.runtime import launcher
 
 
 def _args(source, dest, device: int) -> tuple:
@@ -57,8 +57,8 @@ def _int64_entry(config):
     import cutlass
     import cutlass.cute as cute
 
-    from mxfp8_fusion.kernels import kernel_cache
-    from mxfp8_fusion.kernels.quantize_slice_kernel import THREADS, SliceQuantizer
+    from mxfp8_fusion.kernels.quantize.kernel import THREADS, SliceQuantizer
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
     class Int64Entry(SliceQuantizer):
         @cute.jit
@@ -69,7 +69,9 @@ def _int64_entry(config):
 
     ints = (cutlass.Int64(1 << 20),) * 3 + (launcher.int32(),) * 5
     compiled = launcher.compile_kernel(Int64Entry(config), ints, config.arch)
-    build = launcher.Build("quantizer int64 entry", (config,), config.arch)
+    build = launcher.Build(
+        "quantizer int64 entry", (config,), config.arch, None
+    )  # stored, never compiled
     directory = Path(tempfile.mkdtemp())
     kernel_cache.store(directory, build, compiled)
     return kernel_cache.load(directory, build)

@@ -31,7 +31,7 @@ from common import cutlass_dsl_version, git_revision, host_us_per_call
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes
-from mxfp8_fusion.kernels import quantize_slice as kernel
+from mxfp8_fusion.kernels.quantize import host as kernel
 
 SLICES = 6
 WIDTH = 7168

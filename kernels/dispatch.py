@@ -6,13 +6,13 @@ returns None once a kernel is launched, else a sentence saying why none serves t
 (nothing launched): the op then runs the reference and names that reason in its one-time
 warning. Every kernel module answers the same way (``refusal``, ``run_if_served``).
 
-By compute capability:
+By compute capability, as the capability table (``capability.py``) says:
 
 * GEMM: 9.0 runs the CuTe DSL kernels (``gemm_sm90``); 10.x and 12.x, whose tensor cores
   take block-scaled MXFP8, run cuBLAS's MXFP8 GEMM through torch (``gemm_cublas``); every
   other device the reference.
-* Slice quantizer: the CuTe DSL kernel, built for each capability in
-  ``quantize_slice.ARCHS`` (9.0, 10.0, 10.3, 12.0, 12.1); elsewhere the reference.
+* Slice quantizer: the CuTe DSL kernel, built for each capability with a target there
+  (9.0, 10.0, 10.3, 12.0, 12.1); elsewhere the reference.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import functools
 import importlib.util
 
 import torch
+
+from . import capability
 
 
 @functools.cache
@@ -48,10 +50,6 @@ def _device_capability(device: torch.device) -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
-# Majors whose GEMM is cuBLAS's block-scaled MXFP8 kernel (datacenter and RTX Blackwell).
-_CUBLAS_MAJORS = (10, 12)
-
-
 def _no_device_kernel(device: torch.device, cap: tuple[int, int] | None) -> str:
     """Why no kernel of this library runs on ``device`` at all."""
     if cap is None:
@@ -65,14 +63,14 @@ def _no_device_kernel(device: torch.device, cap: tuple[int, int] | None) -> str:
 
 @functools.cache
 def _quantize_slice():
-    from . import quantize_slice
+    from .quantize import host as quantize_slice
 
     return quantize_slice
 
 
 @functools.cache
 def _gemm_sm90():
-    from . import gemm_sm90
+    from .gemm_sm90 import host as gemm_sm90
 
     return gemm_sm90
 
@@ -82,6 +80,11 @@ def _gemm_cublas():
     from . import gemm_cublas
 
     return gemm_cublas
+
+
+@functools.cache
+def _gemm_kernel(cap: tuple[int, int]) -> str | None:
+    return capability.kernels_of(cap).gemm
 
 
 @functools.cache
@@ -129,14 +132,15 @@ def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
     """Run the MXFP8 GEMM where a kernel serves the call (by capability: see the module
     docstring): None once launched, else why none does (nothing launched)."""
     cap = _device_capability(a_values.device)
-    if cap == (9, 0):  # wgmma: exactly sm_90
+    if cap is None:
+        return _no_device_kernel(a_values.device, cap)
+    gemm = _gemm_kernel(cap)
+    if gemm == "cute":
         if not cute_dsl_installed():
             return _no_device_kernel(a_values.device, cap)
         reason = _gemm_sm90().run_if_served(a_values, a_scales, b_values, b_scales, bias, out)
-    elif cap is not None and cap[0] in _CUBLAS_MAJORS:
+    elif gemm == "cublas":
         reason = _gemm_cublas().run_if_served(a_values, a_scales, b_values, b_scales, bias, out)
-    elif cap is None:
-        return _no_device_kernel(a_values.device, cap)
     else:
         gpu = f"GPU sm_{cap[0]}{cap[1]}"
         return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"

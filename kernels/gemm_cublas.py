@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from mxfp8_fusion.format import scale_bytes
+from ..format import scale_bytes
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 _ALIGN = 16  # bytes: cuBLASLt's FP8 operand, scale and output alignment

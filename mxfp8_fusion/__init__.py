@@ -26,8 +26,8 @@ from .api import (
 )
 from .format import MXFP8Input, MXFP8Weight
 from .kernel_warmup import warmup
-from .kernels.kernel_cache import KernelCacheWarning
-from .kernels.kernel_cache import set_cache_dir as set_kernel_cache_dir
+from .kernels.runtime.cache import KernelCacheWarning
+from .kernels.runtime.cache import set_cache_dir as set_kernel_cache_dir
 from .nn import MXFP8Linear, convert
 from .stager import InputStager
 

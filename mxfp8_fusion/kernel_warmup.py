@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, scale_bytes
-from .kernels import dispatch, kernel_cache, launcher
+from .kernels import dispatch
+from .kernels.capability import kernels_of
+from .kernels.runtime import cache as kernel_cache
+from .kernels.runtime import launcher
 from .progress import Bar, notice
-
-_GEMM_CAPABILITY = (9, 0)  # the CuTe DSL GEMM is Hopper's; others use cuBLAS or the reference
 
 
 def capture_sizes(max_tokens: int = 512) -> list[int]:
@@ -138,7 +139,7 @@ def _meta(shape, dtype) -> torch.Tensor:
 def _quantizer_served(projection: Projection, tokens: int) -> bool:
     """Whether the slice quantizer kernel serves ``projection``'s input at ``tokens``: the
     kernel's own refusal, asked about tensors shaped like the call's (contiguous)."""
-    from .kernels import quantize_slice
+    from .kernels.quantize import host as quantize_slice
 
     values = _meta((tokens, projection.in_features), VALUE_DTYPE)
     column = 0
@@ -152,7 +153,7 @@ def _quantizer_served(projection: Projection, tokens: int) -> bool:
 def _gemm_served(projection: Projection, tokens: int) -> bool:
     """Whether the SM90 GEMM serves ``projection`` at ``tokens`` into a new output: its own
     refusal, asked about tensors shaped like the call's."""
-    from .kernels import gemm_sm90
+    from .kernels.gemm_sm90 import host as gemm_sm90
 
     n, k = projection.out_features, projection.in_features
     a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
@@ -162,39 +163,34 @@ def _gemm_served(projection: Projection, tokens: int) -> bool:
 
 
 def builds_for(
-    projection: Projection, tokens: Iterable[int], capability: tuple[int, int], sms: int
+    projection: Projection,
+    tokens: Iterable[int],
+    capability: tuple[int, int],
+    sms: int,
+    device_name: str,
 ) -> list[launcher.Build]:
     """The kernel builds ``projection`` launches at each token count on a GPU of compute
-    ``capability`` with ``sms`` SMs: its input slices' quantizer and, on Hopper, each GEMM
+    ``capability`` with ``sms`` SMs, named ``device_name`` (as CUDA reports it): its input slices' quantizer and, on Hopper, each GEMM
     config the selection picks and the launch that runs before it. A call that a kernel
     refuses (an input width that is not a multiple of 128, say) runs the reference and
     needs no build."""
-    from .kernels import gemm_sm90_buffers as buffers
-    from .kernels import quantize_slice
-    from .kernels.gemm_config import SwapABConfig
-    from .kernels.gemm_select import choose_config
-    from .kernels.gemm_sm90 import gemm_build
+    from .kernels.gemm_sm90 import host as gemm_sm90
+    from .kernels.quantize import host as quantize_slice
 
     builds: dict[launcher.Build, None] = {}
     tokens = list(tokens)
     arch = quantize_slice.arch_for(capability)
     if arch is not None and _quantizer_served(projection, max(tokens, default=1)):
         fp16 = projection.dtype == torch.float16
-        widths = projection.slices
-        equal = len(set(widths)) == 1 and len(widths) <= quantize_slice.MAX_SLICES
-        for width, count in ((widths[0], len(widths)),) if equal else ((w, 1) for w in widths):
-            config = quantize_slice.config_of(fp16, width, count, arch)
-            builds[quantize_slice.build_of(config)] = None
-    if tuple(capability) != _GEMM_CAPABILITY:
+        builds.update(dict.fromkeys(quantize_slice.builds(fp16, projection.slices, arch)))
+    if kernels_of(capability).gemm != "cute":  # cuBLAS or the reference: nothing to build
         return list(builds)
     n, k = projection.out_features, projection.in_features
     for m in (t for t in tokens if _gemm_served(projection, t)):
-        cfg = choose_config(m, n, k, sms)
-        if isinstance(cfg, SwapABConfig) and cfg.bf16_tokens:
-            builds[buffers.tokens_build(k)] = None
-        elif not isinstance(cfg, SwapABConfig) and cfg.fp16_tiles:
-            builds[buffers.refs_build(k)] = None
-        builds[gemm_build(cfg, n, k, n, projection.dtype, projection.bias_dtype)] = None
+        found = gemm_sm90.builds(
+            m, n, k, n, projection.dtype, projection.bias_dtype, (sms, device_name)
+        )
+        builds.update(dict.fromkeys(found))
     return list(builds)
 
 
@@ -282,10 +278,11 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
         return []
     index = _device_index(device)
     capability = torch.cuda.get_device_capability(index)
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    properties = torch.cuda.get_device_properties(index)
+    sms, name = properties.multi_processor_count, properties.name
     plan: dict[launcher.Build, None] = {}
     for item in items:
-        plan.update(dict.fromkeys(builds_for(item, tokens, capability, sms)))
+        plan.update(dict.fromkeys(builds_for(item, tokens, capability, sms, name)))
     return list(plan)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import glob
 import hashlib
 import logging
 import numbers
@@ -31,13 +32,11 @@ log = logging.getLogger("mxfp8_fusion.passes")
 
 _PASS_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(format_module.__file__))
-# The pass's own files, and the files that define the ops it emits (their schemas and
-# autograd): a change to any of them must not be served a graph compiled before it.
+# The pass's whole package (a new pattern file cannot escape it), and the files that define
+# the ops it emits (their schemas and autograd): a change to any of them must not be served
+# a graph compiled before it.
 _SOURCES = (
-    *(
-        os.path.join(_PASS_DIR, name)
-        for name in ("fusion.py", "pattern.py", "rewrite.py", "widths.py")
-    ),
+    *sorted(glob.glob(os.path.join(_PASS_DIR, "**", "*.py"), recursive=True)),
     *(
         os.path.join(_PACKAGE_DIR, name)
         for name in ("format.py", "ops.py", "grad.py", "lowering.py")
@@ -288,7 +287,7 @@ class FusionPass(CustomGraphPass):
 def _mxfp8_nodes(graph: fx.Graph) -> int:
     """MXFP8 quantize and one-shot linear nodes in ``graph`` (what a cat site would feed)."""
     try:
-        targets = pattern._mxfp8_ops()[:2]
+        targets = pattern.sink_targets()
         return sum(1 for n in graph.nodes if n.op == "call_function" and n.target in targets)
     except Exception:  # only a hint for the report: never worth failing the pass over
         return 0

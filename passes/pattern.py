@@ -16,11 +16,12 @@ is not needed by anything else:
 A cat may also reach them through slices of its last dim, ``cat[..., start:end]`` (a
 row-parallel projection's input range, for one): each such range must start and end at
 multiples of 128, and only the slices or slice parts inside it are staged
-(:func:`analyze_column_ranges`).
+(:func:`analyze`: the whole cat is the range ``[0, K)``).
 """
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass, field
 
@@ -35,12 +36,46 @@ aten = torch.ops.aten
 VIEW_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
-def _mxfp8_ops():
-    """The custom ops, looked up when first needed (``mxfp8_fusion.ops`` registers them)."""
+@dataclass(frozen=True)
+class Sink:
+    """An MXFP8 op that reads a concatenation (its first argument, and only there): what a
+    site feeds. A new op that the pass should stage plugs in here, in :data:`SINKS`."""
+
+    op: str
+    """Its name in ``torch.ops.mxfp8``."""
+    role: str
+    """The list of :class:`Site` and :class:`ColumnRange` it is collected in."""
+    is_gemm: bool
+    """True for a one-shot GEMM (rewritten to ``mxfp8.mm`` on the staged storage); False
+    for a quantize, whose values and scales must be read only by :data:`GEMM`."""
+
+
+SINKS = (Sink("quantize", "quantizes", False), Sink("linear", "linears", True))
+GEMM = "mm"
+"""The op that reads quantized values (argument 0) and scales (argument 1)."""
+
+
+@functools.cache
+def _targets() -> tuple[dict, object]:
+    """``{OpOverload: Sink}`` and the GEMM's overload, looked up when first needed
+    (``mxfp8_fusion.ops`` registers the ops)."""
     from .. import ops  # noqa: F401
 
     mx = torch.ops.mxfp8
-    return mx.quantize.default, mx.linear.default, mx.mm.default
+    return {getattr(mx, sink.op).default: sink for sink in SINKS}, getattr(mx, GEMM).default
+
+
+def sink_targets() -> tuple:
+    """The overloads of :data:`SINKS`."""
+    return tuple(_targets()[0])
+
+
+def _sink(user: fx.Node, node: fx.Node) -> Sink | None:
+    """The :class:`Sink` ``user`` is, where it reads ``node`` as its first argument only."""
+    if user.op != "call_function" or not user.args or user.args[0] is not node:
+        return None
+    sink = _targets()[0].get(user.target)
+    return sink if sink is not None and node not in user.args[1:] else None
 
 
 @dataclass
@@ -58,9 +93,9 @@ class Site:
     """MXFP8 GEMMs that read the concatenation, counted whether or not the site qualifies."""
     reason: str | None = None
     """``None`` when the site qualifies, else why it was left unchanged."""
-    ranges: list[ColumnRange] | None = None
-    """Set when the concatenation is read through last-dim slices (column ranges): what each
-    range stages and feeds. ``None`` for a site whose MXFP8 ops read the whole concatenation."""
+    ranges: list[ColumnRange] = field(default_factory=list)
+    """What each column range of the concatenation stages and feeds, in column order; MXFP8
+    ops that read the whole concatenation are the range ``[0, K)``."""
 
 
 def _val(node) -> torch.Tensor | None:
@@ -85,33 +120,6 @@ def _is_call(node: fx.Node, target) -> bool:
     return node.op == "call_function" and node.target == target
 
 
-def _consumers(cat: fx.Node, k: int, site: Site) -> str | None:
-    """Walk the cat's uses through views; fill ``site`` sinks or return why not."""
-    quantize, linear, _ = _mxfp8_ops()
-    stack = [cat]
-    while stack:
-        node = stack.pop()
-        for user in node.users:
-            if user.op == "call_function" and user.target in VIEW_OPS:
-                val = _val(user)
-                if val is None or not val.dim() or hint(val.shape[-1]) != k:
-                    return f"the concatenation is also reshaped by {describe(user)}"
-                site.views.append(user)
-                stack.append(user)
-                continue
-            if _is_call(user, quantize) and user.args[0] is node:
-                sink = site.quantizes
-            elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
-                sink = site.linears
-            else:
-                return f"the concatenation is also used by {describe(user)}"
-            val = _val(node)
-            if val is None or val.dim() != 2:
-                return f"the concatenation reaches {describe(user)} without a 2-D view"
-            sink.append(user)
-    return None
-
-
 # Ops the eager API puts between a quantize result and the GEMM (``values[:tokens]``,
 # ``scales.view(torch.uint8)``): they only re-view the same bytes, so they are kept as they
 # are and read the staged storage instead.
@@ -120,7 +128,7 @@ _PASS_THROUGH = (aten.view.dtype, aten.slice.Tensor, aten.alias.default)
 
 def _gemm_readers(item: fx.Node, index: int) -> str | None:
     """Every path from a quantize output must end at an ``mxfp8.mm`` argument ``index``."""
-    _, _, mm = _mxfp8_ops()
+    mm = _targets()[1]
     which = "values" if index == 0 else "scales"
     stack = [item]
     while stack:
@@ -161,20 +169,22 @@ def _through(node: fx.Node, ops) -> list[fx.Node]:
     return out
 
 
-def _count_gemms(cat: fx.Node, through=VIEW_OPS) -> int:
-    """One-shot linears of the cat and ``mxfp8.mm`` reads of values quantized from it,
-    reached through ``through`` (views; and column slices for a column-range site).
+def _count_gemms(cat: fx.Node) -> int:
+    """The GEMMs that read the cat: one-shot GEMM sinks, and ``mxfp8.mm`` reads of values
+    quantized from it, reached through views and column slices.
 
     Counted apart from the decision (which stops at the first reason to skip), so that a site
     left unchanged reports the GEMMs it feeds too.
     """
-    quantize, linear, mm = _mxfp8_ops()
+    mm = _targets()[1]
     gemms: set[fx.Node] = set()
-    for node in _through(cat, through):
+    for node in _through(cat, (*VIEW_OPS, aten.slice.Tensor)):
         for user in node.users:
-            if _is_call(user, linear) and user.args[0] is node:
+            sink = _sink(user, node)
+            if sink is None:
+                continue
+            if sink.is_gemm:
                 gemms.add(user)
-            if not (_is_call(user, quantize) and user.args[0] is node):
                 continue
             for item in user.users:
                 if _is_call(item, operator.getitem) and item.args[1] == 0:
@@ -236,44 +246,19 @@ def _too_many(slices: list, max_slices: int | None) -> str | None:
     return None
 
 
-def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
-    """The :class:`Site` of ``cat``, or ``None`` when ``cat`` never reaches MXFP8 ops."""
-    ranged = analyze_column_ranges(cat, max_slices)
-    if ranged is not None:
-        return ranged
-    quantize, linear, _ = _mxfp8_ops()
-    slices, dim, widths = _cat_parts(cat)
-    val = _val(cat)
-    site = Site(cat, slices, widths, val.dtype if val is not None else None)
-    reason = _consumers(cat, hint(val.shape[-1]) if val is not None and val.dim() else -1, site)
-    if not (site.quantizes or site.linears or _reaches(cat, (quantize, linear))):
-        return None
-    site.gemms = _count_gemms(cat)
-    if reason is None:
-        if val is None:
-            reason = "the concatenation has no tensor metadata"
-        else:
-            norm = dim % val.dim() if val.dim() else dim
-            reason = _slice_reason(site, val, norm)
-    if reason is None:
-        reason = _too_many(slices, max_slices)
-    if reason is None:
-        reason = _quantized_readers(site)
-    site.reason = reason
-    return site
-
-
-def _reaches(cat: fx.Node, targets) -> bool:
+def _reaches(cat: fx.Node) -> bool:
+    """Whether ``cat`` reaches a sink through views and last-dim slices."""
+    targets = sink_targets()
     stack, seen = [cat], set()
     while stack:
         node = stack.pop()
         for user in node.users:
-            if user in seen:
+            if user in seen or user.op != "call_function":
                 continue
             seen.add(user)
-            if user.op == "call_function" and user.target in targets:
+            if user.target in targets:
                 return True
-            if user.op == "call_function" and user.target in VIEW_OPS:
+            if user.target in VIEW_OPS or _is_last_dim_slice(user, node):
                 stack.append(user)
     return False
 
@@ -288,7 +273,8 @@ def is_cat(node: fx.Node) -> bool:
 # column range of the cat before the MXFP8 quantize: ``fc(cat(slices, -1)[..., start:end])``.
 # A 128-aligned range is staged from the slices, or slice parts, inside it: the columns
 # outside it are never quantized, stored or read. Each distinct range of one cat gets its own
-# storage; MXFP8 ops that read the whole cat are the range ``[0, K)``.
+# storage; MXFP8 ops that read the whole cat are the range ``[0, K)``: one analysis serves
+# both.
 
 
 @dataclass
@@ -334,27 +320,16 @@ def _is_last_dim_slice(user: fx.Node, node: fx.Node) -> bool:
     )
 
 
-def _column_takes(cat: fx.Node, k) -> bool:
-    """Whether a last-dim slice of ``cat`` (through views that keep the last dim) reaches an
-    MXFP8 quantize or linear: then the cat is a column-range site."""
-    quantize, linear, _ = _mxfp8_ops()
-    stack = [cat]
-    while stack:
-        node = stack.pop()
-        for user in node.users:
-            if user.op == "call_function" and user.target in VIEW_OPS:
-                val = _val(user)
-                if val is not None and val.dim() and hint(val.shape[-1]) == k:
-                    stack.append(user)
-            elif _is_last_dim_slice(user, node) and _reaches(user, (quantize, linear)):
-                return True
-    return False
-
-
 def _columns(rng: ColumnRange | None) -> str:
     if rng is None:
         return "the concatenation is"
     return f"columns [{rng.start}, {rng.end}) of the concatenation are"
+
+
+def _columns_reach(rng: ColumnRange | None) -> str:
+    if rng is None:
+        return "the concatenation reaches"
+    return f"columns [{rng.start}, {rng.end}) of the concatenation reach"
 
 
 def _range(site: Site, start: int, end: int) -> ColumnRange:
@@ -379,10 +354,10 @@ def _slice_bounds(take: fx.Node, k: int) -> tuple[int, int] | str:
     return min(max(start, 0), k), min(max(end, 0), k)
 
 
-def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
+def _consumers(cat: fx.Node, k: int | None, site: Site) -> str | None:
     """Walk the cat's uses through views and last-dim slices; fill ``site.ranges`` with the
-    MXFP8 quantizes and linears each column range feeds, or return why not."""
-    quantize, linear, _ = _mxfp8_ops()
+    sinks each column range feeds (a use of the whole cat: the range ``[0, K)``), or return
+    why not."""
     stack: list[tuple[fx.Node, ColumnRange | None]] = [(cat, None)]
     while stack:
         node, rng = stack.pop()
@@ -396,6 +371,8 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
                 stack.append((user, rng))
                 continue
             if rng is None and _is_last_dim_slice(user, node):
+                if k is None:
+                    return f"{describe(user)} takes columns of a width not known when compiling"
                 bounds = _slice_bounds(user, k)
                 if isinstance(bounds, str):
                     return bounds
@@ -403,18 +380,14 @@ def _range_consumers(cat: fx.Node, k: int, site: Site) -> str | None:
                 taken.takes.append(user)
                 stack.append((user, taken))
                 continue
-            if _is_call(user, quantize) and user.args[0] is node:
-                sink = "quantizes"
-            elif _is_call(user, linear) and user.args[0] is node and node not in user.args[1:]:
-                sink = "linears"
-            else:
+            sink = _sink(user, node)
+            if sink is None:
                 return f"{_columns(rng)} also used by {describe(user)}"
             val = _val(node)
             if val is None or val.dim() != 2:
-                return f"{_columns(rng)} reaching {describe(user)} without a 2-D view"
-            target = rng if rng is not None else _range(site, 0, k)
-            getattr(target, sink).append(user)
-            getattr(site, sink).append(user)
+                return f"{_columns_reach(rng)} {describe(user)} without a 2-D view"
+            getattr(rng if rng is not None else _range(site, 0, k), sink.role).append(user)
+            getattr(site, sink.role).append(user)
     return None
 
 
@@ -441,29 +414,33 @@ def _range_parts(site: Site) -> str | None:
     return None
 
 
-def analyze_column_ranges(cat: fx.Node, max_slices: int | None = None) -> Site | None:
-    """The :class:`Site` of a ``cat`` read through last-dim slices (column ranges) by MXFP8
-    quantizes or linears, with ``site.ranges`` filled; ``None`` for any other cat.
+def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
+    """The :class:`Site` of ``cat``, or ``None`` when ``cat`` never reaches MXFP8 ops.
 
-    A site qualifies as :func:`analyze` requires of a cat, and in addition every range is
-    static, has step 1 and starts and ends at multiples of 128 (so it covers whole scale
-    chunks and each of its parts is a 128-aligned column range of one slice).
+    The MXFP8 ops may read the whole cat or column ranges of it (last-dim slices); the whole
+    cat is the range ``[0, K)``, so ``site.ranges`` always holds what each range stages and
+    feeds. Every range must be static, have step 1 and start and end at multiples of 128
+    (so it covers whole scale chunks and each of its parts is a 128-aligned column range of
+    one slice).
     """
-    val = _val(cat)
-    k = hint(val.shape[-1]) if val is not None and val.dim() else None
-    if k is None or not _column_takes(cat, k):
+    if not _reaches(cat):
         return None
     slices, dim, widths = _cat_parts(cat)
-    site = Site(cat, slices, widths, val.dtype, ranges=[])
-    reason = _slice_reason(site, val, dim % val.dim())
-    if reason is None:
-        reason = _range_consumers(cat, k, site)
-    if reason is None:
-        reason = _range_parts(site)
-    if reason is None:
-        reason = _too_many(slices, max_slices)
-    if reason is None:
-        reason = _quantized_readers(site)
-    site.gemms = _count_gemms(cat, (*VIEW_OPS, aten.slice.Tensor))
-    site.reason = reason
+    val = _val(cat)
+    k = hint(val.shape[-1]) if val is not None and val.dim() else None
+    site = Site(cat, slices, widths, val.dtype if val is not None else None, ranges=[])
+    site.gemms = _count_gemms(cat)
+    if val is None:
+        site.reason = "the concatenation has no tensor metadata"
+        return site
+    for check in (
+        lambda: _consumers(cat, k, site),
+        lambda: _slice_reason(site, val, dim % val.dim() if val.dim() else dim),
+        lambda: _range_parts(site),
+        lambda: _too_many(slices, max_slices),
+        lambda: _quantized_readers(site),
+    ):
+        site.reason = check()
+        if site.reason is not None:
+            break
     return site

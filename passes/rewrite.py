@@ -34,7 +34,7 @@ from torch import fx
 from torch.fx.node import map_arg
 
 from ..format import ROW_BLOCK, VALUE_DTYPE, row_block_bytes, scale_bytes
-from .pattern import ColumnRange, Site, describe
+from .pattern import Site, describe
 
 aten = torch.ops.aten
 
@@ -96,16 +96,6 @@ def _fake_mode(site: Site):
     return site.cat.meta["val"].fake_mode
 
 
-def _ranges(site: Site) -> list[ColumnRange]:
-    """The column ranges to stage: ``site.ranges``, or the whole concatenation as one range."""
-    if site.ranges is not None:
-        return site.ranges
-    k = sum(site.widths)  # ints: symbolic widths were specialized (widths.specialize)
-    whole = ColumnRange(0, k, quantizes=site.quantizes, linears=site.linears)
-    whole.parts = [(i, 0, width) for i, width in enumerate(site.widths)]
-    return [whole]
-
-
 def rewrite(graph: fx.Graph, site: Site) -> None:
     """Replace ``site`` in ``graph`` by staged quantization (``site.reason`` must be None):
     one MXFP8 storage per column range, holding only the slices or slice parts inside it.
@@ -120,7 +110,7 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
     _check_replaceable(site)
     mx = torch.ops.mxfp8
     device = site.cat.meta["val"].device
-    ranges = _ranges(site)
+    ranges = site.ranges
     build = _Builder(graph, _fake_mode(site), site.cat)
     storage, gemms = [], []
     try:
@@ -181,7 +171,7 @@ def _check_replaceable(site: Site) -> None:
     The analysis already ensures this; checking it again before the first change means an
     analysis bug fails here, with the graph untouched, and not halfway through replacing.
     """
-    ranges = _ranges(site)
+    ranges = site.ranges
     replaced = {linear for rng in ranges for linear in rng.linears}
     quantizes = [q for rng in ranges for q in rng.quantizes]
     for quantize in quantizes:

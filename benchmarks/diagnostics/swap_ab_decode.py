@@ -55,7 +55,7 @@ def _stamp_op(stamps_addr: int):
     from cutlass import Int64
     from cutlass.cutlass_dsl import dsl_user_op
 
-    from mxfp8_fusion.kernels.ptx import inline_ptx
+    from mxfp8_fusion.kernels.runtime.ptx import inline_ptx
 
     @dsl_user_op
     def stamp(cta, point: int, *, loc=None, ip=None):
@@ -77,9 +77,9 @@ def _stages_without_conversion():
     from cutlass.cute.nvgpu import warpgroup
 
     from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-    from mxfp8_fusion.kernels.constants import TILE_K8
-    from mxfp8_fusion.kernels.gemm_sm90_common import load_fragment_bytes
-    from mxfp8_fusion.kernels.gemm_sm90_swap_ab_parts import K_STEPS, W_GROUPS
+    from mxfp8_fusion.kernels.gemm_sm90.common import load_fragment_bytes
+    from mxfp8_fusion.kernels.gemm_sm90.constants import TILE_K8
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import K_STEPS, W_GROUPS
 
     @cute.jit
     def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
@@ -122,7 +122,7 @@ def _variant_class(variant: str, stamps_addr: int):
     import cutlass
     import cutlass.cute as cute
 
-    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
 
     base = sab.MXFP8SwapABGemmSm90
     no_convert = "no-convert" in variant
@@ -190,8 +190,8 @@ def worker(variant: str, lock_path: str, out_path: str) -> None:
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-    from mxfp8_fusion.kernels import gemm_sm90_swap_ab as sab
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(num_sms * len(STAMPS), dtype=torch.int64, device="cuda")

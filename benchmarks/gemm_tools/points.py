@@ -28,7 +28,9 @@ import statistics
 import time
 from pathlib import Path
 
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.search import candidates, main_heuristic
 
 # (N, K): the projection it is
 SHAPES = {
@@ -44,71 +46,6 @@ L2_ROTATE_BYTES = 200e6
 MAX_INNER = 50  # launches per graph
 CHECK_REL = 1e-2  # relative Frobenius error against cuBLAS on the dequantized operands
 SPIN_CYCLES = 50_000  # GPU busy while the host enqueues the timed replay
-
-
-def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
-    """The config choice before the measured table existed: swap-AB up to 64
-    tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
-    where the round-robin model favours it."""
-
-    if tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
-        return gemm_config.swap_ab_config(tokens, num_sms)
-    if -(-tokens // 128) * -(-n // 128) < num_sms:
-        return gemm_names.config_from_spec("tiled 128x64 c1", tokens, num_sms)
-    busiest = {
-        m: gemm_select._busiest(gemm_select._tile_costs(tokens, n, m), num_sms) for m in (128, 192)
-    }
-    if busiest[192] < busiest[128]:
-        return gemm_names.config_from_spec("tiled 192x128 c1", tokens, num_sms)
-    return gemm_names.config_from_spec("tiled 128x128 c2", tokens, num_sms)
-
-
-def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
-    """Specs (gemm_names.config_from_spec) the tune times at one point: swap-AB up to 64
-    tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
-    weight stages from 9 to 128 tokens, the two with BF16 tokens also on CTA pairs (``mc2``)
-    from 9 tokens on; the pre-table heuristic's; the others where they won
-    anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
-    stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
-    tokens); whole waves with a stream-K tail from 192 tokens on (128 x 64 tiles up to
-    1024); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
-    reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
-
-    specs = ["swap-ab"] if tokens <= gemm_config.SWAP_AB_MAX_TOKENS else []
-    if tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
-        specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-    if 8 < tokens <= gemm_config.SWAP_AB_MAX_TOKENS:
-        specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
-    if 8 < tokens <= gemm_config.SWAP_AB_WIDE_MAX_TOKENS:
-        # shared by two 64-row consumers, alone and on CTA pairs
-        specs += ["swap-ab w128 bf16-tokens", "swap-ab w128 bf16-tokens mc2"]
-    specs.append(gemm_names.spec_of(main_heuristic(tokens, n, k, num_sms)))
-    if tokens >= 256:
-        specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
-    if 256 <= tokens <= 512:
-        specs.append("tiled 128x64 c1")
-    specs.append("tiled 128x128 c2 stream-k")
-    if tokens >= 192:
-        # whole waves and a stream-K tail (below a wave of tiles the same as stream-K)
-        specs += ["tiled 128x128 c2 stream-k-tail", "tiled 192x128 c1 stream-k-tail"]
-    if 192 <= tokens <= 1024:
-        specs.append("tiled 128x64 c1 stream-k-tail")
-    if gemm_config.SWAP_AB_MAX_TOKENS < tokens <= 1024:
-        specs.append("tiled 192x128 c1 stream-k")
-    if tokens <= 256:
-        specs.append("tiled 128x64 c1 stream-k")
-    if tokens <= 128:
-        specs.append("tiled 64x128 c2 stream-k")
-    if tokens <= 256:
-        # deeper FP8 pipelines (variant 36; these two won somewhere, 128 x 128 at 5 + 3 and
-        # 192 x 128 at 4 + 3 nowhere)
-        specs.append("tiled 128x64 c1 stream-k s7+4")
-        if tokens <= 128:
-            specs.append("tiled 64x64 c1 stream-k s11+4")
-        # every tile on the BF16 path, no reference scan before the GEMM (variant 37)
-        specs += [s + " bf16" for s in specs if s.startswith("tiled") and s.endswith("stream-k")]
-    specs = [s for s in specs if not any(part in s for part in leave_out)]
-    return list(dict.fromkeys(specs))
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,12 +91,22 @@ class _Data:
         self.out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
 
 
+def _device_name() -> str:
+    """The GPU's name (a table is its measured device's only); without one (the tooling's
+    CPU tests) the device the table was measured on."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return gemm_select.table.MEASURED_DEVICE
+
+
 def _configs(job, t, num_sms) -> dict:
     """name -> (spec, config) of our contenders at ``t`` tokens (not cuBLAS)."""
 
     n, k = job["n"], job["k"]
     if job["mode"] == "sweep":
-        found = {"ours": gemm_select.choose_config(t, n, k, num_sms)}
+        found = {"ours": gemm_select.choose_config(t, n, k, num_sms, _device_name())}
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
@@ -181,7 +128,7 @@ def _contenders(job, data, t, num_sms) -> dict:
     import torch
 
     from mxfp8_fusion import api
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     out = data.out[:t]
     a_values = data.inp.values[:t]
@@ -216,8 +163,8 @@ def _compile(cfg, n, k, compile_s):
     """Compile outside the GPU lock; records seconds per config spec (and failures)."""
     import torch
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.runtime import launcher
 
     t0 = time.perf_counter()
     try:  # made ready in this process (compiled, or read from the kernel cache)
@@ -232,8 +179,8 @@ def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
 
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.runtime import launcher
 
     n, k = job["n"], job["k"]
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

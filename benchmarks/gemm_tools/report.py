@@ -1,9 +1,10 @@
 """What a GEMM sweep or tune receipt becomes (``benchmarks/gemm.py --sweep`` / ``--tune``):
-the printed summary, the measured table module (kernels/gemm_sm90_table.py) and the plot of
+the printed summary, the measured table (kernels/gemm_sm90/table.json) and the plot of
 ratios to cuBLAS BF16."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
 
 REGENERATE = (
     "python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json "
-    "--write-table kernels/gemm_sm90_table.py"
+    "--write-table kernels/gemm_sm90/table.json"
 )
 
 
@@ -86,49 +87,54 @@ def merge_base(by_shape: dict, base: dict) -> dict:
     return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
 
 
-def table_header(gpu: str, revision: str) -> list[str]:
-    """The lines of kernels/gemm_sm90_table.py before its rows."""
-    return [
-        '"""Measured GEMM schedules (gemm_select.choose_config) per weight shape (N, K) and',
-        "token count: data the tuner writes, not edited by hand. Regenerate on an H200 (132",
-        "SMs) with",
-        "",
-        f"    {REGENERATE}",
-        "",
-        f"Measured on the {gpu} at revision {revision} (receipt: benchmarks/results/",
-        "gemm_tune.json): per (tokens, N, K) the fastest candidate that matched the reference,",
-        "by CUDA Graph replay, medians of interleaved rounds (the comments: its name in the",
-        "receipt, its time and its ratio to cuBLAS BF16's time). Each row is (measured token",
-        "count, schedule fields: gemm_select.config_of); a call takes the row of the smallest",
-        "measured token count at or above its own. Shapes not listed take",
-        'gemm_select.heuristic_config."""',
-        "",
-        'RECEIPT = "benchmarks/results/gemm_tune.json"',
-        "NUM_SMS = 132",
-        "",
-        "# fmt: off",
-        "TABLE: dict[tuple[int, int], tuple[tuple[int, dict], ...]] = {",
-    ]
+def table_of(receipt: dict) -> dict:
+    """The measured table of a tune receipt, as ``table.json`` holds it: the fastest valid
+    schedule per point (as data: the receipt names contenders; the table holds their
+    fields and what they measured), keyed by the receipt's device, SM count and toolchain."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.names import schedule_of
+
+    if "sms" not in receipt:
+        raise ValueError("the receipt names no SM count: rerun the tune to write a table")
+    shapes = []
+    for shape in receipt["shapes"]:
+        rows = [
+            {"tokens": t, "schedule": schedule_of(spec),
+             "measured": {"name": spec, "ms": round(ms, 4), "over_cublas_bf16": round(ratio, 2)}}
+            for t, spec, ms, ratio in best_specs(shape)
+        ]  # fmt: skip
+        if rows:
+            shapes.append({"n": shape["n"], "k": shape["k"], "rows": rows})
+    toolchain = {table.TOOLCHAIN_PACKAGE: receipt["nvidia_cutlass_dsl"]}
+    toolchain.update(torch=receipt["torch"], driver=receipt["driver"])
+    return {
+        "device": receipt["gpu"], "sms": receipt["sms"], "toolchain": toolchain,
+        "revision": receipt.get("git_revision", "unknown"), "receipt": RECEIPT,
+        "shapes": shapes,
+    }  # fmt: skip
 
 
 def write_table(receipt: dict, path: str) -> None:
-    """kernels/gemm_sm90_table.py from a tune receipt: the fastest valid schedule per point,
-    as data (the receipt names contenders; the table holds their fields)."""
-    from mxfp8_fusion.kernels.gemm_names import schedule_of
+    """Put the table of a tune receipt (:func:`table_of`) into the ``table.json`` at
+    ``path``: it replaces the table of the same device, SM count and toolchain, and is
+    written last (the device's latest)."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
-    lines = table_header(receipt["gpu"], receipt.get("git_revision", "unknown"))
-    for shape in receipt["shapes"]:
-        rows = best_specs(shape)
-        if not rows:
-            continue
-        lines.append(f"    ({shape['n']}, {shape['k']}): (")
-        for t, spec, ms, ratio in rows:
-            lines.append(f"        # {spec}: {ms:.4f} ms, {ratio:.2f}x")
-            lines.append(f"        ({t}, {schedule_of(spec)!r}),")
-        lines.append("    ),")
-    lines += ["}", "# fmt: on"]
-    Path(path).write_text("\n".join(lines) + "\n")
+    new = table_of(receipt)
+    key = ("device", "sms", "toolchain")
+    document = json.loads(Path(path).read_text()) if Path(path).exists() else {"tables": []}
+    kept = [t for t in document["tables"] if [t[k] for k in key] != [new[k] for k in key]]
+    document = {"about": ABOUT, "tables": [*kept, new]}
+    Path(path).write_text(table.dumps(document))
     print("wrote", path)
+
+
+ABOUT = (
+    "Measured GEMM schedules per device, toolchain, weight shape (N, K) and token count: "
+    "data that benchmarks/gemm.py --tune --write-table writes, not edited by hand "
+    "(gemm_sm90/table.py reads it)."
+)
+RECEIPT = "benchmarks/results/gemm_tune.json"
 
 
 # The ratios to cuBLAS BF16 the GEMM aims for, drawn dotted: (largest tokens of the band,

@@ -104,6 +104,15 @@ def _points(args):
     return shapes, tokens_of
 
 
+def _sm_count() -> dict:
+    """The GPU's SM count, which keys the measured table the tune writes (none without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
+
+
 def run(args) -> None:
     """``--sweep`` / ``--tune`` / ``--plot`` / ``--decode`` of benchmarks/gemm.py (``args``: its
     command line)."""
@@ -151,6 +160,7 @@ def run(args) -> None:
         "hung_specs": hung,
         **base_note,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
+        **_sm_count(),
         "shapes": [
             {
                 "n": n,

@@ -133,3 +133,13 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
     args.shapes, args.sweep_tokens = "1024,8192", None
     shapes, tokens_of = runs._points(args)
     assert shapes == [(1024, 8192)] and tokens_of(1024, 8192) == decode.DRAFTER_TOKENS
+
+
+def test_the_committed_table_is_the_one_its_receipt_gives():
+    """kernels/gemm_sm90/table.json holds exactly what the table writer makes of the tune
+    receipt it names (the SM count the receipt predates: the H200's 132)."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    (committed,) = table.tables()
+    receipt = json.loads((Path(__file__).parents[2] / committed["receipt"]).read_text())
+    assert report.table_of({"sms": 132, **receipt}) == committed

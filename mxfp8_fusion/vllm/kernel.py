@@ -54,7 +54,7 @@ class Mxfp8FusionLinearKernel(vllm_linear.Mxfp8LinearKernel):
         if current_platform.is_cuda():
             reason = _cuda_reason()
             return reason is None, reason
-        return False, "mxfp8_fusion serves CUDA sm_90 and CPU"
+        return False, f"mxfp8_fusion serves CUDA {', '.join(policy.SERVED)} and CPU"
 
     @classmethod
     def can_implement(cls, c) -> tuple[bool, str | None]:

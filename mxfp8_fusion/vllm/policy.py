@@ -6,12 +6,15 @@ side in one run (``benchmarks/vllm_linear.py``), and so keeps vLLM's speed; othe
 yields, and vLLM's numerics stay too. ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` puts it ahead
 wherever it serves. On the CPU vLLM has no MXFP8 kernel, so this library's serves.
 
-Imports neither vLLM nor torch.
+Imports neither vLLM nor torch (the capability table it reads imports nothing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..kernels.capability import name as capability_name
+from ..kernels.capability import with_gemm
 
 
 @dataclass(frozen=True)
@@ -20,8 +23,6 @@ class Arch:
 
     vllm_kernel: str
     """The kernel vLLM chooses there, and its numerics."""
-    ours_serves: bool
-    """Whether this library's kernel class serves that device at all."""
     ours_at_least_as_fast: bool
     """Measured at least as fast as ``vllm_kernel`` at every point (False: not measured,
     or slower somewhere)."""
@@ -30,19 +31,23 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", True, True, "the only MXFP8 kernel there"),
+    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", True, "the only MXFP8 kernel there"),
     # Humming is W8A16 there (BF16 activations, exact E4M3 x E8M0 weights, FP32
     # accumulation), closer to the BF16 model than our W8A8; measured side by side on an
     # H200 (docs/serving.md has the numbers), it was faster nearly everywhere.
     "sm_90": Arch(
         "Humming (W8A16)",
-        True,
         False,
         "faster than ours at 76 of 78 points measured on an H200 (6 shapes, 1-4096 tokens)",
     ),
 }
-OTHER_GPU = Arch("vLLM's own choice", False, False, "not measured")
+OTHER_GPU = Arch("vLLM's own choice", False, "not measured")
 """Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS)."""
+
+
+SERVED = [capability_name(cap) for cap in with_gemm("cute")]
+"""The GPU archs this library's kernel class serves at all: those where its own GEMM runs
+(the capability table); on the cuBLAS archs vLLM's own kernels are left alone, unmeasured."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def arch_name(capability) -> str:
         return "cpu"
     if isinstance(capability, int):
         capability = divmod(capability, 10)
-    return f"sm_{capability[0]}{capability[1]}"
+    return capability_name(capability)
 
 
 def decide(arch: str, setting: str = "auto") -> Decision:
@@ -69,8 +74,9 @@ def decide(arch: str, setting: str = "auto") -> Decision:
     info = ARCHS.get(arch, OTHER_GPU)
     if arch == "cpu":
         return Decision(arch, True, "ours: vLLM has no MXFP8 kernel on the CPU")
-    if not info.ours_serves:
-        return Decision(arch, False, f"{info.vllm_kernel}: ours serves sm_90 and the CPU only")
+    if arch not in SERVED:
+        served = " and ".join(SERVED)
+        return Decision(arch, False, f"{info.vllm_kernel}: ours serves {served} and the CPU only")
     if setting == "ours":
         return Decision(arch, True, "ours (W8A8): MXFP8_FUSION_VLLM_GPU_KERNEL=ours")
     if info.ours_at_least_as_fast:

@@ -12,7 +12,7 @@ import torch
 import mxfp8_fusion as mf
 from mxfp8_fusion import kernel_warmup, progress
 
-H200 = ((9, 0), 132)
+H200 = ((9, 0), 132, "NVIDIA H200")
 
 
 def test_capture_sizes_are_vllms_defaults():
@@ -22,8 +22,8 @@ def test_capture_sizes_are_vllms_defaults():
 
 
 def test_a_drafter_projection_needs_a_handful_of_builds():
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.quantize import host as qs
 
     projection = kernel_warmup._projection((4096, [4096] * 3), torch.bfloat16, None)
     builds = kernel_warmup.builds_for(projection, kernel_warmup.capture_sizes(), *H200)
@@ -40,9 +40,9 @@ def test_unequal_slices_and_other_gpus():
     quantizers = [b.facts[0] for b in on_h200 if b.kind == "quantizer"]
     assert sorted(c.width for c in quantizers) == [128, 256] and all(c.fp16 for c in quantizers)
     # Blackwell: the quantizer is built for it, the GEMM is cuBLAS's (nothing to compile)
-    on_b200 = kernel_warmup.builds_for(projection, [1, 300], (10, 0), 148)
+    on_b200 = kernel_warmup.builds_for(projection, [1, 300], (10, 0), 148, "NVIDIA B200")
     assert {b.kind for b in on_b200} == {"quantizer"} and on_b200[0].arch == "sm_100a"
-    assert kernel_warmup.builds_for(projection, [1], (8, 0), 108) == []
+    assert kernel_warmup.builds_for(projection, [1], (8, 0), 108, "NVIDIA A100") == []
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_a_width_the_quantizer_refuses_plans_no_quantizer(k):
 
 
 def test_every_planned_build_is_one_the_calls_launch():
-    from mxfp8_fusion.kernels.quantize_geometry import check_config
+    from mxfp8_fusion.kernels.quantize.geometry import check_config
 
     for n, k in [(256, 32), (256, 96), (256, 4096), (256, [128, 256]), (100, 256)]:
         projection = kernel_warmup._projection((n, k), torch.bfloat16, None)
@@ -147,8 +147,9 @@ def test_a_model_lists_its_mxfp8_layers():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the DSL")
 def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
     from mxfp8_fusion.progress import Bar
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))

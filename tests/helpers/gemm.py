@@ -1,5 +1,5 @@
 """Shared pieces of the SM90 MXFP8 GEMM tests: skip markers, random operands, and the
-comparison of kernel (kernels/gemm_sm90.py) and reference.mm_into.
+comparison of kernel (kernels/gemm_sm90/host.py) and reference.mm_into.
 
 Tolerance, and why: E4M3 x E4M3 products times power-of-two scales are exact in FP32, and
 every operand element times its scale is an exact BF16 value (or, on the tiled kernel's
@@ -52,7 +52,7 @@ def random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, device
 
 
 def run_kernel(a, sa, b, sb, bias, out):
-    from mxfp8_fusion.kernels import gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
 
     assert gemm_sm90.refusal(a, sa, b, sb, bias, out) is None
     gemm_sm90.run(a, sa, b, sb, bias, out)
@@ -100,7 +100,7 @@ def check_run(tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows):
 def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows=5):
     """As :func:`check_run`, with the config ``cfg`` (None: the one the kernel picks);
     returns the operands and ``out``. ``run`` refuses a call the kernel does not serve."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     capacity = tokens + extra_rows
     a_full, sa = random_operand(tokens, k, capacity, spread, center, seed=seeds[0])
@@ -120,7 +120,7 @@ def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, 
 def check_two_streams(cfg, tokens, n, k, seed):
     """Launches of ``cfg`` overlapping on two streams give each stream's own result bitwise:
     the buffers kept per stream (workspaces, converted tokens) are not shared."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     inputs = [random_operand(tokens, k, seed=seed + i) for i in range(2)]
     b, sb = random_operand(n, k, seed=seed + 2)

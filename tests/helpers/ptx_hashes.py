@@ -35,7 +35,7 @@ _DTYPES = ("bfloat16", "float16", "float32")
 def config_fields(cfg) -> dict:
     """A config as the fields the hash list names builds by (the names the configs had when
     the list was first written: ``kernel``, ``f16`` and ``bf16_tokens`` as ints)."""
-    from mxfp8_fusion.kernels.gemm_config import SwapABConfig
+    from mxfp8_fusion.kernels.gemm_sm90.config import SwapABConfig
 
     swap_ab = isinstance(cfg, SwapABConfig)
     return dict(
@@ -58,7 +58,7 @@ def config_fields(cfg) -> dict:
 
 def config_from_fields(fields: dict):
     """The config a hash-list build names."""
-    from mxfp8_fusion.kernels import gemm_config
+    from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
 
     if fields["kernel"] == "swap-ab":
         return gemm_config.SwapABConfig(
@@ -76,12 +76,11 @@ def config_from_fields(fields: dict):
 def gemm_builds() -> list[dict]:
     """Every distinct GEMM build the table and the heuristic choose (at the first shape that
     chooses it, BF16 out, BF16 bias), plus the dtype combinations of the compile test."""
-    from mxfp8_fusion.kernels import gemm_select as select
-    from mxfp8_fusion.kernels import gemm_sm90 as g
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90 import select, table
 
     builds, seen = [], set()
-    shapes = [*table.TABLE, *_EXTRA_SHAPES]
+    shapes = [*table.measured_shapes(), *_EXTRA_SHAPES]
     for n, k in shapes:
         for tokens in _TOKENS:
             for cfg in (select.choose_config(tokens, n, k), select.heuristic_config(tokens, n, k)):
@@ -103,7 +102,7 @@ def gemm_builds() -> list[dict]:
 def _gemm_ptx(build: dict) -> str:
     import torch
 
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     cfg = config_from_fields(build["fields"])
     bias = getattr(torch, build["bias"]) if build["bias"] else None
@@ -126,8 +125,8 @@ def without_entry_names(ptx: str) -> str:
 
 def all_hashes(builds: list[dict]) -> dict[str, str]:
     """{build name: sha256 of its PTX} for ``builds`` and the fixed non-GEMM builds."""
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels import quantize_slice as quantizer
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.quantize import host as quantizer
 
     def sha(text: str) -> str:
         return hashlib.sha256(without_entry_names(text).encode()).hexdigest()

@@ -13,7 +13,7 @@ from mxfp8_fusion.format import scale_bytes
 def _has_kernel_gpu() -> bool:
     if not torch.cuda.is_available() or importlib.util.find_spec("cutlass") is None:
         return False
-    from mxfp8_fusion.kernels.quantize_slice import arch_for
+    from mxfp8_fusion.kernels.quantize.host import arch_for
 
     return arch_for(torch.cuda.get_device_capability()) is not None
 
@@ -39,7 +39,7 @@ def check_against_reference(
     source: torch.Tensor, k: int, column: int, capacity=None, **launch
 ) -> None:
     """``launch``: compile-time options of ``run`` (``tile_rows``, ``small_tokens``)."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     tokens = source.shape[0]
     capacity = capacity or ((tokens + 127) // 128 * 128 + 128)

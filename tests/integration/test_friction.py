@@ -76,7 +76,8 @@ def test_a_kernel_build_says_so(tmp_path):
     cache and says nothing."""
     script = textwrap.dedent(
         """
-        from mxfp8_fusion.kernels import launcher, quantize_slice as kernel
+        from mxfp8_fusion.kernels.runtime import launcher
+        from mxfp8_fusion.kernels.quantize import host as kernel
         launcher.function(kernel.build_of(kernel.config_of(False, 1024, 1, "sm_90a")))
         """
     )

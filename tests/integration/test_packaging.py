@@ -106,6 +106,14 @@ def test_the_wheel_holds_every_subpackage(tmp_path):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
+    for name in ("kernels", "passes"):  # every module and data file of every subfolder
+        sources = {p.relative_to(ROOT / name) for p in (ROOT / name).rglob("*.py")}
+        sources |= {p.relative_to(ROOT / name) for p in (ROOT / name).rglob("*.json")}
+        shipped = {
+            p.relative_to(site / "mxfp8_fusion" / name)
+            for p in (site / "mxfp8_fusion" / name).rglob("*")
+        }
+        assert sources - shipped == set(), f"add {name}'s subpackages to pyproject's packages"
     where, _ = _python(_IMPORT_ALL, tmp_path, PYTHONPATH=str(site)).split()
     assert Path(where) == site / "mxfp8_fusion" / "__init__.py"
     (entry_points,) = site.glob("*.dist-info/entry_points.txt")

@@ -19,7 +19,9 @@ from helpers.gemm import (
 )
 
 from mxfp8_fusion.format import scale_bytes
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 
 @pytest.mark.slow
@@ -33,10 +35,10 @@ def test_compiles_for_sm90a_without_gpu():
         import sys, torch, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         warnings.filterwarnings("error", message="This static loop has")
-        from mxfp8_fusion.kernels import gemm_sm90 as g
-        from mxfp8_fusion.kernels.gemm_config import TiledConfig, swap_ab_config
-        from mxfp8_fusion.kernels.gemm_names import config_from_spec as named
-        from mxfp8_fusion.kernels.gemm_select import choose_config
+        from mxfp8_fusion.kernels.gemm_sm90 import host as g
+        from mxfp8_fusion.kernels.gemm_sm90.config import TiledConfig, swap_ab_config
+        from mxfp8_fusion.kernels.gemm_sm90.names import config_from_spec as named
+        from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
         assert "cutlass" not in sys.modules  # importing the modules must not import cutlass
         bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
         for cfg, n, k, out, bias in [
@@ -56,7 +58,7 @@ def test_compiles_for_sm90a_without_gpu():
             (named("tiled 192x128 c1 stream-k-tail", 300), 640, 4160, fp16, fp32),
         ]:
             g.compile_gemm(cfg, n, k, n, out, bias)
-        from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+        from mxfp8_fusion.kernels.gemm_sm90 import buffers
 
         buffers.compile_refs(1056)  # the tiled kernel's per-row FP16 reference scan
         buffers.compile_tokens(4160)  # the swap-AB kernel's token conversion
@@ -117,7 +119,7 @@ def test_stream_k_split_model(w_tiles, k_tiles, ctas):
 )  # fmt: skip
 def test_stream_k_tail_split_model(tiles, k_tiles, ctas):
     """CPU model of the tiled kernel's stream_k 2 schedule (the integer formulas of
-    gemm_sm90_tiled._my_units and _next_unit, the fixup's first CTA, and _waves as the
+    gemm_sm90.tiled.schedule._my_units and _next_unit, the fixup's first CTA, and _waves as the
     heuristic's _whole_waves states it):
     every (tile, stage) unit is computed once; whole tiles come in full waves, one per CTA;
     every CTA holds some of the stream-K units; each split tile is finished by the CTA
@@ -165,9 +167,9 @@ def _finite_e4m3() -> torch.Tensor:
 
 
 def test_fp16_window_of_the_tiled_kernel():
-    """gemm_sm90_f16's premise: e4m3 * 2**d is an exact FP16 value for every finite E4M3 and
+    """gemm_sm90.f16's premise: e4m3 * 2**d is an exact FP16 value for every finite E4M3 and
     d in [-15, 7] (the path uses [-14, 7]), and the window is tight on both sides."""
-    from mxfp8_fusion.kernels.gemm_sm90_f16 import F16_ABOVE, F16_BELOW
+    from mxfp8_fusion.kernels.gemm_sm90.f16 import F16_ABOVE, F16_BELOW
 
     values = _finite_e4m3()
 
@@ -200,7 +202,7 @@ def test_two_step_power_of_two_scaling():
 def test_k_split_tiles_need_stream_k():
     """The k-split hand-off goes through the stream-K workspace: whole 64-row tiles per CTA
     are refused before anything compiles."""
-    from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90
+    from mxfp8_fusion.kernels.gemm_sm90.tiled.kernel import MXFP8TiledGemmSm90
 
     with pytest.raises(ValueError, match="stream_k"):
         MXFP8TiledGemmSm90(
@@ -223,7 +225,7 @@ def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
     only once they hold the next one they read: the tiled kernel needs three 16-bit stages,
     four with k-split consumers (every other half each), and refuses fewer before any
     compile."""
-    from mxfp8_fusion.kernels.gemm_sm90_tiled import MXFP8TiledGemmSm90
+    from mxfp8_fusion.kernels.gemm_sm90.tiled.kernel import MXFP8TiledGemmSm90
 
     cfg = gemm_names.config_from_spec(spec, 64)
     if ok:
@@ -238,7 +240,7 @@ def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
     """Each consumer takes every C-th stage, and with bf16_tokens holds it until it has its
     next one: fewer stages than C (C + 1) would deadlock, so the constructor refuses them."""
 
-    from mxfp8_fusion.kernels.gemm_sm90_swap_ab import MXFP8SwapABGemmSm90
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.kernel import MXFP8SwapABGemmSm90
 
     cfg = gemm_config.swap_ab_config(32, bf16_tokens=True)
     MXFP8SwapABGemmSm90(replace(cfg, stages=4), 7168, 43008, 7168, None, None)
@@ -249,9 +251,9 @@ def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
 
 @requires_cutlass
 def test_bf16_token_order_is_a_permutation_within_each_scale_group():
-    """gemm_sm90_tokens.bf16_slot moves K only inside its 32-element group, so the BF16
+    """gemm_sm90.tokens.bf16_slot moves K only inside its 32-element group, so the BF16
     token buffer keeps a partial last stage inside K."""
-    from mxfp8_fusion.kernels.gemm_sm90_tokens import bf16_slot
+    from mxfp8_fusion.kernels.gemm_sm90.tokens import bf16_slot
 
     slots = [bf16_slot(j) for j in range(128)]
     assert sorted(slots) == list(range(128))
@@ -267,7 +269,7 @@ def _predicate_operands(tokens=4, n=16, k=64):
 
 
 def test_refusal_names_unaligned_shapes():
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     a, sa, b, sb, out = _predicate_operands()
     assert g.refusal(a, sa, b, sb, None, out) is None
@@ -282,7 +284,7 @@ def test_refusal_names_what_the_kernels_cannot_read():
     """Scale buffers not 16-byte aligned (TMA) and a bias the kernels do not read (not a
     contiguous BF16/FP16/FP32 vector) are refused by the predicate, with the reason the
     fallback warning gives; run() refuses them too, before any launch."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     a, sa, b, sb, out = _predicate_operands()
     shifted = lambda t: torch.zeros(t.numel() + 16, dtype=torch.uint8)[4 : 4 + t.numel()]  # noqa: E731

@@ -1,7 +1,7 @@
 """The SM90 GEMM's configs and their selection on a CPU: each config class checks its
 fields, the constructors fit shared memory, the heuristic's rules and model hold against the
 tune receipt, the measured table is well formed and looked up as documented, and the
-tooling names (kernels/gemm_names.py) round-trip."""
+tooling names (kernels/gemm_sm90/names.py) round-trip."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mxfp8_fusion.kernels import gemm_config, gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 
 def test_swap_ab_configs_fit_shared_memory():
@@ -32,7 +34,7 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
     tile_w 128), and a flag each."""
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
 
     for spec, tokens, finishing in [
         ("swap-ab", 64, 1),
@@ -172,7 +174,7 @@ def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
 
 
 def test_config_names_round_trip():
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     for spec in (
         "tiled 128x128 c2",
@@ -293,11 +295,13 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     """The smallest measured token count at or above the call's; the last row past the end;
     a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
     heuristic."""
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
     names = ("swap-ab", "tiled 128x64 c1 stream-k", "swap-ab", "tiled 192x128 c1")
     rows = tuple(zip((1, 16, 48, 96), map(gemm_names.schedule_of, names), strict=True))
-    monkeypatch.setattr(table, "TABLE", {(1024, 2048): rows})
+    monkeypatch.setattr(
+        table, "shapes", lambda device, sms: {(1024, 2048): rows} if sms == 132 else {}
+    )
     gemm_select.choose_config.cache_clear()
     try:
         spec = lambda t: gemm_names.spec_of(gemm_select.choose_config(t, 1024, 2048))  # noqa: E731
@@ -321,10 +325,11 @@ def test_measured_table_is_well_formed():
     """Every row of the committed table holds a valid config's schedule for its token
     count, rows ascend, swap-AB rows stay within the kernel's token range, and the table is
     the one its receipt's names give (the tuner writes both)."""
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
-    assert table.NUM_SMS == 132
-    for (n, k), rows in table.TABLE.items():
+    shapes = table.shapes(table.MEASURED_DEVICE, 132)
+    assert shapes and list(shapes) == table.measured_shapes()
+    for (n, k), rows in shapes.items():
         assert n > 0 and k % 32 == 0 and rows
         buckets = [t for t, _ in rows]
         assert buckets == sorted(set(buckets)), (n, k)
@@ -332,3 +337,34 @@ def test_measured_table_is_well_formed():
             cfg = gemm_select.config_of(entry, t)
             assert gemm_names.schedule_of(gemm_names.spec_of(cfg)) == entry
             assert gemm_select.choose_config(t, n, k) == cfg
+
+
+def test_the_table_is_keyed_by_device_name_not_only_sm_count():
+    """An H100 SXM has the H200's 132 SMs: it takes the heuristic, not the H200's table."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert table.shapes(h100, 132) == {}
+    for t in (1, 48, 300, 4096):
+        on_h200 = gemm_select.choose_config(t, 7168, 43008, 132, table.MEASURED_DEVICE)
+        assert gemm_select.choose_config(t, 7168, 43008, 132, h100) == (
+            gemm_select.heuristic_config(t, 7168, 43008, 132)
+        )
+        assert on_h200 == gemm_select.config_of(gemm_select.table_entry(t, 7168, 43008), t)
+
+
+def test_a_table_measured_with_the_toolchain_in_use_is_taken_first(monkeypatch):
+    """Of one device's tables, the one its toolchain measured, else the latest written."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    (measured,) = table.tables()
+    version = measured["toolchain"][table.TOOLCHAIN_PACKAGE]
+    latest = {**measured, "toolchain": {table.TOOLCHAIN_PACKAGE: "0.0"}, "shapes": []}
+    monkeypatch.setattr(table, "tables", lambda: (measured, latest))
+    try:
+        for toolchain, has_rows in ((version, True), ("0.0", False), ("9.9", False)):
+            monkeypatch.setattr(table, "_toolchain", lambda v=toolchain: v)
+            table.shapes.cache_clear()
+            assert bool(table.shapes(table.MEASURED_DEVICE, 132)) == has_rows, toolchain
+    finally:
+        table.shapes.cache_clear()

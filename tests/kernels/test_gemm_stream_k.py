@@ -20,7 +20,8 @@ from helpers.gemm import (
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP
-from mxfp8_fusion.kernels import gemm_names, gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 STREAM_K_SPECS = [
     "tiled 128x128 c2 stream-k",
@@ -154,7 +155,7 @@ def test_stream_k_with_fewer_units_than_ctas():
 def test_stream_k_repeats_bitwise_and_graph_replays(spec, num_sms):
     """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
     the next launch; a captured launch (its own workspace) replays with new tokens."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     cfg = gemm_names.config_from_spec(spec, 300, num_sms)
     tokens, n, k = 300, 640, 4160
@@ -198,10 +199,10 @@ def test_stream_k_on_two_streams_at_once():
 def _table_points():
     """(tokens, N, K): every table shape at one token and at and around every point where
     the table's choice changes."""
-    from mxfp8_fusion.kernels import gemm_sm90_table as table
+    from mxfp8_fusion.kernels.gemm_sm90 import table
 
     points = []
-    for (n, k), rows in table.TABLE.items():
+    for (n, k), rows in table.shapes(table.MEASURED_DEVICE, 132).items():
         tokens = {1}
         for i in range(1, len(rows)):
             if rows[i][1] != rows[i - 1][1]:  # t0 takes the one spec, t0 + 1 the other
@@ -231,7 +232,7 @@ def _table_weight(n: int, k: int):
 )
 def test_table_choices_match_reference(tokens, n, k):
     """The configs the measured table picks, at and around each of its switch points."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     cfg = gemm_select.choose_config(tokens, n, k)
     gen = torch.Generator(device="cuda").manual_seed(tokens)

@@ -12,7 +12,8 @@ from helpers.gemm import random_operand, requires_cutlass, requires_sm90
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_offset
-from mxfp8_fusion.kernels import gemm_config, gemm_names
+from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
+from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 
 
 def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):
@@ -94,7 +95,7 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     ``tile_w`` 128, CTA pairs ``cluster`` 2): every token tile gives the same bytes (the same
     split and K order per output), launches repeat bitwise, a captured launch replays with
     new tokens, and launches on two streams at once keep their own workspaces."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     tokens, n, k = 7, 1000, 6144
     a, sa = random_operand(tokens, k, seed=seed)
@@ -159,7 +160,7 @@ def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
 def test_swap_ab_tiles_agree_and_graph_replays():
     """Every token tile that fits gives the same bytes (same K order per output, same
     two-stream split), and a captured launch replays with new tokens."""
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
     tokens, n, k = 7, 384, 2048
     a, sa = random_operand(tokens, k, seed=11)
@@ -201,15 +202,17 @@ def test_swap_ab_tiles_agree_and_graph_replays():
 @pytest.mark.parametrize("tokens,k", [(1, 128), (5, 4160), (64, 43008)])
 def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k):
     """The ``bf16_tokens`` pre-pass writes dequant(A) exactly, each 128-K stage's columns
-    in the weight fragment's order (gemm_sm90_tokens.bf16_slot); scale bytes 97-157 and
+    in the weight fragment's order (gemm_sm90.tokens.bf16_slot); scale bytes 97-157 and
     a NaN scale included."""
-    from mxfp8_fusion.kernels import gemm_sm90_buffers as buffers
-    from mxfp8_fusion.kernels.gemm_sm90_tokens import bf16_slot
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.tokens import bf16_slot
 
     a, sa = random_operand(tokens, k, spread=30, seed=31)
     sa.view(torch.uint8)[scale_offset(0, 1, k)] = 255  # row 0, group 1: a NaN scale
     stream = torch.cuda.current_stream().cuda_stream
-    got = buffers.convert_tokens(a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream)
+    got = buffers.convert_tokens(
+        buffers.tokens_build(k), a.data_ptr(), sa.data_ptr(), tokens, k, a.device, 0, stream
+    )
     got = got[: tokens * k].view(tokens, k)
     want = reference.dequantize(a, sa).to(torch.bfloat16)
     col = torch.arange(k)

@@ -1,4 +1,4 @@
-"""The kernel cache on disk (kernels/kernel_cache.py), on the CPU: keys, corruption,
+"""The kernel cache on disk (kernels/runtime/cache.py), on the CPU: keys, corruption,
 concurrent writers, unusable directories. Real builds compile under ``CUTE_DSL_ARCH``."""
 
 import hashlib
@@ -22,7 +22,8 @@ requires_cutlass = pytest.mark.skipif(
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh cache directory for this test, builds forgotten before and after."""
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     if not torch.cuda.is_available():
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
@@ -41,14 +42,18 @@ class _Compiled:
             f.write(function_name.encode())
 
 
+def _no_compile(*facts):
+    raise AssertionError("these tests store what they built themselves")
+
+
 def _build(width=256, arch="sm_90a"):
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
 
     return qs.build_of(qs.config_of(False, width, 1, arch))
 
 
 def _counting(monkeypatch):
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.runtime import launcher
 
     calls = []
     real = launcher.compile_build
@@ -57,7 +62,7 @@ def _counting(monkeypatch):
 
 
 def test_key_names_everything_that_changes_the_binary(monkeypatch):
-    from mxfp8_fusion.kernels import kernel_cache
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
     key = kernel_cache.entry_key(_build())
     assert key == kernel_cache.entry_key(_build())
@@ -71,11 +76,29 @@ def test_key_names_everything_that_changes_the_binary(monkeypatch):
     assert key != kernel_cache.entry_key(_build())
 
 
+def test_key_hashes_the_device_code_not_the_tuned_table():
+    """A retuned table or a dispatch rule keeps every entry; every module that holds device
+    code (a ``@cute`` function, an inline-PTX op) or compiles a build is hashed, and so is
+    the storage format."""
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+
+    hashed = kernel_cache.device_sources()
+    package = next(iter(hashed.values())).parents[1]
+    for name in kernel_cache.HOST_ONLY:
+        assert (package / name).is_file() and name not in hashed
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if any(mark in text for mark in ("@cute.", "@dsl_user_op", "def compile_")):
+            assert path.relative_to(package).as_posix() in hashed
+    assert "../format.py" in hashed
+
+
 def test_key_is_the_same_in_another_process():
-    from mxfp8_fusion.kernels import kernel_cache
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
     code = (
-        "from mxfp8_fusion.kernels import kernel_cache, quantize_slice as qs;"
+        "from mxfp8_fusion.kernels.runtime import cache as kernel_cache;"
+        "from mxfp8_fusion.kernels.quantize import host as qs;"
         "print(kernel_cache.entry_key(qs.build_of(qs.config_of(False, 256, 1, 'sm_90a'))))"
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -83,7 +106,7 @@ def test_key_is_the_same_in_another_process():
 
 
 def test_default_location_and_override(monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
     monkeypatch.delenv(kernel_cache.ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -99,7 +122,7 @@ def test_default_location_and_override(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("off", ["", "off", " OFF ", "none", "0"])
 def test_the_words_for_off_mean_off_in_the_variable_and_in_the_call(monkeypatch, off):
-    from mxfp8_fusion.kernels import kernel_cache
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
 
     monkeypatch.setattr(kernel_cache, "_override", [])
     monkeypatch.setenv(kernel_cache.ENV, off)
@@ -111,13 +134,14 @@ def test_the_words_for_off_mean_off_in_the_variable_and_in_the_call(monkeypatch,
 
 @requires_cutlass
 def test_entry_is_reused_by_a_fresh_process(cache, monkeypatch):
-    from mxfp8_fusion.kernels import launcher
+    from mxfp8_fusion.kernels.runtime import launcher
 
     calls = _counting(monkeypatch)
     launcher.function(_build())
     assert calls == [_build()] and len(list(cache.glob("*.o"))) == 1
     code = (
-        "from mxfp8_fusion.kernels import launcher, quantize_slice as qs;"
+        "from mxfp8_fusion.kernels.runtime import launcher;"
+        "from mxfp8_fusion.kernels.quantize import host as qs;"
         "launcher.compile_build = None;"  # a compile would fail: the entry must be loaded
         "launcher.function(qs.build_of(qs.config_of(False, 256, 1, 'sm_90a')))"
     )
@@ -128,7 +152,8 @@ def test_entry_is_reused_by_a_fresh_process(cache, monkeypatch):
 @requires_cutlass
 @pytest.mark.parametrize("damage", ["truncate", "flip", "drop record", "other key"])
 def test_a_damaged_entry_is_rebuilt_not_loaded(cache, monkeypatch, damage):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     build = _build()
     launcher.function(build)
@@ -154,7 +179,8 @@ def test_a_damaged_entry_is_rebuilt_not_loaded(cache, monkeypatch, damage):
 
 
 def _store_concurrently(directory: str, rounds: int) -> None:
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     class Slow:  # a compiled build whose object file is written in pieces
         def export_to_c(self, path, function_name):
@@ -163,7 +189,7 @@ def _store_concurrently(directory: str, rounds: int) -> None:
                     f.write(bytes([i]) * 4096)
                     f.flush()
 
-    build = launcher.Build("quantizer", ("concurrency",), "sm_90a")
+    build = launcher.Build("quantizer", ("concurrency",), "sm_90a", _no_compile)
     for _ in range(rounds):
         kernel_cache.store(kernel_cache.Path(directory), build, Slow())
         record = kernel_cache._verified(kernel_cache.Path(directory), build)
@@ -185,7 +211,8 @@ def test_concurrent_writers_never_leave_half_an_entry(tmp_path):
 
 @requires_cutlass
 def test_unwritable_directory_warns_once_and_still_runs(cache, monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     blocker = tmp_path / "a file"
     blocker.write_text("")
@@ -200,7 +227,8 @@ def test_unwritable_directory_warns_once_and_still_runs(cache, monkeypatch, tmp_
 
 @requires_cutlass
 def test_full_directory_falls_back_with_one_warning(cache, monkeypatch):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     real = kernel_cache.store
 
@@ -217,7 +245,8 @@ def test_full_directory_falls_back_with_one_warning(cache, monkeypatch):
 
 @requires_cutlass
 def test_read_only_cache_with_entries_is_still_read(cache, monkeypatch):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     launcher.function(_build())
     launcher._functions.clear()
@@ -232,7 +261,8 @@ def test_read_only_cache_with_entries_is_still_read(cache, monkeypatch):
 def test_an_entry_is_used_only_for_the_build_it_records(cache, monkeypatch, lie):
     """An entry whose record names anything but the build asked for (here put under the
     asked-for key, with that key written into its record) is a miss: rebuilt, replaced."""
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     asked, other = _build(width=384), _build(width=256)
     launcher.function(other if lie == "another build's entry" else asked)
@@ -255,11 +285,12 @@ def test_an_entry_is_used_only_for_the_build_it_records(cache, monkeypatch, lie)
 
 
 def test_entries_are_private_whatever_the_umask(cache):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     directory = cache / "a" / "b"
     kernel_cache.set_cache_dir(directory)
-    build = launcher.Build("quantizer", ("private",), "sm_90a")
+    build = launcher.Build("quantizer", ("private",), "sm_90a", _no_compile)
     old = os.umask(0)
     try:
         _, stored_in = kernel_cache.build_and_store(build, _Compiled)
@@ -275,9 +306,10 @@ def test_entries_are_private_whatever_the_umask(cache):
 
 @pytest.mark.parametrize("exposure", ["world-writable", "group-writable", "another owner"])
 def test_a_directory_others_can_write_is_neither_read_nor_written(cache, monkeypatch, exposure):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
-    build, second = (launcher.Build("quantizer", (name,), "sm_90a") for name in "ab")
+    build, second = (launcher.Build("quantizer", (name,), "sm_90a", _no_compile) for name in "ab")
     kernel_cache.build_and_store(build, _Compiled)
     assert kernel_cache.stored(cache, build)
     if exposure == "another owner":
@@ -296,9 +328,10 @@ def test_a_directory_others_can_write_is_neither_read_nor_written(cache, monkeyp
 
 
 def test_an_entry_file_others_can_write_is_not_loaded(cache):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
-    build = launcher.Build("quantizer", ("file",), "sm_90a")
+    build = launcher.Build("quantizer", ("file",), "sm_90a", _no_compile)
     kernel_cache.build_and_store(build, _Compiled)
     (cache / f"{kernel_cache.entry_key(build)}.o").chmod(0o666)
     assert not kernel_cache.stored(cache, build)

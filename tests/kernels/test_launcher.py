@@ -1,4 +1,4 @@
-"""kernels/launcher.py on the CPU (``CUTE_DSL_ARCH``): each kernel's TVM-FFI entry takes
+"""kernels/runtime/launcher.py on the CPU (``CUTE_DSL_ARCH``): each kernel's TVM-FFI entry takes
 exactly the arguments the host passes, and a build is compiled once per process."""
 
 import importlib.util
@@ -35,8 +35,8 @@ def _accepts(fn, args) -> bool:
 @requires_cutlass
 def test_quantizer_entries_take_the_hosts_arguments(monkeypatch):
     _target(monkeypatch)
-    from mxfp8_fusion.kernels import launcher
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
+    from mxfp8_fusion.kernels.runtime import launcher
 
     one = launcher.function(qs.build_of(qs.config_of(False, 256, 1, "sm_90a")))
     assert _accepts(one, (1 << 40, 1 << 41, 1 << 42, 5, 256, 512, 128, 4, STREAM))
@@ -57,8 +57,9 @@ def test_gemm_entries_take_the_hosts_arguments(monkeypatch, spec):
     """Both kernels and both tiled schedules: the bias and a tiled build's workspace are
     absent (None) where the build has none."""
     _target(monkeypatch)
-    from mxfp8_fusion.kernels import gemm_names, launcher
-    from mxfp8_fusion.kernels import gemm_sm90 as g
+    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+    from mxfp8_fusion.kernels.runtime import launcher
 
     cfg = gemm_names.config_from_spec(spec, 300 if "tiled" in spec else 16)
     fn = launcher.function(g.gemm_build(cfg, 256, 512, 256, torch.bfloat16, None))
@@ -75,8 +76,9 @@ def test_gemm_entries_take_the_hosts_arguments(monkeypatch, spec):
 @requires_cutlass
 def test_a_build_compiles_once_per_process(monkeypatch):
     _target(monkeypatch)
-    from mxfp8_fusion.kernels import kernel_cache, launcher
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     build = qs.build_of(qs.config_of(True, 384, 1, "sm_90a"))
     calls = []
@@ -89,8 +91,8 @@ def test_a_build_compiles_once_per_process(monkeypatch):
 
 
 def test_builds_are_named_by_data():
-    from mxfp8_fusion.kernels import launcher
-    from mxfp8_fusion.kernels import quantize_slice as qs
+    from mxfp8_fusion.kernels.quantize import host as qs
+    from mxfp8_fusion.kernels.runtime import launcher
 
     a = qs.build_of(qs.config_of(False, 256, 1, "sm_90a"))
     assert a == qs.build_of(qs.config_of(False, 256, 1, "sm_90a"))

@@ -73,7 +73,7 @@ def test_strided_source_view(dtype, tokens):
 def test_six_slices_equal_quantize_of_the_concatenation():
     gen = torch.Generator(device="cuda").manual_seed(6)
     slices = [wide_range(300, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     values, scales = poisoned(300, 6144, "cuda")
     for i, s in enumerate(slices):
@@ -140,7 +140,7 @@ def test_eager_multi_slice_call_of_one_slice(tokens):
 def test_run_many_equals_per_slice_reference(dtype, tokens):
     """One launch for several slices: views with their own strides, columns out of order and
     with gaps (the gap columns must stay poisoned)."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(tokens + 77)
     wide = wide_range(tokens, 2048, dtype, "cuda", gen)
@@ -167,7 +167,7 @@ def test_run_many_equals_per_slice_reference(dtype, tokens):
 @requires_sm90
 @pytest.mark.parametrize("tokens", [1, 64])  # the few-token tile and the default one
 def test_run_many_cuda_graph_replay(tokens):
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(21)
     sources = [wide_range(tokens, 1024, torch.bfloat16, "cuda", gen) for _ in range(6)]
@@ -194,7 +194,7 @@ def _check_many_with_padding(sources, columns, k: int, capacity: int, **launch) 
     group of the slices, poison left in value rows past ``tokens``, in the columns no slice
     owns and in the row blocks past the 128-row boundary."""
     from mxfp8_fusion.format import scale_offset
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     tokens, width = sources[0].shape
     values, scales = poisoned(capacity, k, "cuda")
@@ -278,7 +278,7 @@ def test_edge_case_blocks(dtype):
     check_against_reference(source, 384, 128)
     # And the scale bytes the rule pins down, independently of the reference.
     from mxfp8_fusion.format import scale_offset
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     values, scales = poisoned(128, 128, "cuda")
     kernel.run(source, values, scales, 0)

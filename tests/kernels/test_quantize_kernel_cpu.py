@@ -30,7 +30,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 def test_compiles_for_sm90a_without_gpu(dtype, width, monkeypatch):
     if not torch.cuda.is_available():
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     config = kernel.QuantizerConfig(fp16=dtype == torch.float16, width=width)
     compiled = kernel.compile_kernel(config)
@@ -38,7 +38,7 @@ def test_compiles_for_sm90a_without_gpu(dtype, width, monkeypatch):
 
 
 def test_one_build_per_compile_time_facts():
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     a = torch.empty(5, 256, dtype=torch.bfloat16)
     b = torch.empty(4097, 512, dtype=torch.bfloat16)[:, :256]  # other tokens, other stride
@@ -52,8 +52,8 @@ def test_one_build_per_compile_time_facts():
 
 
 def test_build_target_per_capability():
-    from mxfp8_fusion.kernels import quantize_geometry as geometry
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import geometry
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     assert kernel.arch_for((9, 0)) == "sm_90a"
     assert kernel.arch_for((10, 0)) == "sm_100a" and kernel.arch_for((10, 3)) == "sm_103a"
@@ -81,7 +81,7 @@ def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
         """
         import json, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
-        from mxfp8_fusion.kernels import quantize_slice as kernel
+        from mxfp8_fusion.kernels.quantize import host as kernel
         found = {}
         for arch in kernel.ARCHS.values():
             for config in (
@@ -106,7 +106,7 @@ def test_compiles_for_every_arch_with_portable_ptx(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
     found = json.loads(res.stdout.strip().splitlines()[-1])
-    from mxfp8_fusion.kernels.quantize_slice import ARCHS
+    from mxfp8_fusion.kernels.quantize.host import ARCHS
 
     assert sorted(found) == sorted(ARCHS.values())
     for arch, builds in found.items():
@@ -138,7 +138,7 @@ VARIANTS = [
 def test_tile_variants_compile_for_sm90a(variant, monkeypatch):
     if not torch.cuda.is_available():
         monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     assert kernel.compile_kernel(kernel.QuantizerConfig(fp16=False, **variant)) is not None
 
@@ -146,7 +146,7 @@ def test_tile_variants_compile_for_sm90a(variant, monkeypatch):
 def test_launch_shape_follows_tokens():
     """Six 7168-wide slices: the few-token tile (16 rows x 4 column tiles) runs 84 CTAs up to
     16 tokens; past that, one CTA per 64 live rows and column tile, none for padding rows."""
-    from mxfp8_fusion.kernels import quantize_geometry as geometry
+    from mxfp8_fusion.kernels.quantize import geometry
 
     config = geometry.QuantizerConfig(fp16=False, width=7168, slices=6)
     assert geometry.shape_for(config, 1) == geometry.TileShape(16, 4)
@@ -170,7 +170,7 @@ def _modelled_writes(config, tokens: int, k: int, columns: list[int]):
     """Destination bytes one launch writes, following the kernel's work split thread by
     thread (grid, tile shape, last-tile guards per warp, padding walk): value byte indices
     (row * k + column), live scale byte offsets, padding scale byte offsets."""
-    from mxfp8_fusion.kernels import quantize_geometry as geometry
+    from mxfp8_fusion.kernels.quantize import geometry
 
     shape = geometry.shape_for(config, tokens)
     few = config.small_tokens and tokens <= config.small_tokens
@@ -226,7 +226,7 @@ def test_work_split_writes_each_byte_once(variant):
     live rows and 127 for every padding row up to the 128-row boundary, each exactly once,
     and nothing else (no padding CTAs, no value bytes for padding rows)."""
     from mxfp8_fusion.format import scale_offset
-    from mxfp8_fusion.kernels import quantize_geometry as geometry
+    from mxfp8_fusion.kernels.quantize import geometry
 
     config = geometry.QuantizerConfig(fp16=False, **variant)
     width = config.width
@@ -252,14 +252,14 @@ def test_work_split_writes_each_byte_once(variant):
 
 def test_import_does_not_import_cutlass():
     code = (
-        "import sys; import mxfp8_fusion.kernels.quantize_slice; "
+        "import sys; import mxfp8_fusion.kernels.quantize.host; "
         "sys.exit(1 if 'cutlass' in sys.modules else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 
 def test_refusal_names_what_the_kernel_cannot_do():
-    from mxfp8_fusion.kernels.quantize_slice import refusal
+    from mxfp8_fusion.kernels.quantize.host import refusal
 
     values = torch.empty(256, 1024, dtype=torch.float8_e4m3fn)
     wide = torch.empty(256, 2048, dtype=torch.bfloat16)
@@ -280,7 +280,7 @@ def test_refusal_names_what_the_kernel_cannot_do():
 def test_refusal_many_needs_equal_shapes():
     """Slices after the first must match its dtype and shape; each has its own layout,
     alignment and column."""
-    from mxfp8_fusion.kernels.quantize_slice import refusal_many
+    from mxfp8_fusion.kernels.quantize.host import refusal_many
 
     values = torch.empty(256, 4096, dtype=torch.float8_e4m3fn)
     a = torch.empty(100, 512, dtype=torch.bfloat16)

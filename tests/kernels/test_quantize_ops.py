@@ -20,8 +20,8 @@ from mxfp8_fusion import reference
 def test_cuda_graph_capture_and_replay(dtype):
     import tvm_ffi
 
-    from mxfp8_fusion.kernels import launcher
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
+    from mxfp8_fusion.kernels.runtime import launcher
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     static = wide_range(200, 1024, dtype, "cuda", gen)
@@ -51,7 +51,7 @@ def test_programmatic_launch_reads_only_after_the_previous_kernel():
     early. The next one must still read nothing before this one has finished. Here the
     second launch's source is the destination the first launch writes, viewed as BF16, so
     an early read would see the poison."""
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     for _ in range(3):
@@ -71,7 +71,7 @@ def test_programmatic_launch_reads_only_after_the_previous_kernel():
 
 
 def _count_kernel_runs(monkeypatch) -> list[int]:
-    from mxfp8_fusion.kernels import quantize_slice as kernel
+    from mxfp8_fusion.kernels.quantize import host as kernel
 
     calls = []
     real = kernel.run_if_served

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
 
 def _outputs(tokens_list, n, k):
     """Quantizer and GEMM outputs at each token count (both kernels: swap-AB and tiled)."""
-    from mxfp8_fusion.kernels import gemm_sm90, quantize_slice
+    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.quantize import host as quantize_slice
 
     b, sb = random_operand(n, k, seed=1)
     got = []
@@ -33,7 +34,8 @@ def _outputs(tokens_list, n, k):
 
 
 def test_loaded_build_writes_the_bytes_of_a_fresh_compile(monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))
     monkeypatch.setattr(launcher, "_functions", {})
@@ -48,7 +50,8 @@ def test_loaded_build_writes_the_bytes_of_a_fresh_compile(monkeypatch, tmp_path)
 
 
 def test_warmup_readies_every_build_the_calls_need(monkeypatch, tmp_path):
-    from mxfp8_fusion.kernels import kernel_cache, launcher
+    from mxfp8_fusion.kernels.runtime import cache as kernel_cache
+    from mxfp8_fusion.kernels.runtime import launcher
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))
     monkeypatch.setattr(launcher, "_functions", {})

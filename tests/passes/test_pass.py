@@ -437,3 +437,14 @@ def test_rewrite_checks_the_site_before_changing_the_graph(monkeypatch):
         "internal error while rewriting (RuntimeError: aten.cat is also read by the graph "
         "output (it is returned))"
     )
+
+
+def test_uuid_hashes_every_file_of_the_pass_package():
+    """A new pattern file cannot escape the uuid (Inductor's cache key of the pass)."""
+    from pathlib import Path
+
+    from mxfp8_fusion.passes import fusion
+
+    package = Path(fusion.__file__).parent
+    hashed = {Path(p).resolve() for p in fusion._SOURCES}
+    assert {p.resolve() for p in package.rglob("*.py")} <= hashed

@@ -5,8 +5,9 @@ with ``cutlass.cute.runtime.load_module`` (milliseconds, against seconds for a c
 beside a small JSON record of its SHA-256 and what it was built from.
 
 * Key: a hash of everything that changes the binary: the build (kernel kind, compile-time
-  facts, arch), the source of the kernel package, and the versions of the DSL, its CUDA
-  libraries and TVM-FFI. A change to any of them is another key, so a stale entry is never
+  facts, arch), the source the device code is made of (:func:`device_sources`: not the
+  tuned table nor the host modules that only choose builds), and the versions of the DSL,
+  its CUDA libraries and TVM-FFI. A change to any of them is another key, so a stale entry is never
   found, let alone served.
 * Location: ``MXFP8_FUSION_CACHE_DIR``, else ``$XDG_CACHE_HOME/mxfp8_fusion/kernels``
   (``~/.cache`` without it), or :func:`set_cache_dir` in the process. ``off``, ``none``,
@@ -42,7 +43,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-from ..progress import notice
+from ...progress import notice
 
 ENV = "MXFP8_FUSION_CACHE_DIR"
 
@@ -96,15 +97,39 @@ def set_cache_dir(path: str | os.PathLike | None) -> None:
         raise TypeError(f"path: expected a str, os.PathLike or None, got {type(path).__name__}")
 
 
+HOST_ONLY = (
+    "capability.py",
+    "dispatch.py",
+    "gemm_cublas.py",
+    "gemm_sm90/names.py",
+    "gemm_sm90/search.py",
+    "gemm_sm90/select.py",
+    "gemm_sm90/table.py",
+    "runtime/cache.py",
+)
+"""Modules of the kernel package that choose, route or store builds but never shape a
+binary (what they choose is in the build's facts and arch): an edit there, a retuned table
+say, keeps every cached entry. Everything else is hashed, so a new module errs towards a
+rebuild."""
+
+
+def device_sources() -> dict[str, Path]:
+    """The files a kernel binary is made of, by their names in the package: the kernel
+    package's modules but :data:`HOST_ONLY`, and the storage format they build against."""
+    from ... import format as storage_format
+
+    package = Path(__file__).parents[1]
+    names = {p.relative_to(package).as_posix(): p for p in sorted(package.rglob("*.py"))}
+    found = {name: path for name, path in names.items() if name not in HOST_ONLY}
+    return {**found, "../format.py": Path(storage_format.__file__)}
+
+
 @functools.cache
 def source_hash() -> str:
-    """SHA-256 of the kernel package's source and the storage format it builds against."""
-    from .. import format as storage_format
-
-    files = [*sorted(Path(__file__).parent.glob("*.py")), Path(storage_format.__file__)]
+    """SHA-256 of :func:`device_sources` (each file's name and bytes)."""
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, path in device_sources().items():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -24,11 +24,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
-
+from ...format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
+from ..runtime.ptx import asm_u32, inline_ptx
 from .constants import CHUNK_WORDS, TILE_K8, UNROLL_CHUNK
-from .gemm_sm90_f16 import dequant_pair_f16, f16_factor
-from .ptx import asm_u32, inline_ptx
+from .f16 import dequant_pair_f16, f16_factor
 
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
 ONE_FACTOR_MAX = 134
@@ -130,7 +129,7 @@ def convert_fragment(words, scale_words, groups, frag_words, lows=None):
     second factor (scale bytes above ONE_FACTOR_MAX) is one branch for the whole fragment.
 
     With ``lows`` (``ref - 15`` of the two rows) the fragment is FP16 instead, each value
-    times 2**(s - ref) (gemm_sm90_f16).
+    times 2**(s - ref) (gemm_sm90.f16).
     """
     n = len(groups)
     big = Int32(0)
@@ -192,7 +191,7 @@ def wait_flag(ptr, *, loc=None, ip=None):
 
 # A stream-K fixup loads the lower CTAs' parts this many FP32 values per thread at a time
 # before it adds them in K order: one part at a time, each flag poll, fence and load was a
-# round trip through L2 of its own (about 1.2 us per part, 4 us at N 2048, K 7168).
+# round trip through L2 of its own (docs/gemm_log.md, 'Numbers behind the kernel sources').
 FIXUP_FLOATS = 64
 
 

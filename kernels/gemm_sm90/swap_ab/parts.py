@@ -1,5 +1,5 @@
 """The swap-AB GEMM's geometry and the parts of its consumers after the main loop
-(gemm_sm90_swap_ab; imports cutlass: load lazily): a config becomes the kernel's
+(gemm_sm90.swap_ab; imports cutlass: load lazily): a config becomes the kernel's
 compile-time facts here (refused where the kernel has no form for them), the CTA groups of
 a cluster, the token tile's loads and stores (the tokens converted in each CTA), and the
 partial sums' reduction across consumers, stream-K fixup and store.
@@ -11,10 +11,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from mxfp8_fusion.format import CHUNK_BYTES, ceil_div, row_blocks
-
-from .constants import TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ceil_div, row_blocks
+from ..common import (
     Sm90Gemm,
     add_parts,
     chunk_word,
@@ -26,6 +24,7 @@ from .gemm_sm90_common import (
     store_smem_word,
     wait_flag,
 )
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
@@ -34,8 +33,8 @@ W_GROUPS = (0, 1, 2, 3)  # the stage's scale groups, all in one weight fragment
 
 
 # L2 cache policy of a TMA load (the createpolicy encoding CUTLASS's CacheHintSm90 names
-# EVICT_FIRST). On the weight stream: 16 tokens 0.572-0.574 of cuBLAS BF16's time against
-# 0.582 without, 1 token 0.576 against 0.582-0.585 (H200, two runs each, alternated).
+# EVICT_FIRST). On the weight stream, read once: slightly faster at 1 and 16 tokens
+# (docs/gemm_log.md, 'Numbers behind the kernel sources').
 L2_EVICT_FIRST = 0x12F0000000000000
 # ... and the default priority (EVICT_NORMAL), spelled out for the multicast token loads,
 # whose instruction always carries a policy
@@ -44,13 +43,13 @@ L2_EVICT_NORMAL = 0x1000000000000000
 
 class SwapABParts(Sm90Gemm):
     """The swap-AB kernel's compile-time geometry and its consumers' helpers. The kernel
-    class (gemm_sm90_swap_ab) derives from it, so every member its methods read is declared
+    class (gemm_sm90.swap_ab) derives from it, so every member its methods read is declared
     here or in :class:`Sm90Gemm`."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile
-        # tokens already BF16 in the weight fragment's K order (gemm_sm90_tokens): TMA'd with
+        # tokens already BF16 in the weight fragment's K order (gemm_sm90.tokens): TMA'd with
         # the stage, no conversion here
         self.bf16_tokens = bool(cfg.bf16_tokens)
         self.stages = cfg.stages

@@ -2,7 +2,7 @@
 
 :func:`inline_ptx` emits one ``llvm.inline_asm`` block; :func:`asm_u32` is its common form
 (32-bit register operands, one 32-bit result); :func:`prefetch_l2` is a plain L2 prefetch.
-The kernels' own instruction sequences live beside them (``quantize_ptx``, ``gemm_sm90_*``).
+The kernels' own instruction sequences live beside them (``quantize.ptx``, ``gemm_sm90/``).
 """
 
 from __future__ import annotations

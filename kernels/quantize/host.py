@@ -1,12 +1,12 @@
 """CuTe DSL slice quantizer: BF16/FP16 ``[tokens, width]`` -> MXFP8 columns of a destination.
 
-Layers: the kernel (``quantize_slice_kernel``: the ``@cute.jit`` entry and ``@cute.kernel``
+Layers: the kernel (``quantize.kernel``: the ``@cute.jit`` entry and ``@cute.kernel``
 body) -> :func:`compile_kernel` (one build per :class:`QuantizerConfig`, kept by the launcher
 in memory and on disk: launcher.py) -> :func:`run_if_served` (what the ops call: checks and
 launches in one pass over the call's facts), with :func:`refusal` and :func:`run` as its two
 halves for tests and benchmarks. The ``*_many`` functions quantize up to 8 equal-shape slices in one launch
 (the same tile code; one launch instead of six removes the gaps between kernels). The config,
-tile shapes and grid both sides read are in ``quantize_geometry``.
+tile shapes and grid both sides read are in ``quantize.geometry``.
 
 Work split. A CTA of 256 threads quantizes a tile of ``rows`` rows x ``blocks`` column tiles
 of 128 columns (4 scale groups each). 16 threads cover 128 columns of one row, each loading
@@ -30,9 +30,8 @@ quarter of the CTAs, each thread still 4 loads deep), otherwise ``tile_rows`` x 
 
 Launches use programmatic dependent launch (``QuantizerConfig.pdl``): a launch's CTAs may be
 scheduled while the previous kernel's last ones run, and wait for it to finish before they
-read anything, so back-to-back slice launches lose less between kernels (six 16-token
-slices: 7.6 instead of 10.3 us on the H200). While they wait, the first CTAs prefetch their
-source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
+read anything, so back-to-back slice launches lose less between kernels. While they wait,
+the first CTAs prefetch their source lines into L2 (``QuantizerConfig.prefetch``). The measurements are in
 docs/quantize_log.md.
 
 Everything the call can change (tokens, the source row stride, the destination width K, the
@@ -52,11 +51,10 @@ import functools
 
 import torch
 
-from mxfp8_fusion.format import GROUP, group_blocks, padded_rows
-
-from . import launcher
-from .launcher import int32, pointer, raw_stream
-from .quantize_geometry import (
+from ...format import GROUP, group_blocks, padded_rows
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
+from .geometry import (
     ARCHS,
     DEFAULT_ARCH,
     DEFAULT_TILE_ROWS,
@@ -94,7 +92,7 @@ def compile_kernel(config: QuantizerConfig):
 
     Raises ``ValueError`` for an invalid config and ``ImportError`` without nvidia-cutlass-dsl.
     """
-    from .quantize_slice_kernel import build
+    from .kernel import build
 
     check_config(config)
     return launcher.compile_kernel(build(config), compile_args(config), config.arch)
@@ -102,7 +100,17 @@ def compile_kernel(config: QuantizerConfig):
 
 def build_of(config: QuantizerConfig) -> launcher.Build:
     """The kernel binary ``config`` names (see launcher.Build)."""
-    return launcher.Build("quantizer", (config,), config.arch)
+    return launcher.Build("quantizer", (config,), config.arch, compile_kernel)
+
+
+def builds(fp16: bool, widths, arch: str) -> list[launcher.Build]:
+    """The builds that quantizing slices of ``widths`` columns (FP16 sources where ``fp16``)
+    launches on ``arch``: one launch of them all where they share a width and are at most
+    MAX_SLICES (:func:`run_many`, as the ops call it), else one launch per slice."""
+    widths = list(widths)
+    if len(set(widths)) == 1 and len(widths) <= MAX_SLICES:
+        return [build_of(config_of(fp16, widths[0], len(widths), arch))]
+    return list(dict.fromkeys(build_of(config_of(fp16, w, 1, arch)) for w in widths))
 
 
 def arch_for(capability: tuple[int, int]) -> str | None:

@@ -3,33 +3,34 @@
 Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
 exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run BF16 wgmma
 with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
-order (gemm_sm90_common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
+order (gemm_sm90.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 docs/gemm_log.md.)
 
-* gemm_sm90_tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
+* gemm_sm90.tiled: 128 x 128, 128 x 64, 192 x 128 or 64 x 128 output tiles, whole tiles
   per persistent CTA or (stream-K) the (tile, K stage) units split evenly over the CTAs;
   consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
   converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
-  the conversion work, gemm_sm90_f16), found by a scan launch before the GEMM
-  (gemm_sm90_refs); the others BF16.
-* gemm_sm90_swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
+  the conversion work, gemm_sm90.f16), found by a scan launch before the GEMM
+  (gemm_sm90.refs); the others BF16.
+* gemm_sm90.swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
-  ``bf16_tokens`` (measured faster at 32 tokens on five of six shapes; the heuristic takes it
-  from 17 tokens on) a launch before it converts the tokens to BF16 once
-  (gemm_sm90_tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
+  ``bf16_tokens`` (measured faster at 32 tokens on most shapes: docs/gemm_log.md; the
+  heuristic takes it from 17 tokens on) a launch before it converts the tokens to BF16 once
+  (gemm_sm90.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
   consumer warpgroups share each stage's token tile, on 64 weight rows each; with
   ``cluster`` 2 CTA pairs share it through TMA multicast.
 
 This module is the host side of one call: :func:`refusal` (a call it refuses is the
 caller's to serve: the ops run the reference, with a one-time warning naming the reason),
-the config (``gemm_select.choose_config``: the measured table, else a heuristic; the config
-classes are in ``gemm_config``), the compile cache :func:`compile_gemm` (keyed on
+:func:`launches` (what the call launches; :func:`builds` lists it for warm-up),
+the config (``gemm_sm90.select.choose_config``: the measured table, else a heuristic; the config
+classes are in ``gemm_sm90.config``), the compile cache :func:`compile_gemm` (keyed on
 compile-time facts; the token count M is a runtime value) and the launch (integer arguments
-through a reusable buffer: see launcher.py). gemm_sm90_buffers holds the per-stream
+through a reusable buffer: see runtime/launcher.py). buffers.py holds the per-stream
 workspaces and the small launches that run before a GEMM.
 """
 
@@ -37,16 +38,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
-from mxfp8_fusion.format import CHUNK_BYTES, GROUP, padded_rows
-
-from . import gemm_sm90_buffers as buffers
-from . import launcher
-from .gemm_config import GemmConfig, SwapABConfig
-from .gemm_select import choose_config
-from .launcher import int32, pointer, raw_stream
+from ...format import CHUNK_BYTES, GROUP, padded_rows
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
+from . import buffers
+from .config import GemmConfig, SwapABConfig
+from .select import choose_config
 
 _TORCH_TO_CUTLASS = {
     torch.bfloat16: "BFloat16",
@@ -97,7 +98,7 @@ def compile_args(cfg: GemmConfig, out_dtype, bias_dtype) -> tuple:
     """Compile-time placeholders of ``cfg``'s kernel arguments (see launcher.compile_kernel):
     A values, A scales, B values, B scales, bias (None in a build without bias), out, M, the
     A scale chunk count; then the swap-AB kernel's stream-K workspace (partial sums, flags),
-    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90_refs) and its
+    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90.refs) and its
     stream-K workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
     bias = pointer(_TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
@@ -127,9 +128,9 @@ def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_d
     out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
     bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
     if isinstance(cfg, SwapABConfig):
-        from .gemm_sm90_swap_ab import MXFP8SwapABGemmSm90 as kernel_class
+        from .swap_ab.kernel import MXFP8SwapABGemmSm90 as kernel_class
     else:
-        from .gemm_sm90_tiled import MXFP8TiledGemmSm90 as kernel_class
+        from .tiled.kernel import MXFP8TiledGemmSm90 as kernel_class
 
     kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
     return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype), buffers.ARCH)
@@ -139,12 +140,42 @@ def gemm_build(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dty
     """The kernel binary of a call (see launcher.Build): ``cfg`` as compiled
     (:func:`compiled_config`) and the compile-time facts of :func:`compile_gemm`."""
     facts = (compiled_config(cfg), n, k, ld_out, out_dtype, bias_dtype)
-    return launcher.Build("gemm", facts, buffers.ARCH)
+    return launcher.Build("gemm", facts, buffers.ARCH, compile_gemm)
+
+
+class Launches(NamedTuple):
+    """What one call launches: the GEMM ``config``, the launch before it (``before``: the
+    swap-AB token conversion of ``bf16_tokens`` configs, the tiled kernel's reference scan
+    of ``fp16_tiles`` configs, else None) and the GEMM's build."""
+
+    config: GemmConfig
+    before: launcher.Build | None
+    gemm: launcher.Build
+
+
+def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu, config=None):
+    """The :class:`Launches` of a call of ``m`` tokens on ``gpu`` ((SM count, device name):
+    :func:`gpu_of`; ``config`` overrides the choice). The call runs exactly these; warm-up
+    compiles them (:func:`builds`)."""
+    cfg = config or choose_config(m, n, k, *gpu)
+    if isinstance(cfg, SwapABConfig):
+        before = buffers.tokens_build(k) if cfg.bf16_tokens else None
+    else:
+        before = buffers.refs_build(k) if cfg.fp16_tiles else None
+    return Launches(cfg, before, gemm_build(cfg, n, k, ld_out, out_dtype, bias_dtype))
+
+
+def builds(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu) -> list:
+    """The kernel builds a call of ``m`` tokens launches on ``gpu`` (see :func:`launches`)."""
+    plan = launches(m, n, k, ld_out, out_dtype, bias_dtype, gpu)
+    return [plan.gemm] if plan.before is None else [plan.before, plan.gemm]
 
 
 @functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def gpu_of(index: int) -> tuple[int, str]:
+    """(SM count, name) of CUDA device ``index``: what the config choice keys on."""
+    properties = torch.cuda.get_device_properties(index)
+    return properties.multi_processor_count, properties.name
 
 
 def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | None = None):
@@ -179,7 +210,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         return
     device = a_values.device
     dev = device.index if device.index is not None else 0
-    cfg = config or choose_config(m, n, k, _num_sms(dev))
+    bias_dtype = bias.dtype if bias is not None else None
+    plan = launches(m, n, k, out.stride(0), out.dtype, bias_dtype, gpu_of(dev), config)
+    cfg = plan.config
     swap_ab = isinstance(cfg, SwapABConfig)
     if swap_ab and m > cfg.tokens_tile:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
@@ -197,8 +230,10 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
     )
     stream = raw_stream(dev)
     if swap_ab:
-        if cfg.bf16_tokens:
-            tokens = buffers.convert_tokens(args[0], a_scales_ptr, m, k, device, dev, stream)
+        if plan.before is not None:
+            tokens = buffers.convert_tokens(
+                plan.before, args[0], a_scales_ptr, m, k, device, dev, stream
+            )
             args = (tokens.data_ptr(), *args[1:])
         partials, flags = buffers.stream_buffers(
             "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
@@ -206,9 +241,9 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
         )  # fmt: skip
         args += (partials.data_ptr(), flags.data_ptr())
     else:
-        if cfg.fp16_tiles:
+        if plan.before is not None:
             refs = buffers.launch_row_references(
-                a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream
+                plan.before, a_scales_ptr, b_scales_ptr, m, n, device, dev, stream
             )
         else:
             refs = buffers.bf16_references(m, n, device, dev, stream)
@@ -222,7 +257,4 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
             args += (partials.data_ptr(), flags.data_ptr())
         else:
             args += (None, None)  # a build without stream-K has no workspace
-    build = gemm_build(
-        cfg, n, k, out.stride(0), out.dtype, bias.dtype if bias is not None else None
-    )
-    launcher.launch(build, (*args, stream))
+    launcher.launch(plan.gemm, (*args, stream))

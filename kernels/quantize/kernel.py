@@ -2,7 +2,7 @@
 :func:`quantize_slice.compile_kernel` loads this module).
 
 The tile layout, the padding walk, the few-token tile and the exactness rules are described
-in ``quantize_slice``'s docstring; the arithmetic is in ``quantize_ptx``.
+in ``quantize.host``'s docstring; the arithmetic is in ``quantize.ptx``.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint8, Uint32, const_expr
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
-
-from . import quantize_ptx as qptx
-from .launcher import address, int32_or_zero, wait_for_previous_kernel
-from .ptx import prefetch_l2
-from .quantize_geometry import (
+from ...format import CHUNK_BYTES, ROW_BLOCK, SCALE_INF_BYTE, SCALE_PAD
+from ..runtime.launcher import address, int32_or_zero, wait_for_previous_kernel
+from ..runtime.ptx import prefetch_l2
+from . import ptx as qptx
+from .geometry import (
     ROWS_PER_PASS,
     THREADS,
     THREADS_PER_ROW,
@@ -30,7 +29,7 @@ from .quantize_geometry import (
 
 # About the CTAs that can be resident while the previous kernel drains (6 per SM on the
 # H200's 132 SMs). Only these prefetch before the PDL wait: in one large launch, every CTA
-# prefetching cost 3% of copy bandwidth (docs/quantize_log.md).
+# prefetching cost copy bandwidth (docs/quantize_log.md, 'Numbers behind the kernel sources').
 _PREFETCH_CTAS = 1024
 
 
@@ -226,7 +225,7 @@ class SliceQuantizer:
         self.small_last = _Tile(config, self.small, partial=True) if self.small else None
 
     def grid(self, tokens):
-        """As ``quantize_geometry.grid``, on the launch's runtime token count."""
+        """As ``quantize.geometry.grid``, on the launch's runtime token count."""
         big_x = self.slices * self.blocks
         big_y = (tokens + (self.big.rows - 1)) // self.big.rows
         if self.small is None:
@@ -317,9 +316,8 @@ class ManySliceQuantizer(SliceQuantizer):
     """One launch for up to 8 equal-width slices: grid.x runs over (slice, column tiles).
 
     Slice descriptors are 8 fixed scalar slots (address, row stride, column); slots past
-    ``slices`` are never read. H200, six 4096 x 7168 slices: 0.133 ms (0.97 of the copy
-    bandwidth) against 0.150 ms for six launches (0.162 ms without PDL; receipt
-    benchmarks/results/quantize_slice.json).
+    ``slices`` are never read. One launch for all slices is faster than one per slice
+    (docs/quantize_log.md, 'Numbers behind the kernel sources').
     """
 
     @cute.jit

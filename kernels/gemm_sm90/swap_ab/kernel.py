@@ -16,7 +16,8 @@ workspace and raise a flag (st.release), the tail's CTA waits for them (ld.acqui
 its own range and adds the parts in K order, so results do not depend on timing. A CTA
 waits only on lower CTAs, which never wait on it and start no later. It awaits their flags
 together and loads their parts several at a time before adding them in order: one part at a
-time, each an L2 round trip, had cost the last CTA 4.2 us at N 2048, K 7168.
+time, each an L2 round trip, had cost the last CTA a visible wait (docs/gemm_log.md,
+'Numbers behind the kernel sources').
 
 Each CTA has 1 + C warpgroups:
 
@@ -25,30 +26,30 @@ Each CTA has 1 + C warpgroups:
 * warpgroups 1..C: consumers, warpgroup c on the segment's stages c - 1, c - 1 + C, ...
   (C interleaved K streams, so one warpgroup's conversion overlaps the others' loads and
   wgmmas), each with its own FP32 accumulator; at the end of a segment warpgroup 1 adds
-  the others' partial sums in a fixed order. Measured at 16 tokens (N 7168, K 43008,
-  before stream-K): C = 2 / 3 / 4 gave 0.125 / 0.119 / 0.110 ms; the TMA stream alone (no
-  conversion) 0.097 ms.
+  the others' partial sums in a fixed order. More consumers hide more of the conversion
+  behind the TMA stream (docs/gemm_log.md, 'Numbers behind the kernel sources').
 
 With ``bf16_tokens`` the tokens arrive already BF16, converted once by a launch before the
-GEMM (gemm_sm90_tokens): the producer loads the stage's BF16 token tile (two K halves)
+GEMM (gemm_sm90.tokens): the producer loads the stage's BF16 token tile (two K halves)
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
-read that tile, are done. Every CTA converting all the tokens had been a third of a
-consumer's conversion work at 32 tokens (0.110 ms against 0.093 at N 7168, K 43008).
+read that tile, are done. Every CTA converting all the tokens had been a large part of a
+consumer's conversion work at 32 tokens (docs/gemm_log.md, 'Numbers behind the kernel
+sources').
 
 With ``tile_w`` 128 (row split; ``bf16_tokens``, two consumers, up to 128 tokens) a stage
 holds 128 weight rows: both consumers take every stage, each converts its 64 rows, and both
 read the stage's one token tile, so the tokens cross L2 once per 128 weight rows instead of
 per 64. Each consumer finishes its own rows (its own stream-K slot and flag; no reduction).
-At 48-64 tokens that measured 0.69-0.71 of cuBLAS BF16's time at N 7168, K 43008 against
-0.75 for the tiled kernel (docs/gemm_log.md, variant 39).
+At 48-64 tokens that measured faster than the tiled kernel on the large weights
+(docs/gemm_log.md, variant 39).
 
 With ``cluster`` 2 (``bf16_tokens``) the CTAs run in pairs: the units are (pair of adjacent
 weight tiles, K stage), a pair's two CTAs take its two tiles over the same stages, and each
 loads one K half of the stage's token tile into both CTAs (TMA multicast), so every CTA's
 stage still holds the whole tile while the tokens cross L2 half as often. A stage is free
 once the consumers of both CTAs have released it (each consumer warp arrives on both CTAs'
-barriers). 1-5% faster at 16-64 tokens in the 64-row kernel, no gain with 128-row stages:
-the tokens' L2 traffic is a small part of the cost (docs/gemm_log.md, variant 40).
+barriers). A little faster at 16-64 tokens in the 64-row kernel, no gain with 128-row
+stages: the tokens' L2 traffic is a small part of the cost (docs/gemm_log.md, variant 40).
 
 K order inside each 32-element scale group is permuted, identically for both operands, so
 that every thread loads its weight bytes with two 8-byte loads per group and row: thread
@@ -68,10 +69,9 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ...runtime.launcher import address
+from ..common import (
     chunk_slots,
     chunk_views,
     convert_fragment,
@@ -84,7 +84,8 @@ from .gemm_sm90_common import (
     tma_load_chunks,
     tma_views,
 )
-from .gemm_sm90_swap_ab_parts import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from .parts import (
     K_STEPS,
     L2_EVICT_FIRST,
     L2_EVICT_NORMAL,
@@ -92,7 +93,6 @@ from .gemm_sm90_swap_ab_parts import (
     W_GROUPS,
     SwapABParts,
 )
-from .launcher import address
 
 
 class MXFP8SwapABGemmSm90(SwapABParts):

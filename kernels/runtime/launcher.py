@@ -3,37 +3,40 @@
 Every kernel is compiled with the DSL's TVM-FFI calling convention (``--enable-tvm-ffi``):
 its host entry takes typed pointers, 32-bit integers and a stream, and a call passes plain
 Python ints (``tensor.data_ptr()``, the raw stream handle) or ``None`` for an argument the
-build leaves out. TVM-FFI converts them in C: about 4 us per launch on the H200 host,
-against 60-80 us for the DSL's generic Python call path.
+build leaves out. TVM-FFI converts them in C, an order of magnitude faster per launch than
+the DSL's generic Python call path (docs/quantize_log.md, 'Numbers behind the kernel
+sources').
 
 A build is named by a :class:`Build` (which kernel, its compile-time facts, its arch). The
 first call of a build in a process takes it from, in order: this process's table, the disk
-cache (``kernel_cache``: an object file per build, once per machine), a compile (seconds,
+cache (``runtime.cache``: an object file per build, once per machine), a compile (seconds,
 then stored on disk). :func:`launch` is that lookup plus the call. Also here: the device
 side of programmatic dependent launch, :func:`wait_for_previous_kernel`.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-from . import kernel_cache
+from . import cache as kernel_cache
 
 
 class Build(NamedTuple):
     """One kernel binary: ``kind`` names the kernel (``"gemm"``, ``"quantizer"``, ...),
     ``facts`` are its compile-time facts (a tuple of hashable values with a stable
-    ``repr``: configs, sizes, dtypes), ``arch`` the target (``"sm_90a"``). A tuple, so that
-    making and looking one up per launch costs little."""
+    ``repr``: configs, sizes, dtypes), ``arch`` the target (``"sm_90a"``), ``compiler`` the
+    kernel module's compile function, called as ``compiler(*facts)``. A tuple, so that
+    making and looking one up per launch costs little; it pickles (the function by its
+    module and name), so a warm-up worker process can compile it too."""
 
     kind: str
     facts: tuple
     arch: str
+    compiler: Callable
 
     def describe(self) -> str:
         """One line naming the build, for notices and cache entries."""
@@ -95,21 +98,9 @@ def compile_kernel(kernel, args: tuple, arch: str | None = None):
     return cute.compile(kernel, *args, make_fake_stream(), options=options)
 
 
-# Each kind's compile function, by module and name: ``function(*build.facts)``. A build
-# names everything its compile needs, so any process (a warm-up worker too) can make it.
-_COMPILERS = {
-    "quantizer": ("quantize_slice", "compile_kernel"),
-    "gemm": ("gemm_sm90", "compile_gemm"),
-    "gemm tokens": ("gemm_sm90_buffers", "compile_tokens"),
-    "gemm refs": ("gemm_sm90_buffers", "compile_refs"),
-}
-
-
 def compile_build(build: Build):
     """Compile ``build`` (seconds; no cache involved)."""
-    module, name = _COMPILERS[build.kind]
-    compile_fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
-    return compile_fn(*build.facts)
+    return build.compiler(*build.facts)
 
 
 _functions: dict[Build, Callable] = {}
@@ -150,8 +141,8 @@ def wait_for_previous_kernel() -> None:
     This waits until that kernel has finished and its writes are visible, then lets the
     next kernel's CTAs be scheduled (they wait here in turn, so at most one kernel waits
     ahead of the running one; with the trigger before the wait, a whole chain of tiny
-    launches was scheduled at once, and six 16-token slice launches replayed from a graph
-    took 14 us against 10 us for plain launches). Call it before reading or writing
+    launches was scheduled at once, and small slice launches replayed from a graph were
+    slower than plain launches: docs/quantize_log.md). Call it before reading or writing
     anything in global memory; only set-up may come first. Stream order is kept; the
     launch latency between back-to-back kernels is hidden.
     """

@@ -1,9 +1,9 @@
-"""The tiled GEMM's consumer role (gemm_sm90_tiled; imports cutlass: load lazily).
+"""The tiled GEMM's consumer role (tiled.kernel; imports cutlass: load lazily).
 
 Consumer warpgroups own 64 rows of the output tile each (k-split 64-row tiles: the same rows,
 one K half of every FP8 stage each). Per K 64 a consumer converts its A rows from the TMA'd
 FP8 stage straight into the register fragments of an RS wgmma (BF16, or FP16 with the rows'
-reference exponents: gemm_sm90_f16) and runs four m64 x tile_n x k16 wgmmas against the
+reference exponents: gemm_sm90.f16) and runs four m64 x tile_n x k16 wgmmas against the
 converted 16-bit B stage. At the end of a segment it unscales the sums (FP16 path), then
 stores them, or under stream-K keeps them as its tile's tail or publishes them; the fixup
 adds the lower CTAs' published parts in K order and stores the tile.
@@ -17,10 +17,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-
-from .constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ..common import (
     add_parts,
     convert_fragment,
     load_fragment_bytes,
@@ -29,8 +27,9 @@ from .gemm_sm90_common import (
     store_flag,
     wait_flag,
 )
-from .gemm_sm90_f16 import RING_TO_LOW, times_pow2
-from .gemm_sm90_tiled_schedule import HALVES, REF_STAGES, TiledSchedule
+from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
+from ..f16 import RING_TO_LOW, times_pow2
+from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
 class ConsumerRole(TiledSchedule):

@@ -1,32 +1,33 @@
 """The SM90 GEMM kernels' compile-time configs: one frozen class per kernel (no torch, no
 cutlass), and the constructors that give each tile its standard stage counts.
 
-Which config serves a call is chosen in ``gemm_select``; the kernels read these fields in
-their constructors (``gemm_sm90_tiled``, ``gemm_sm90_swap_ab``).
+Which config serves a call is chosen in ``select``; the kernels read these fields in
+their constructors (``tiled.kernel``, ``swap_ab.kernel``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxfp8_fusion.format import CHUNK_BYTES, fail
-
+from ...format import CHUNK_BYTES, fail
 from .constants import TILE_K8, TILE_K16
 
-# Tokens up to this many can take the swap-AB kernel: it streams the weight once, converting
-# it in registers, while every CTA converts all tokens (so its cost grows with them).
-SWAP_AB_MAX_TOKENS = 64
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
-# whole 16-byte units of the tile's tokens (8 per token and stage). 128 only with tile_w
-# 128 (BF16 tokens through TMA; a 64 x 128 accumulator per consumer).
+# whole 16-byte units of the tile's tokens (8 per token and stage).
 SWAP_AB_TILES = (8, 16, 32, 64, 128)
-SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TILES[-1]
+# The most tokens a swap-AB launch serves, by tile_w: it streams the weight once, converting
+# it in registers, while every CTA converts all tokens (so its cost grows with them). The
+# 128-token tile only with tile_w 128 (BF16 tokens through TMA; a 64 x 128 accumulator per
+# consumer). The one statement of the limit: everything else reads it here.
+SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
+SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
+SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
 
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """The tiled kernel (gemm_sm90_tiled): persistent CTAs over output tiles, or their
+    """The tiled kernel (gemm_sm90.tiled): persistent CTAs over output tiles, or their
     (tile, K stage) units split evenly (stream-K).
 
     Raises:
@@ -51,7 +52,7 @@ class TiledConfig:
     """Persistent CTAs (the SM count)."""
     fp16_tiles: bool = True
     """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
-    the GEMM (gemm_sm90_refs); False: every tile takes the BF16 path and nothing runs
+    the GEMM (gemm_sm90.refs); False: every tile takes the BF16 path and nothing runs
     before the GEMM (the same compiled kernel)."""
 
     kernel = "tiled"
@@ -63,7 +64,7 @@ class TiledConfig:
 
 @dataclass(frozen=True)
 class SwapABConfig:
-    """The swap-AB kernel (gemm_sm90_swap_ab): the weight is the wgmma M operand, the tokens
+    """The swap-AB kernel (gemm_sm90.swap_ab): the weight is the wgmma M operand, the tokens
     a small N tile; the (64-row weight tile, K stage) units are split evenly over the CTAs.
 
     Raises:
@@ -78,7 +79,7 @@ class SwapABConfig:
     consumers: int = 3
     """Consumer warpgroups, converting alternate stages."""
     bf16_tokens: bool = False
-    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90_tokens) and the
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.tokens) and the
     kernel reads them through TMA instead of converting them in every CTA."""
     tile_w: int = 64
     """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer
@@ -102,8 +103,8 @@ class SwapABConfig:
             self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
         ):
             fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
-        if self.tokens_tile not in SWAP_AB_TILES or (
-            self.tokens_tile > SWAP_AB_MAX_TOKENS and self.tile_w == 64
+        if self.tokens_tile not in SWAP_AB_TILES or self.tokens_tile > swap_ab_token_limit(
+            self.tile_w
         ):
             fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (128 with tile_w 128)",
                  self.tokens_tile)  # fmt: skip
@@ -112,12 +113,17 @@ class SwapABConfig:
 GemmConfig = TiledConfig | SwapABConfig
 
 
+def swap_ab_token_limit(tile_w: int = 64) -> int:
+    """The most tokens a swap-AB launch with ``tile_w`` weight rows per stage serves."""
+    return SWAP_AB_TOKEN_LIMIT.get(tile_w, SWAP_AB_MAX_TOKENS)
+
+
 # FP8 + 16-bit stages of the tiled kernel: an FP8 stage holds A and B (128 + tile N rows x K
-# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). At 4096 tokens 4 + 4
-# was the fastest split, 6% ahead of 3 + 6 (docs/gemm_log.md).
+# 128) and their scale chunks, a 16-bit stage B only (tile N x K 64). 4 + 4 was the fastest
+# split at 4096 tokens (docs/gemm_log.md, 'Numbers behind the kernel sources').
 _TILED_STAGES = (4, 4)
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
-# (3.73 ms at 4096 tokens; docs/gemm_log.md)
+# (docs/gemm_log.md, 'Numbers behind the kernel sources')
 _TALL_STAGES = (3, 4)
 
 
@@ -153,7 +159,7 @@ def swap_ab_config(
     FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
-    threads, 96 registers) fit up to 32 tokens but measured 2-4% slower at 1 and 16 tokens
+    threads, 96 registers) fit up to 32 tokens but measured slower at 1 and 16 tokens
     with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
     see :class:`SwapABConfig`.
 
@@ -161,7 +167,7 @@ def swap_ab_config(
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
             2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`SwapABConfig` does.
     """
-    limit = SWAP_AB_WIDE_MAX_TOKENS if tile_w == 128 else SWAP_AB_MAX_TOKENS
+    limit = swap_ab_token_limit(tile_w)
     if tokens > limit:
         fail(ValueError, "tokens", f"at most {limit} for this swap-AB schedule", tokens)
     tokens_tile = 8

@@ -1,5 +1,5 @@
 """Per-row FP16 reference bytes of both GEMM operands, for the tiled kernel's FP16 path
-(gemm_sm90_f16). Imports cutlass: load lazily.
+(gemm_sm90.f16). Imports cutlass: load lazily.
 
 One CTA per 128-row block of A or of B reads the block's whole blocked-scale stripe (K / 128
 chunks of 512 bytes, contiguous): warp w takes chunks w, w + 16, ..., lane l the 16 bytes of
@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import (
+from ...format import (
     CHUNK_BYTES,
     GROUP_BLOCK,
     ROW_BLOCK,
@@ -25,9 +25,9 @@ from mxfp8_fusion.format import (
     row_blocks,
     scale_groups,
 )
-
-from .gemm_sm90_common import load_smem_words, store_smem_word
-from .gemm_sm90_f16 import (
+from ..runtime.launcher import address
+from .common import load_smem_words, store_smem_word
+from .f16 import (
     BYTES_MAX_INIT,
     BYTES_MIN_INIT,
     bytes_max,
@@ -36,7 +36,6 @@ from .gemm_sm90_f16 import (
     u16x2_max,
     u16x2_min,
 )
-from .launcher import address
 
 WARPS = 16
 

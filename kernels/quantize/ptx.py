@@ -17,9 +17,8 @@ from __future__ import annotations
 from cutlass import Int32
 from cutlass.cutlass_dsl import dsl_user_op
 
-from mxfp8_fusion.format import SCALE_INF_BYTE, SCALE_NAN_BYTE
-
-from .ptx import asm_u32
+from ...format import SCALE_INF_BYTE, SCALE_NAN_BYTE
+from ..runtime.ptx import asm_u32
 
 
 @dsl_user_op

@@ -10,31 +10,31 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mxfp8_fusion.format import padded_rows
-
-from . import launcher
+from ...format import padded_rows
+from ..capability import CUTE_GEMM_TARGET
+from ..runtime import launcher
+from ..runtime.launcher import int32, pointer, raw_stream
 from .constants import WG_THREADS
-from .launcher import int32, pointer, raw_stream
 
 if TYPE_CHECKING:
-    from .gemm_config import GemmConfig
+    from .config import GemmConfig
 
-ARCH = "sm_90a"  # the GEMM and its helper launches are built for Hopper only
+ARCH = CUTE_GEMM_TARGET  # the GEMM and the launches before it (the capability table)
 
 
 def compile_tokens(k: int):
-    """The swap-AB kernel's token conversion (gemm_sm90_tokens) for K: arguments A values,
+    """The swap-AB kernel's token conversion (gemm_sm90.tokens) for K: arguments A values,
     A scales, the BF16 tokens, M."""
-    from .gemm_sm90_tokens import TokensToBF16Sm90
+    from .tokens import TokensToBF16Sm90
 
     args = (pointer("Float8E4M3FN"), pointer("Uint8"), pointer("BFloat16"), int32())
     return launcher.compile_kernel(TokensToBF16Sm90(k), args, ARCH)
 
 
 def compile_refs(k: int):
-    """The per-row FP16 reference scan (gemm_sm90_refs) for K: arguments A scales, B scales,
+    """The per-row FP16 reference scan (gemm_sm90.refs) for K: arguments A scales, B scales,
     the references, M, N."""
-    from .gemm_sm90_refs import RowReferencesSm90
+    from .refs import RowReferencesSm90
 
     args = (pointer("Uint8"), pointer("Uint8"), pointer("Int32"), int32(), int32())
     return launcher.compile_kernel(RowReferencesSm90(k), args, ARCH)
@@ -42,12 +42,12 @@ def compile_refs(k: int):
 
 def tokens_build(k: int) -> launcher.Build:
     """The token conversion's binary for K (see launcher.Build)."""
-    return launcher.Build("gemm tokens", (k,), ARCH)
+    return launcher.Build("gemm tokens", (k,), ARCH, compile_tokens)
 
 
 def refs_build(k: int) -> launcher.Build:
     """The reference scan's binary for K (see launcher.Build)."""
-    return launcher.Build("gemm refs", (k,), ARCH)
+    return launcher.Build("gemm refs", (k,), ARCH, compile_refs)
 
 
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
@@ -128,24 +128,24 @@ def made_outside_graph_pools(make, device: torch.device):
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
-    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90_refs) on the current
+    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90.refs) on the current
     stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
     row's reference byte or -1 if the row must take the BF16 path. No sync."""
     device = a_scales.device
     dev = device.index if device.index is not None else 0
     a_ptr, b_ptr = a_scales.data_ptr(), b_scales.data_ptr()
-    return launch_row_references(a_ptr, b_ptr, m, n, k, device, dev, raw_stream(dev))
+    return launch_row_references(refs_build(k), a_ptr, b_ptr, m, n, device, dev, raw_stream(dev))
 
 
-def convert_tokens(a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
-    """Launch the token conversion of ``bf16_tokens`` configs (gemm_sm90_tokens) into a
+def convert_tokens(build, a_ptr, a_scales_ptr, m, k, device, dev, stream) -> torch.Tensor:
+    """Launch the token conversion of ``bf16_tokens`` configs (``build``: tokens_build(k)) into a
     buffer kept per stream (at least ``m * k`` BF16, row-major), and return it."""
     (tokens,) = stream_buffers(
         "BF16 tokens", device, dev, stream, m * k,
         lambda size: (torch.empty(size, dtype=torch.bfloat16, device=device),),
     )  # fmt: skip
     convert = (a_ptr, a_scales_ptr, tokens.data_ptr(), m, stream)
-    launcher.launch(tokens_build(k), convert)
+    launcher.launch(build, convert)
     return tokens
 
 
@@ -159,11 +159,14 @@ def bf16_references(m, n, device, dev, stream) -> torch.Tensor:
     return refs
 
 
-def launch_row_references(a_scales_ptr, b_scales_ptr, m, n, k, device, dev, stream) -> torch.Tensor:
+def launch_row_references(
+    build, a_scales_ptr, b_scales_ptr, m, n, device, dev, stream
+) -> torch.Tensor:
+    """Launch the reference scan ``build`` (refs_build(k)) into references kept per stream."""
     (refs,) = stream_buffers(
         "references", device, dev, stream, padded_rows(m) + padded_rows(n),
         lambda size: (torch.empty(size, dtype=torch.int32, device=device),),
     )  # fmt: skip
     scan = (a_scales_ptr, b_scales_ptr, refs.data_ptr(), m, n, stream)
-    launcher.launch(refs_build(k), scan)
+    launcher.launch(build, scan)
     return refs

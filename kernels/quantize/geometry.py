@@ -1,6 +1,6 @@
 """The slice quantizer's compile-time facts and tile geometry (no torch, no cutlass).
 
-The host side (``quantize_slice``) and the kernel (``quantize_slice_kernel``) both read these:
+The host side (``quantize.host``) and the kernel (``quantize.kernel``) both read these:
 the config that keys a compile, the tile shapes a launch chooses from, its grid, and the
 padding walk's row arithmetic. Plain ints and dataclasses, so they are checked on a CPU.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mxfp8_fusion.format import GROUP, GROUP_BLOCK
+from ...format import GROUP, GROUP_BLOCK
+from ..capability import QUANTIZER_TARGETS
 
 TILE_COLS = GROUP * GROUP_BLOCK
 """Columns of one column tile: 4 scale groups, so one 512-byte scale chunk per 128 rows."""
@@ -42,15 +43,8 @@ MAX_PASSES = DEFAULT_TILE_ROWS // ROWS_PER_PASS
 MAX_SLICES = 8
 """Most slices one launch quantizes."""
 
-# Build target per compute capability (see quantize_slice's docstring). The tests compile
-# every entry on a CPU-only machine and check its PTX for arch-specific instructions.
-ARCHS: dict[tuple[int, int], str] = {
-    (9, 0): "sm_90a",  # H100 / H200
-    (10, 0): "sm_100a",  # B200 / GB200
-    (10, 3): "sm_103a",  # B300 / GB300
-    (12, 0): "sm_120a",  # RTX PRO 6000, RTX 50 series
-    (12, 1): "sm_121a",  # DGX Spark (GB10)
-}
+ARCHS: dict[tuple[int, int], str] = QUANTIZER_TARGETS
+"""Build target per compute capability: the capability table's (``kernels/capability.py``)."""
 DEFAULT_ARCH = "sm_90a"
 
 

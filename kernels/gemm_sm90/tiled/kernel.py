@@ -3,9 +3,9 @@
 Both operands are converted from E4M3 to 16-bit and multiplied by 16-bit wgmma with FP32
 accumulation. Per output tile one of two paths, both exact up to summation order:
 
-* FP16 (gemm_sm90_f16): each value times 2**(s - ref[row]), two instructions per pair; the
+* FP16 (gemm_sm90.f16): each value times 2**(s - ref[row]), two instructions per pair; the
   epilogue multiplies by 2**(ref_a - 127) * 2**(ref_b - 127). Taken when every row of the
-  tile's A and B has its scale bytes within 21 of each other (gemm_sm90_refs scans them in
+  tile's A and B has its scale bytes within 21 of each other (gemm_sm90.refs scans them in
   a launch before the GEMM);
 * BF16 otherwise: each value times 2**(s - 127), four instructions per pair.
 
@@ -17,28 +17,28 @@ dedicated converter warps.
 One CTA computes a tile_m x tile_n output tile (tile_m 128: two consumer warpgroups, tile_m
 192: three), persistent over output tiles, the full row tiles first and a partial one last.
 With ``stream_k`` the (output tile, K stage) units are instead split evenly over the CTAs
-(as in gemm_sm90_swap_ab): a CTA's range is cut into segments, one per tile it touches; a tile
+(as in gemm_sm90.swap_ab): a CTA's range is cut into segments, one per tile it touches; a tile
 split across CTAs is finished by the CTA holding its tail, which adds the parts published by
 the lower CTAs in K order (no atomics: every call sums alike). With few output tiles (fewer
 than two waves) the persistent grid leaves SMs idle or runs an uneven last round; stream-K
 keeps all of them streaming. ``stream_k`` 2 runs the full waves as whole tiles and splits
 only the rest's units that way, which keeps the whole tiles' L2 sharing and evens out the
-last round. The tile geometry and this work split are in gemm_sm90_tiled_schedule. Roles:
+last round. The tile geometry and this work split are in gemm_sm90.tiled.schedule. Roles:
 
 * warpgroup 0, warp 0: TMA producer of the FP8 A/B tiles (K 128) and their 512-byte
   blocked-scale chunks (``load_pipe``, released by converters and consumers); warp 1:
   each tile's row references and path into a two-stage ring (``ref_pipe``);
 * warpgroup 1 (and 2 with ``converters`` 2): B converter, FP8 stage -> two 16-bit stages of
-  K 64 (``conv_pipe``; the role's methods are in gemm_sm90_tiled_convert);
+  K 64 (``conv_pipe``; the role's methods are in gemm_sm90.tiled.convert);
 * the last two or three warpgroups: consumers, 64 A rows each: per K 64, convert A into the
   fragment, then four m64 x tile_n x k16 wgmmas against the 16-bit B stage (the role's
-  methods, stream-K's fixup and the epilogue are in gemm_sm90_tiled_consumer). A consumer's
+  methods, stream-K's fixup and the epilogue are in gemm_sm90.tiled.consumer). A consumer's
   conversion does not overlap its own wgmmas (they read the fragment), only the other
   consumers', so a third consumer keeps the tensor pipe busier (docs/gemm_log.md).
 
 K order inside each 32-element scale group is permuted identically for A (thread (g, t)
 holds bytes 8t..8t+7 of a group: 0-3 feed its first k16 block, 4-7 the second) and for the
-B tile, as in gemm_sm90_swap_ab.
+B tile, as in gemm_sm90.swap_ab.
 """
 
 from __future__ import annotations
@@ -51,10 +51,9 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
-from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
-
-from .constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import (
+from ....format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
+from ...runtime.launcher import address
+from ..common import (
     chunk_slots,
     chunk_views,
     fp8_load_pipe,
@@ -67,10 +66,10 @@ from .gemm_sm90_common import (
     tma_load_chunks,
     tma_views,
 )
-from .gemm_sm90_tiled_consumer import ConsumerRole
-from .gemm_sm90_tiled_convert import WeightConverterRole
-from .gemm_sm90_tiled_schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
-from .launcher import address
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from .consumer import ConsumerRole
+from .convert import WeightConverterRole
+from .schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
 
 
 class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
@@ -92,7 +91,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     ):  # fmt: skip
         """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
         ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
-        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90_refs)."""
+        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.refs)."""
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
         addrs = tuple(address(p) for p in (a, sa, b, sb, bias, out))
@@ -297,7 +296,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
 
     @cute.jit
     def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe):
-        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90_refs)
+        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90.refs)
         into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
         refs = st.refs.data_ptr().toint()
         u, stop, hop = self._my_units(m)

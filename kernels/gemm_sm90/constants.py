@@ -3,7 +3,7 @@ without cutlass. Format facts (group size, chunk bytes, ...) are in ``mxfp8_fusi
 
 from __future__ import annotations
 
-from mxfp8_fusion.format import CHUNK_BYTES, GROUP, GROUP_BLOCK
+from ...format import CHUNK_BYTES, GROUP, GROUP_BLOCK
 
 WG_THREADS = 128
 """Threads of one warpgroup (4 warps): the unit of wgmma and of register reallocation."""

@@ -10,8 +10,8 @@ receipts in benchmarks/results key their contenders by these names.
 
 from __future__ import annotations
 
-from .gemm_config import GemmConfig, SwapABConfig, tiled_config
-from .gemm_select import config_of, token_limit
+from .config import GemmConfig, SwapABConfig, tiled_config
+from .select import config_of, token_limit
 
 SWAP_AB = SwapABConfig.kernel
 TILED = "tiled"

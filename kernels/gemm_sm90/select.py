@@ -1,24 +1,24 @@
 """Which SM90 GEMM kernel and tile serve a call: the measured table, else a heuristic.
 
 :func:`choose_config` is the one place a call's config comes from. The table
-(``gemm_sm90_table``, written by ``benchmarks/gemm.py --tune`` from the receipt it names)
-holds, per weight shape (N, K) measured on the H200, the fastest schedule at each measured
-token count. Shapes it does not hold take :func:`heuristic_config`, whose rules follow what
-won in the table's shapes. No torch, no cutlass: everything here runs on a CPU.
+(``table.json``, read by ``table``, written by ``benchmarks/gemm.py --tune`` from the
+receipt it names) holds, per device, toolchain and weight shape (N, K) measured, the fastest
+schedule at each measured token count. Shapes it does not hold take
+:func:`heuristic_config`, whose rules follow what won in the table's shapes. No torch, no cutlass: everything here runs on a CPU.
 """
 
 from __future__ import annotations
 
 import functools
 
-from mxfp8_fusion.format import ceil_div
-
-from .gemm_config import (
+from ...format import ceil_div
+from . import table
+from .config import (
     SWAP_AB_MAX_TOKENS,
-    SWAP_AB_WIDE_MAX_TOKENS,
     GemmConfig,
     SwapABConfig,
     swap_ab_config,
+    swap_ab_token_limit,
     tiled_config,
 )
 
@@ -78,16 +78,17 @@ def token_limit(entry: dict) -> int | None:
     """The most tokens a swap-AB entry serves (None for a tiled one: any count)."""
     if entry["kernel"] != SwapABConfig.kernel:
         return None
-    return SWAP_AB_WIDE_MAX_TOKENS if entry["tile_w"] == 128 else SWAP_AB_MAX_TOKENS
+    return swap_ab_token_limit(entry["tile_w"])
 
 
-def table_entry(tokens: int, n: int, k: int, num_sms: int = 132) -> dict | None:
-    """The measured table's entry for ``tokens`` at (N, K), or None where the table has no
-    such shape (or was measured on another SM count). The entry is that of the smallest
-    measured token count at or above ``tokens`` (the largest one past the end)."""
-    from . import gemm_sm90_table as table
-
-    rows = table.TABLE.get((n, k)) if num_sms == table.NUM_SMS else None
+def table_entry(
+    tokens: int, n: int, k: int, num_sms: int = 132, device: str | None = table.MEASURED_DEVICE
+) -> dict | None:
+    """The measured table's entry for ``tokens`` at (N, K) on ``device`` (its name as CUDA
+    reports it) with ``num_sms`` SMs, or None where no table of that device holds the shape.
+    The entry is that of the smallest measured token count at or above ``tokens`` (the
+    largest one past the end)."""
+    rows = table.shapes(device, num_sms).get((n, k))
     if not rows:
         return None
     for bucket, entry in rows:
@@ -97,10 +98,13 @@ def table_entry(tokens: int, n: int, k: int, num_sms: int = 132) -> dict | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
-    """Kernel and tile by (tokens, N, K): the measured table where it has the shape (and
-    the entry's kernel holds ``tokens``), else :func:`heuristic_config`."""
-    entry = table_entry(tokens, n, k, num_sms)
+def choose_config(
+    tokens: int, n: int, k: int, num_sms: int = 132, device: str | None = table.MEASURED_DEVICE
+) -> GemmConfig:
+    """Kernel and tile by (tokens, N, K) on ``device`` with ``num_sms`` SMs (by default the
+    H200 the table was measured on): the measured table where it has the shape (and the
+    entry's kernel holds ``tokens``), else :func:`heuristic_config`."""
+    entry = table_entry(tokens, n, k, num_sms, device)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
         return config_of(entry, tokens, num_sms)
     return heuristic_config(tokens, n, k, num_sms)
@@ -158,7 +162,8 @@ def _tiled_schedule(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
 
 
 def whole_waves(tiles: int, k_tiles: int, num_sms: int) -> int:
-    """The full waves a stream_k 2 launch runs as whole tiles (gemm_sm90_tiled._waves)."""
+    """The full waves a stream_k 2 launch runs as whole tiles (the kernel's own count:
+    gemm_sm90.tiled.schedule._waves)."""
     grid = min(tiles * k_tiles, num_sms)
     waves, rest = divmod(tiles, grid)
     return waves - 1 if waves and (rest * 8 < grid or rest * k_tiles < grid) else waves

@@ -1,4 +1,4 @@
-"""The tiled GEMM's tile geometry and work split (gemm_sm90_tiled; imports cutlass: load
+"""The tiled GEMM's tile geometry and work split (gemm_sm90.tiled; imports cutlass: load
 lazily): what its producer, converter and consumer roles all read. A config's tile shape,
 warpgroups and stage counts become the kernel's compile-time facts here (refused where the
 kernel has no form for them), and the jit methods below walk a CTA's (output tile, K stage)
@@ -11,18 +11,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from mxfp8_fusion.format import ROW_BLOCK, ceil_div, row_blocks
-
-from .constants import TILE_K8, TILE_K16, WG_THREADS
-from .gemm_sm90_common import Sm90Gemm
+from ....format import ROW_BLOCK, ceil_div, row_blocks
+from ..common import Sm90Gemm
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 HALVES = TILE_K8 // TILE_K16  # 16-bit stages (K 64) per FP8 stage (K 128)
-REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
+REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90.tiled)
 # (producer, converter, consumer) registers after setmaxnreg. Two consumers: the 64 x 128
-# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was 6%
+# accumulator and the A fragment spilled at 128 in the BF16-only kernel (176 was
 # faster). One converter: 512 threads launch with 128 registers each, 128 x 40 + 128 x 120
 # + 256 x 176 = 65536. Two: 640 threads launch with 96, 128 x 32 + 256 x 48 + 256 x 176 =
-# 61440. (Two converters with the consumers at 176 and the FP16 path measured 3% faster;
+# 61440. (Two converters with the consumers at 176 and the FP16 path measured faster;
 # docs/gemm_log.md.)
 # Three consumers (tile_m 192) with one converter: 640 threads, 128 x 32 + 128 x 64 + 384 x
 # 128 = 61440, no spills. (Two converters would make 768 threads, whose 85 registers at
@@ -31,7 +30,7 @@ REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90_tiled)
 # (three consumers) ptxas spills 56 and 36 bytes there. Two converters take 56 / 168, which
 # spills 8 bytes (none with consumers at 176, where the converters spill). Three consumers
 # keep 128 and let the converter spill: at 72 / 120 (no spills) the 192-row stream-K kernel
-# ran 8-12% slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
+# ran slower per tile (docs/gemm_log.md, variant 46). Keyed by (converters,
 # consumers, stream-K).
 REGS = {
     (1, 2, False): (40, 120, 176),
@@ -42,8 +41,8 @@ REGS = {
     (1, 3, True): (32, 64, 128),
 }
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
-# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90_refs) ahead
-# of the tile and publishes them and the tile's path (gemm_sm90_f16) in a two-stage ring
+# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90.refs) ahead
+# of the tile and publishes them and the tile's path (gemm_sm90.f16) in a two-stage ring
 # (REF_STAGES): words [0, tile_m) A rows, then 128 B rows (ref - 127), then the mode (1 =
 # BF16).
 SCAN_THREADS = 32
@@ -51,7 +50,7 @@ SCAN_THREADS = 32
 
 class TiledSchedule(Sm90Gemm):
     """The tiled kernel's compile-time geometry (from its config) and its work split. The
-    roles (gemm_sm90_tiled_convert, gemm_sm90_tiled_consumer) and the kernel class derive
+    roles (gemm_sm90.tiled.convert, gemm_sm90.tiled.consumer) and the kernel class derive
     from it, so every member they read is declared here or in :class:`Sm90Gemm`."""
 
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
