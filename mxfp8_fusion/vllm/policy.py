@@ -6,7 +6,7 @@ side in one run (``benchmarks/vllm_linear.py``), and so keeps vLLM's speed; othe
 yields, and vLLM's numerics stay too. ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` puts it ahead
 wherever it serves. On the CPU vLLM has no MXFP8 kernel, so this library's serves.
 
-Imports neither vLLM nor torch (the capability table it reads imports nothing).
+Imports no vLLM (the capability table it reads imports nothing itself).
 """
 
 from __future__ import annotations
