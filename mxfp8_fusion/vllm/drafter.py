@@ -90,7 +90,6 @@ def _wrap_propose(hook: hooks.Hook, model_of):
     def make(original):
         @functools.wraps(original)
         def propose(self, *args, **kwargs):
-            _stage_graph_buffer(self)
             aux = args[index] if len(args) > index else kwargs.get("aux_hidden_states")
             if not aux or not all(isinstance(h, Tensor) for h in aux):
                 return original(self, *args, **kwargs)
@@ -130,7 +129,9 @@ def _stage_graph_buffer(speculator) -> None:
 def _wrap_capture(original):
     @functools.wraps(original)
     def capture(self, *args, **kwargs):
-        _stage_graph_buffer(self)  # before the graphs record the buffer's reads
+        # before the graphs record the buffer's reads; vLLM writes the buffer only before a
+        # full-graph replay, so capture is the one place to replace it
+        _stage_graph_buffer(self)
         return original(self, *args, **kwargs)
 
     return capture
