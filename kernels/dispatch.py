@@ -11,6 +11,8 @@ By compute capability, as the capability table (``capability.py``) says:
 * GEMM: 9.0 runs the CuTe DSL kernels (``gemm_sm90``); 10.x and 12.x, whose tensor cores
   take block-scaled MXFP8, run cuBLAS's MXFP8 GEMM through torch (``gemm_cublas``); every
   other device the reference.
+* W8A16 GEMM (16-bit activations read from their slices): 9.0 runs the CuTe DSL kernels
+  (``gemm_sm90``); every other device the reference.
 * Slice quantizer: the CuTe DSL kernel, built for each capability with a target there
   (9.0, 10.0, 10.3, 12.0, 12.1); elsewhere the reference.
 """
@@ -126,6 +128,23 @@ def quantize_slices(sources, values, scales, columns) -> str | None:
     if arch is None:
         return reason
     return _quantize_slice().run_many_if_served(sources, values, scales, columns, arch)
+
+
+def mm_slices_into(slices, b_values, b_scales, bias, out) -> str | None:
+    """Run the W8A16 GEMM from 16-bit slices where a kernel serves the call (sm_90: the
+    CuTe DSL kernels read the slices as they are): None once launched, else why none does
+    (nothing launched)."""
+    device = slices[0].device
+    cap = _device_capability(device)
+    if cap is None:
+        return _no_device_kernel(device, cap)
+    if _gemm_kernel(cap) != "cute":
+        # 10.x / 12.x take MXFP8 activations in their tensor cores: W8A8 through cuBLAS
+        return f"GPU sm_{cap[0]}{cap[1]} has no W8A16 GEMM kernel here (sm_90: CuTe DSL)"
+    if not cute_dsl_installed():
+        return _no_device_kernel(device, cap)
+    reason = _gemm_sm90().run_slices_if_served(slices, b_values, b_scales, bias, out)
+    return None if reason is None else f"GPU sm_{cap[0]}{cap[1]}: {reason}"
 
 
 def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:

@@ -4,6 +4,8 @@ Eager API: :func:`pack_weight`, :func:`empty_input`, :func:`quantize_input_slice
 :func:`quantize_input_slices` for several at once), :func:`mm_quantized`,
 :func:`mm_quantized_into`, and the one-shot :func:`quantize` / :func:`mm`;
 :class:`InputStager` wraps them for engine code (allocate once, append slices, finish).
+W8A16 (16-bit activations, MXFP8 weight): :func:`mm_slices` / :func:`mm_slices_into` read
+the slices as they are, with no concatenation and no quantization at all.
 Compiled: ``torch.compile(model, backend="mxfp8_fusion")`` rewrites ``cat -> MXFP8 linear``
 so the BF16 concatenation is never materialized; :func:`explain` reports what it did at
 every candidate site and why; :class:`FusionPass` adds the pass to an Inductor setup you own.
@@ -19,6 +21,8 @@ from .api import (
     mm,
     mm_quantized,
     mm_quantized_into,
+    mm_slices,
+    mm_slices_into,
     pack_weight,
     quantize,
     quantize_input_slice,
@@ -46,6 +50,8 @@ __all__ = [
     "mm",
     "mm_quantized",
     "mm_quantized_into",
+    "mm_slices",
+    "mm_slices_into",
     "pack_weight",
     "quantize",
     "quantize_input_slice",

@@ -42,6 +42,9 @@ _CALLED_BY = {
     "mm_into": "mm_quantized_into",
     "mm": "mm_quantized",
     "linear": "MXFP8Linear / mm",
+    "mm_slices_into": "mm_slices_into",
+    "mm_slices": "mm_slices",
+    "linear_w8a16": "MXFP8Linear(activation='bf16')",
 }
 
 

@@ -13,7 +13,9 @@ Only what computes what torchao's model computes is taken: E4M3 values, blocks o
 activations quantized to E4M3 in blocks of 32 by the RCEIL rule (the rule this library
 quantizes activations with, bit for bit). Other element types (MXFP4, MXFP6, E5M2), block
 sizes, scale rules (FLOOR, CEIL, EVEN), weight-only quantization and other torchao tensor
-types are left alone, with the reason in ``convert``'s report.
+types are left alone, with the reason in ``convert``'s report. With ``activation="bf16"``
+(W8A16: activations never quantized) any E4M3 block-32 weight is taken, weight-only ones
+included.
 
 torchao need not be installed: a torchao tensor is recognized by its type's module, and the
 ``MXTensor`` class is looked up only where torchao is already imported.
@@ -48,9 +50,10 @@ def _name(value) -> str:
     return str(getattr(value, "name", value))
 
 
-def skip_reason(weight: torch.Tensor) -> str | None:
-    """Why a torchao-quantized weight cannot be taken as this library's MXFP8 weight, or
-    ``None`` when it can."""
+def skip_reason(weight: torch.Tensor, activation: str = "mxfp8") -> str | None:
+    """Why a torchao-quantized weight cannot be taken as this library's MXFP8 weight of a
+    layer with ``activation`` (``"mxfp8"``: the activations quantized as torchao quantizes
+    them; ``"bf16"``: W8A16, any torchao activation setting), or ``None`` when it can."""
     kind = type(weight).__name__
     mx_tensor = _mx_tensor_type()
     if mx_tensor is None or not isinstance(weight, mx_tensor):
@@ -68,10 +71,12 @@ def skip_reason(weight: torch.Tensor) -> str | None:
     if values.device.type == "meta":
         return "weight is on the meta device"
     act = weight.act_quant_kwargs
+    if activation == "bf16":
+        return None  # W8A16: the activations are not quantized, whatever torchao would do
     if act is None:
         return (
-            "torchao weight-only MX quantization: its activations stay in high precision, "
-            "this library quantizes them to MXFP8"
+            "torchao weight-only MX quantization: its activations stay in high precision "
+            "(convert(..., activation='bf16') keeps them so, W8A16)"
         )
     if act.elem_dtype != VALUE_DTYPE or act.block_size != GROUP:
         return (
@@ -86,7 +91,9 @@ def skip_reason(weight: torch.Tensor) -> str | None:
     return None
 
 
-def from_torchao(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def from_torchao(
+    linear: nn.Linear, activation: str = "mxfp8"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(values, scales, bias)`` of ``linear``'s torchao MXFP8 weight, in this library's
     format: what :meth:`~mxfp8_fusion.MXFP8Linear.from_linear` builds the layer from.
 
@@ -98,7 +105,7 @@ def from_torchao(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.T
         TypeError: when the weight does not qualify (:func:`skip_reason` says why).
     """
     weight = linear.weight
-    reason = skip_reason(weight)
+    reason = skip_reason(weight, activation)
     if reason is not None:
         raise TypeError(f"linear: {reason}")
     values = weight.qdata.detach()

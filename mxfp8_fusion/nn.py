@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import warnings
 
@@ -19,11 +20,30 @@ _PACKED = {"weight_values": VALUE_DTYPE, "weight_scales": SCALE_DTYPE}
 # What forward takes: the kernels' dtypes, and FP32 as torchao's MX layers take it (quantized
 # from FP32; no kernel here reads it, so it runs the plain-torch reference).
 _INPUT_DTYPES = (*SOURCE_DTYPES, torch.float32)
+ACTIVATIONS = ("mxfp8", "bf16")
+"""What a layer does with its input: ``"mxfp8"`` quantizes it (W8A8, the default);
+``"bf16"`` multiplies it as it is (W8A16: 16-bit activations, FP32 ones as FP32)."""
+
+
+def check_activation(activation) -> str:
+    """``activation`` when it is one of :data:`ACTIVATIONS`.
+
+    Raises:
+        TypeError: not a string. ValueError: another string (naming the close one).
+    """
+    if not isinstance(activation, str):
+        _fail(TypeError, "activation", "'mxfp8' or 'bf16'", type(activation).__name__)
+    if activation not in ACTIVATIONS:
+        close = difflib.get_close_matches(activation.lower(), ACTIVATIONS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        _fail(ValueError, "activation", "'mxfp8' (W8A8) or 'bf16' (W8A16)", f"{activation!r}{hint}")
+    return activation
 
 
 class MXFP8Linear(nn.Module):
-    """A linear layer whose weight is stored as MXFP8 and whose input is quantized to MXFP8
-    on the fly (one-shot ``mxfp8::linear``).
+    """A linear layer whose weight is stored as MXFP8; its input is quantized to MXFP8 on the
+    fly (``activation="mxfp8"``, W8A8: the one-shot ``mxfp8::linear``) or multiplied as it
+    is (``activation="bf16"``, W8A16: ``mxfp8::linear_w8a16``).
 
     Args:
         weight_values: ``float8_e4m3fn`` ``[out_features, in_features]``, contiguous,
@@ -33,6 +53,13 @@ class MXFP8Linear(nn.Module):
             ``[out_features, in_features / 32]`` checkpoint scales go through
             :meth:`from_checkpoint`.
         bias: optional ``[out_features]`` floating-point tensor on the values' device (copied).
+        activation: ``"mxfp8"`` (the default, W8A8: the input quantized by the RCEIL rule,
+            the numerics of MXFP8 on every arch) or ``"bf16"`` (W8A16: the input used as it
+            is, times the weight's exact E4M3 x E8M0 values, summed in FP32; the numerics of
+            a BF16 linear holding the dequantized weight, and of vLLM's MXFP8 kernel on
+            Hopper). FP16 inputs are used as they are too. Under ``torch.compile`` with the
+            ``mxfp8_fusion`` backend, a W8A16 layer reads a concatenated input's slices
+            straight from where they are: no concatenation and no MXFP8 copy.
 
     Inputs are BF16, FP16 or FP32 ``[..., in_features]``; the output has the input's dtype
     and leading dims. Under ``torch.autocast`` the input is first cast to the autocast
@@ -46,7 +73,8 @@ class MXFP8Linear(nn.Module):
     ``.to("meta")``, ``to_empty``) move all of them. ``Module.type``, which would convert
     the MXFP8 bytes, raises ``TypeError``.
 
-    ``state_dict`` holds ``bias``, ``weight_values`` and the blocked ``weight_scales``.
+    ``state_dict`` holds ``bias``, ``weight_values`` and the blocked ``weight_scales``, for
+    either ``activation`` (a setting of the layer, like ``nn.Linear``'s ``bias`` flag).
     ``load_state_dict`` also takes both as ``uint8`` bytes, reinterpreted, never converted;
     another dtype or shape is refused with a ``TypeError`` / ``ValueError`` naming the key.
     It also takes an ``nn.Linear`` checkpoint's BF16/FP16 ``weight`` and quantizes it as
@@ -56,9 +84,16 @@ class MXFP8Linear(nn.Module):
         TypeError, ValueError: on a wrong type, dtype, shape, layout or device.
     """
 
-    def __init__(self, weight_values: Tensor, weight_scales: Tensor, bias: Tensor | None = None):
+    def __init__(
+        self,
+        weight_values: Tensor,
+        weight_scales: Tensor,
+        bias: Tensor | None = None,
+        activation: str = "mxfp8",
+    ):
         super().__init__()
         values, scales = _check_arguments(weight_values, weight_scales, bias)
+        self.activation = check_activation(activation)
         self.out_features, self.in_features = values.shape
         self.register_buffer("weight_values", values)
         self.register_buffer("weight_scales", scales)
@@ -67,23 +102,25 @@ class MXFP8Linear(nn.Module):
         )
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> MXFP8Linear:
+    def from_linear(cls, linear: nn.Linear, activation: str = "mxfp8") -> MXFP8Linear:
         """Quantize an ``nn.Linear`` with a BF16/FP16 weight (in_features a multiple of 32);
         a torchao MXFP8 weight is taken as it is (:mod:`mxfp8_fusion.interop`)."""
         if not isinstance(linear, nn.Linear):
             _fail(TypeError, "linear", "an nn.Linear", type(linear).__name__)
+        activation = check_activation(activation)
         if interop.is_torchao_tensor(linear.weight):
-            return cls(*interop.from_torchao(linear))
+            return cls(*interop.from_torchao(linear, activation), activation=activation)
         packed = pack_weight(linear.weight)
-        return cls(packed.values, packed.scales, linear.bias)
+        return cls(packed.values, packed.scales, linear.bias, activation)
 
     @classmethod
     def from_checkpoint(
-        cls, values: Tensor, scales: Tensor, bias: Tensor | None = None
+        cls, values: Tensor, scales: Tensor, bias: Tensor | None = None, activation: str = "mxfp8"
     ) -> MXFP8Linear:
         """Build from checkpoint tensors: E4M3 ``[N, K]`` and row-major ``[N, K/32]`` scales."""
+        activation = check_activation(activation)
         packed = pack_weight(values, scales)
-        return cls(packed.values, packed.scales, bias)
+        return cls(packed.values, packed.scales, bias, activation)
 
     @property
     def weight(self) -> MXFP8Weight:
@@ -105,7 +142,8 @@ class MXFP8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected {self.in_features} features, got {x.shape[-1]}")
         flat = x.reshape(-1, self.in_features)
-        y = ops.call(ops.linear, flat, self.weight_values, self.weight_scales, self.bias)
+        op = ops.linear_w8a16 if self.activation == "bf16" else ops.linear
+        y = ops.call(op, flat, self.weight_values, self.weight_scales, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
@@ -187,7 +225,10 @@ class MXFP8Linear(nn.Module):
         state_dict[packed_keys[0]], state_dict[packed_keys[1]] = packed.values, packed.scales
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, activation={self.activation!r}"
+        )
 
 
 def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
@@ -251,12 +292,12 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
     return values.detach(), scales.detach().view(SCALE_DTYPE)
 
 
-def _skip_reason(linear: nn.Linear) -> str | None:
+def _skip_reason(linear: nn.Linear, activation: str = "mxfp8") -> str | None:
     if type(linear) is not nn.Linear:
         # a subclass's forward may do more than x @ W.T + b (LoRA, MultiheadAttention's out_proj)
         return f"{type(linear).__name__} is a subclass of nn.Linear; only nn.Linear is converted"
     if interop.is_torchao_tensor(linear.weight):
-        return interop.skip_reason(linear.weight)
+        return interop.skip_reason(linear.weight, activation)
     if linear.weight.dtype not in SOURCE_DTYPES:
         return (
             f"weight dtype {linear.weight.dtype} is not bfloat16 or float16 (cast the model "
@@ -269,8 +310,12 @@ def _skip_reason(linear: nn.Linear) -> str | None:
     return None
 
 
-def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module:
-    """Replace every eligible ``nn.Linear`` in ``model`` (in place) by an :class:`MXFP8Linear`.
+def convert(
+    model: nn.Module, report: dict[str, str] | None = None, activation: str = "mxfp8"
+) -> nn.Module:
+    """Replace every eligible ``nn.Linear`` in ``model`` (in place) by an :class:`MXFP8Linear`
+    with ``activation`` (``"mxfp8"``, the default: W8A8; ``"bf16"``: W8A16, see
+    :class:`MXFP8Linear`). The weights are quantized alike either way.
 
     Eligible: an ``nn.Linear`` itself (not a subclass) with a BF16/FP16 weight and
     ``in_features`` a multiple of 32, or with a torchao MXFP8 weight (taken without
@@ -283,7 +328,9 @@ def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module
     Raises:
         TypeError: if ``model`` is not an ``nn.Module`` or is a bare ``nn.Linear``, or
             ``report`` is not a dict.
+        TypeError, ValueError: ``activation`` is not one of them.
     """
+    activation = check_activation(activation)
     if not isinstance(model, nn.Module):
         _fail(TypeError, "model", "an nn.Module", type(model).__name__)
     if isinstance(model, nn.Linear):
@@ -296,10 +343,10 @@ def convert(model: nn.Module, report: dict[str, str] | None = None) -> nn.Module
     skipped: dict[str, str] = {}
     names = 0
     for module, child_name, qualified, child in _linears(model):
-        reason = _skip_reason(child)
+        reason = _skip_reason(child, activation)
         if reason is None:
             if child not in converted:
-                converted[child] = MXFP8Linear.from_linear(child)
+                converted[child] = MXFP8Linear.from_linear(child, activation)
             setattr(module, child_name, converted[child])
             reason = "converted"
             names += 1
@@ -372,4 +419,4 @@ def why_no_mxfp8(model: nn.Module) -> str | None:
     )
 
 
-__all__ = ["MXFP8Linear", "convert"]
+__all__ = ["ACTIVATIONS", "MXFP8Linear", "convert"]

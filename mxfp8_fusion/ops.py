@@ -1,8 +1,10 @@
 """``torch.library`` custom ops in namespace ``mxfp8``.
 
-Functional ops (``quantize``, ``mm``, ``linear``) allocate their outputs; mutating ops
-(``quantize_slice_``, ``mm_into``) write into buffers they are given and allocate nothing,
-so they can be captured in CUDA Graphs. Every op has a fake implementation for tracing.
+Functional ops (``quantize``, ``mm``, ``linear``, and the W8A16 ``mm_slices`` and
+``linear_w8a16``) allocate their outputs; mutating ops (``quantize_slice_``,
+``quantize_slices_``, ``mm_into``, ``mm_slices_into``) write into buffers they are given
+and allocate nothing, so they can be captured in CUDA Graphs. Every op has a fake
+implementation for tracing.
 
 Dispatch: a CUDA tensor runs the CuTe DSL kernel where ``mxfp8_fusion.kernels`` supports
 the device and shape, and the plain-torch reference otherwise (with a one-time warning on
@@ -210,6 +212,73 @@ def _(x, b_values, b_scales, bias):
     return x.new_empty(_out_shape(x, b_values))
 
 
+# --- W8A16 GEMM from slices: no concatenation, no activation quantization ---------------
+
+
+def _mm_slices_into_body(
+    slices: list[Tensor],
+    b_values: Tensor,
+    b_scales: Tensor,
+    bias: Tensor | None,
+    out: Tensor,
+) -> None:
+    """``out[:M] = cat(slices, -1) @ dequant(B).T (+ bias)``, the slices as they are
+    (16-bit activations, the weight's E4M3 values times their scales, FP32 accumulation)."""
+    if slices[0].shape[0] == 0:
+        return
+    reason = kernels.mm_slices_into(slices, b_values, b_scales, bias, out)
+    if reason is None:
+        return
+    _fallback_warning("W8A16 GEMM", slices[0].device, reason)
+    reference.mm_slices_into(slices, b_values, b_scales, bias, out)
+
+
+mm_slices_into = _define("mm_slices_into", _mm_slices_into_body, mutates_args=("out",))
+
+
+@torch.library.register_fake("mxfp8::mm_slices_into")
+def _(slices, b_values, b_scales, bias, out) -> None:
+    lowering.register()  # before Inductor lowers any mxfp8:: op
+    return None
+
+
+def _mm_slices_body(
+    slices: list[Tensor], b_values: Tensor, b_scales: Tensor, bias: Tensor | None
+) -> Tensor:
+    """``cat(slices, -1) @ dequant(B).T (+ bias)`` into a new ``[M, N]`` tensor of the
+    slices' dtype."""
+    out = slices[0].new_empty(_out_shape(slices[0], b_values))
+    _mm_slices_into_body(slices, b_values, b_scales, bias, out)
+    return out
+
+
+mm_slices = _define("mm_slices", _mm_slices_body, mutates_args=())
+
+
+@torch.library.register_fake("mxfp8::mm_slices")
+def _(slices, b_values, b_scales, bias):
+    lowering.register()  # before Inductor lowers any mxfp8:: op
+    return slices[0].new_empty(_out_shape(slices[0], b_values))
+
+
+def _linear_w8a16_body(
+    x: Tensor, b_values: Tensor, b_scales: Tensor, bias: Tensor | None
+) -> Tensor:
+    """``x @ dequant(B).T (+ bias)`` with ``x`` ``[M, K]`` as it is (W8A16): what
+    ``MXFP8Linear(activation="bf16")`` runs, and what the pass rewrites to
+    :data:`mm_slices` when ``x`` is a concatenation."""
+    return _mm_slices_body([x], b_values, b_scales, bias)
+
+
+linear_w8a16 = _define("linear_w8a16", _linear_w8a16_body, mutates_args=())
+
+
+@torch.library.register_fake("mxfp8::linear_w8a16")
+def _(x, b_values, b_scales, bias):
+    lowering.register()  # before Inductor lowers any mxfp8:: op
+    return x.new_empty(_out_shape(x, b_values))
+
+
 # --- eager calls -----------------------------------------------------------------------
 
 _BODIES = {
@@ -219,6 +288,9 @@ _BODIES = {
     mm_into: _mm_into_body,
     mm: _mm_body,
     linear: _linear_body,
+    mm_slices_into: _mm_slices_into_body,
+    mm_slices: _mm_slices_body,
+    linear_w8a16: _linear_w8a16_body,
 }
 
 

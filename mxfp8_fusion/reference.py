@@ -200,6 +200,59 @@ def _mm_fixed_order(
     return acc.float()
 
 
+def mm_slices_into(
+    slices: list[torch.Tensor],
+    b_values: torch.Tensor,
+    b_scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> None:
+    """``out[:M] = cat(slices, -1) @ dequant(B).T (+ bias)``, accumulated in FP32: the W8A16
+    product, the activations as they are (BF16, FP16 or FP32), the weight's E4M3 values
+    times their scales (exact in FP32).
+
+    Each slice is ``[M, width]`` (a view is fine) and starts at a multiple of 32 columns.
+    The concatenation is never made: the sum runs over K in chunks of ``_GEMM_K_CHUNK``
+    columns, each chunk's activations gathered in FP32 from the slices it spans and its
+    weight dequantized, so transient memory stays bounded and the result does not depend on
+    how K is split into slices (the same bits as for the concatenation). Rows of ``out``
+    past M are not touched.
+
+    torch's matrix multiply chooses the order of each chunk's sums (see :func:`mm_into`).
+    Under ``torch.use_deterministic_algorithms(True)`` the order is fixed instead: per
+    32-column group in FP64 (32 products of 16-bit values and scaled E4M3 values: exact
+    unless their magnitudes span about 2**40), the groups added in K order, rounded to FP32
+    once.
+    """
+    m = slices[0].shape[0]
+    n, k = b_values.shape
+    b_factors = _row_scale_factors(b_scales, n, k)
+    fixed = torch.are_deterministic_algorithms_enabled()
+    dtype = torch.float64 if fixed else torch.float32
+    acc = torch.zeros(m, n, dtype=dtype, device=out.device)
+    step = GROUP if fixed else _GEMM_K_CHUNK
+    for k0 in range(0, k, step):
+        k1 = min(k, k0 + step)
+        g0, g1 = k0 // GROUP, k1 // GROUP
+        b = b_values[:, k0:k1].float().view(n, g1 - g0, GROUP) * b_factors[:, g0:g1, None]
+        acc.addmm_(_columns(slices, k0, k1, dtype), b.view(n, k1 - k0).t().to(dtype))
+    if bias is not None:
+        acc += bias.to(dtype)
+    out[:m].copy_(acc)
+
+
+def _columns(slices: list[torch.Tensor], k0: int, k1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Columns ``[k0, k1)`` of ``cat(slices, -1)`` in ``dtype``, from the slices they span."""
+    pieces, first = [], 0
+    for source in slices:
+        width = source.shape[1]
+        lo, hi = max(k0, first), min(k1, first + width)
+        if lo < hi:
+            pieces.append(source[:, lo - first : hi - first].to(dtype))
+        first += width
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
 def mm(
     a_values: torch.Tensor,
     a_scales: torch.Tensor,
@@ -219,6 +272,7 @@ __all__ = [
     "from_blocked",
     "mm",
     "mm_into",
+    "mm_slices_into",
     "quantize",
     "quantize_rows",
     "quantize_slice_",
