@@ -78,6 +78,13 @@ def _gemm_sm90():
 
 
 @functools.cache
+def _gemm_sm90_w8a16():
+    from .gemm_sm90 import w8a16
+
+    return w8a16
+
+
+@functools.cache
 def _gemm_cublas():
     from . import gemm_cublas
 
@@ -143,7 +150,7 @@ def mm_slices_into(slices, b_values, b_scales, bias, out) -> str | None:
         return f"GPU sm_{cap[0]}{cap[1]} has no W8A16 GEMM kernel here (sm_90: CuTe DSL)"
     if not cute_dsl_installed():
         return _no_device_kernel(device, cap)
-    reason = _gemm_sm90().run_slices_if_served(slices, b_values, b_scales, bias, out)
+    reason = _gemm_sm90_w8a16().run_if_served(slices, b_values, b_scales, bias, out)
     return None if reason is None else f"GPU sm_{cap[0]}{cap[1]}: {reason}"
 
 

@@ -23,6 +23,9 @@ SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
 SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
 SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
+ACTIVATIONS = ("mxfp8", "bf16")
+"""The A operand a config's kernel reads: MXFP8 tokens (W8A8) or BF16 ones read straight from
+their slices (W8A16, gemm_sm90.slices)."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,23 @@ class TiledConfig:
     """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
     the GEMM (gemm_sm90.refs); False: every tile takes the BF16 path and nothing runs
     before the GEMM (the same compiled kernel)."""
+    activation: str = "mxfp8"
+    """``"bf16"`` (W8A16): A is BF16, read from its slices into BF16 stages (twice the FP8
+    stage's bytes), every tile on the BF16 path (``fp16_tiles`` False)."""
 
     kernel = "tiled"
 
     def __post_init__(self):
         if self.stream_k not in (0, 1, 2) or (self.stream_k == 2 and self.tile_m == 64):
             fail(ValueError, "stream_k", "0, 1 or 2 (2: tile_m 128 or 192)", self.stream_k)
+        if self.activation not in ACTIVATIONS:
+            fail(ValueError, "activation", "'mxfp8' or 'bf16'", repr(self.activation))
+        if self.activation == "bf16":
+            if self.fp16_tiles:
+                fail(ValueError, "fp16_tiles", "False with BF16 activations", self.fp16_tiles)
+            if tiled_smem_bytes(self) > _SMEM_BYTES:
+                fail(ValueError, "stages", f"stages that fit {_SMEM_BYTES} bytes of shared "
+                     f"memory, {tiled_smem_bytes(self)} with BF16 A", (self.stages, self.stages16))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -90,10 +104,17 @@ class SwapABConfig:
     each loads one K half of every stage's token tile for both (TMA multicast)."""
     num_ctas: int = 132
     """CTAs sharing the units (the SM count; even with cluster 2)."""
+    activation: str = "mxfp8"
+    """``"bf16"`` (W8A16): the tokens are BF16 read straight from their slices through TMA,
+    as ``bf16_tokens`` reads converted ones (which it therefore requires)."""
 
     kernel = "swap-ab"
 
     def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            fail(ValueError, "activation", "'mxfp8' or 'bf16'", repr(self.activation))
+        if self.activation == "bf16" and not self.bf16_tokens:
+            fail(ValueError, "bf16_tokens", "True with BF16 activations", self.bf16_tokens)
         if self.cluster != 1 and not (
             self.cluster == 2 and self.bf16_tokens and self.num_ctas % 2 == 0
         ):
@@ -125,6 +146,23 @@ _TILED_STAGES = (4, 4)
 # 192-row tiles: 4 + 4 stages overflow shared memory; 3 + 4 was the fastest split that fits
 # (docs/gemm_log.md, 'Numbers behind the kernel sources')
 _TALL_STAGES = (3, 4)
+# W8A16: a stage's A tile is BF16, twice its FP8 bytes, so fewer FP8 stages fit beside the
+# four 16-bit ones (tiled_smem_bytes); the most that fit, until a W8A16 tune says otherwise
+_W8A16_STAGES = {64: (4, 4), 128: (3, 4), 192: (2, 4)}
+_W8A16_NARROW_STAGES = (4, 4)  # 128 x 64 tiles
+
+
+def tiled_smem_bytes(cfg: TiledConfig) -> int:
+    """Shared memory of the tiled kernel's stages for ``cfg`` (its pipelines and rings are a
+    few kilobytes more): per FP8 stage A (FP8, or BF16 with BF16 activations) and B of K
+    128 and their scale chunks, per 16-bit stage B of K 64."""
+    a_bytes = 2 if cfg.activation == "bf16" else 1
+    a_chunks = 0 if cfg.activation == "bf16" else (1 if cfg.tile_m <= 128 else 2)
+    stage8 = (cfg.tile_m * a_bytes + cfg.tile_n) * TILE_K8 + (a_chunks + 1) * CHUNK_BYTES
+    return cfg.stages * stage8 + cfg.stages16 * cfg.tile_n * TILE_K16 * 2 + _TILED_FIXED_BYTES
+
+
+_TILED_FIXED_BYTES = 4096  # barriers, the reference ring, alignment
 
 
 def tiled_config(
@@ -135,14 +173,21 @@ def tiled_config(
     num_sms: int = 132,
     stages: tuple[int, int] | None = None,
     fp16_tiles: bool = True,
+    activation: str = "mxfp8",
 ) -> TiledConfig:
     """The tiled config of that tile and schedule on ``num_sms`` CTAs, with the tile's
-    standard (FP8, 16-bit) stage counts unless ``stages`` gives them."""
-    standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
+    standard (FP8, 16-bit) stage counts unless ``stages`` gives them. With ``activation``
+    ``"bf16"`` (W8A16): BF16 A stages, every tile on the BF16 path."""
+    if activation == "bf16":
+        standard = _W8A16_NARROW_STAGES if tile_n == 64 else _W8A16_STAGES[tile_m]
+        fp16_tiles = False
+    else:
+        standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
     stages8, stages16 = stages or standard
     return TiledConfig(
         tile_m=tile_m, tile_n=tile_n, converters=converters, stream_k=stream_k,
         stages=stages8, stages16=stages16, num_ctas=num_sms, fp16_tiles=fp16_tiles,
+        activation=activation,
     )  # fmt: skip
 
 
@@ -153,6 +198,7 @@ def swap_ab_config(
     bf16_tokens: bool = False,
     tile_w: int = 64,
     cluster: int = 1,
+    activation: str = "mxfp8",
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
@@ -161,7 +207,8 @@ def swap_ab_config(
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured slower at 1 and 16 tokens
     with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
-    see :class:`SwapABConfig`.
+    see :class:`SwapABConfig`. ``activation`` ``"bf16"`` (W8A16) reads BF16 tokens from
+    their slices as ``bf16_tokens`` reads converted ones (so it sets ``bf16_tokens``).
 
     Raises:
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
@@ -175,6 +222,7 @@ def swap_ab_config(
         tokens_tile *= 2
     if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
+    bf16_tokens = bf16_tokens or activation == "bf16"
     if bf16_tokens:
         # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
         # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
@@ -188,4 +236,5 @@ def swap_ab_config(
     return SwapABConfig(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
+        activation=activation,
     )  # fmt: skip

@@ -22,3 +22,7 @@ UNROLL_CHUNK = 32
 more values is walked in chunks: the DSL warns of one static loop that long (slow to
 compile), and ``cutlass.range(..., unroll_full=True)``, which it suggests, changes the PTX.
 Chunks unroll to exactly the same code."""
+
+MAX_SLICES = 8
+"""Slices a W8A16 kernel reads (one TMA descriptor each, in its launch's parameters); a call
+with more runs the reference."""

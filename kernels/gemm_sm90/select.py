@@ -99,15 +99,43 @@ def table_entry(
 
 @functools.lru_cache(maxsize=4096)
 def choose_config(
-    tokens: int, n: int, k: int, num_sms: int = 132, device: str | None = table.MEASURED_DEVICE
+    tokens: int,
+    n: int,
+    k: int,
+    num_sms: int = 132,
+    device: str | None = table.MEASURED_DEVICE,
+    activation: str = "mxfp8",
 ) -> GemmConfig:
     """Kernel and tile by (tokens, N, K) on ``device`` with ``num_sms`` SMs (by default the
     H200 the table was measured on): the measured table where it has the shape (and the
-    entry's kernel holds ``tokens``), else :func:`heuristic_config`."""
+    entry's kernel holds ``tokens``), else :func:`heuristic_config`.
+
+    ``activation`` ``"bf16"`` (W8A16, the A operand read as BF16 from its slices): no W8A16
+    tune has been measured yet, so it takes the schedule the W8A8 choice makes, with BF16
+    activations (:func:`with_bf16_activations`)."""
     entry = table_entry(tokens, n, k, num_sms, device)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
-        return config_of(entry, tokens, num_sms)
-    return heuristic_config(tokens, n, k, num_sms)
+        cfg = config_of(entry, tokens, num_sms)
+    else:
+        cfg = heuristic_config(tokens, n, k, num_sms)
+    return with_bf16_activations(cfg, tokens) if activation == "bf16" else cfg
+
+
+def with_bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:
+    """``cfg``'s schedule for BF16 activations (W8A16): swap-AB reads the tokens through TMA
+    as ``bf16_tokens`` does; tiled takes the BF16 path with the stage counts that fit BF16
+    A stages (config.tiled_config). 192-row tiles become 128-row ones: they won W8A8
+    points by spreading A's conversion over three consumers, which W8A16 does not have,
+    and with BF16 A only two FP8 stages of them fit."""
+    if isinstance(cfg, SwapABConfig):
+        return swap_ab_config(
+            tokens, cfg.num_ctas, cfg.consumers, True, cfg.tile_w, cfg.cluster, "bf16"
+        )
+    if cfg.tile_m == 192:
+        return tiled_config(128, 128, 2, cfg.stream_k, cfg.num_ctas, activation="bf16")
+    return tiled_config(
+        cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k, cfg.num_ctas, activation="bf16"
+    )
 
 
 def heuristic_config(tokens: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:

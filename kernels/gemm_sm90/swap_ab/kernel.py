@@ -85,6 +85,14 @@ from ..common import (
     tma_views,
 )
 from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..slices import (
+    convert_fragment_natural,
+    load_fragment_natural,
+    load_stage_from_slices,
+    pair_selector,
+    slice_tma,
+    slice_views,
+)
 from .parts import (
     K_STEPS,
     L2_EVICT_FIRST,
@@ -114,12 +122,24 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         """Launch on ``stream``. ``a`` holds the BF16 tokens in a ``bf16_tokens`` build;
         ``bias`` is None in a build without bias; ``partials`` and ``flags`` are the stream-K
         workspace."""
-        fp8 = cutlass.Float8E4M3FN
-        bf16 = cutlass.BFloat16
         a_addr = address(a)
         addrs = (a_addr, *(address(p) for p in (sa, b, sb, bias, out)))
         mA, mSA, mW, mSW, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.w_chunks)
-        gmem = cute.AddressSpace.gmem
+        if cutlass.const_expr(self.bf16_tokens):
+            # the A address holds the BF16 tokens [m, K]
+            mA = cute.make_tensor(
+                cute.make_ptr(cutlass.BFloat16, a_addr, cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((m, self.k), stride=(self.k, 1)),
+            )
+        self._launch(mA, mSA, mW, mSW, mD, mBias, m, partials, flags, stream)
+
+    @cute.jit
+    def _launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream):
+        """Build the TMA atoms and shared storage, and launch. ``tokens`` is the FP8 tokens
+        tensor, the BF16 one (``bf16_tokens``) or, in a W8A16 build (``self.slices``), the
+        tuple of the slices' BF16 tensors, each read through an atom of its own."""
+        fp8 = cutlass.Float8E4M3FN
+        bf16 = cutlass.BFloat16
         tn = self.tn
         mPartials, mFlags = self._workspace(address(partials), address(flags))
 
@@ -129,21 +149,20 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         tma_w, gW = tma_load(mW, w8_layout, (self.tile_w, TILE_K8))
         tma_sw, gSW = tma_load_chunks(mSW, s_layout)
         if cutlass.const_expr(self.bf16_tokens):
-            # the A address holds the BF16 tokens [m, K]: two K halves per stage
-            mA = cute.make_tensor(
-                cute.make_ptr(bf16, a_addr, gmem, assumed_align=16),
-                cute.make_layout((m, self.k), stride=(self.k, 1)),
-            )
+            # two K halves per stage
             a8_layout = smem_layout(fp8, 8, TILE_K8, 1)  # unused
             a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
-            tma_a, gA = tma_load(mA, a16_layout, (tn, TILE_K16), multicast=self.cluster > 1)
+            if cutlass.const_expr(self.slices):
+                tma_a, gA = slice_tma(tokens, a16_layout, tn, multicast=self.cluster > 1)
+            else:
+                tma_a, gA = tma_load(tokens, a16_layout, (tn, TILE_K16), multicast=self.cluster > 1)
             tma_sa, gSA = tma_sw, gSW  # unused
             self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
         else:
             a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
             # per consumer warpgroup: the stage's two K halves of BF16 tokens
             a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.consumers)
-            tma_a, gA = tma_load(mA, a8_layout, (tn, TILE_K8))
+            tma_a, gA = tma_load(tokens, a8_layout, (tn, TILE_K8))
             tma_sa, gSA = tma_load_chunks(mSA, s_layout)
             self.tx_bytes = (TILE_W + tn) * TILE_K8 + 2 * CHUNK_BYTES
         stages = self.stages
@@ -196,8 +215,8 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         self,
         tma_w: cute.CopyAtom,
         gW_full: cute.Tensor,
-        tma_a: cute.CopyAtom,
-        gA_full: cute.Tensor,
+        tma_a,  # a CopyAtom, or one per slice (W8A16)
+        gA_full,  # a Tensor, or one per slice
         tma_sw: cute.CopyAtom,
         gSW_full: cute.Tensor,
         tma_sa: cute.CopyAtom,
@@ -223,8 +242,12 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         begin = group * self.units // self.num_groups
         end = (group + 1) * self.units // self.num_groups
         if warp == 0:
-            for atom in (tma_w, tma_a, tma_sw, tma_sa):
-                cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(self.slices):
+                for atom in (tma_w, *tma_a, tma_sw):
+                    cpasync.prefetch_descriptor(atom)
+            else:
+                for atom in (tma_w, tma_a, tma_sw, tma_sa):
+                    cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
         # each stage is consumed by one consumer warpgroup (by all of them: row split)
         load_pipe = fp8_load_pipe(
@@ -261,8 +284,12 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         tma_sa, gSA_full, sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
         tWs, tWg = tma_views(tma_w, sW8, gW_full, (self.tile_w, TILE_K8))
-        a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
-        tAs, tAg = tma_views(tma_a, sA8, gA_full, a_tile)
+        if cutlass.const_expr(self.slices):
+            slice_copies = slice_views(tma_a, sA8, gA_full, self.tn)
+            tAs, tAg = None, None
+        else:
+            a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
+            tAs, tAg = tma_views(tma_a, sA8, gA_full, a_tile)
         tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
         tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -280,7 +307,23 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            if cutlass.const_expr(self.cluster > 1):
+            if cutlass.const_expr(self.slices):
+                # from the slice holding stage kt; with clusters, as below, K half ``rank``
+                # into this stage of both CTAs
+                slot = lambda h: 2 * ps.index + h  # noqa: E731
+                if cutlass.const_expr(self.cluster > 1):
+                    multicast = {
+                        "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
+                        "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
+                    }
+                    load_stage_from_slices(
+                        slice_copies, self.slice_stages, 0, kt, (rank,), slot, bar, multicast
+                    )
+                else:
+                    load_stage_from_slices(
+                        slice_copies, self.slice_stages, 0, kt, (0, 1), slot, bar, {}
+                    )
+            elif cutlass.const_expr(self.cluster > 1):
                 # K half ``rank`` of the token tile, into this stage of both CTAs (the full
                 # barrier of each counts both halves)
                 cute.copy(
@@ -397,12 +440,23 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         stages from ``rel`` on unreleased. Returns the advanced ``ls`` and ``rel``."""
         w8, sw, a8, sa, a16 = smem
         tiled_mma, frag, frag_words, tCrB, acc = mma
+        if cutlass.const_expr(self.slices):
+            selector = pair_selector(t)
         for _i in range(count):
             load_pipe.consumer_wait(ls)
-            w_words, w_scales = load_fragment_bytes(
-                w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-            )  # fmt: skip
+            if cutlass.const_expr(self.slices):
+                # the tokens are in natural K order (TMA'd from the slices): so is the weight
+                w_words, w_scales = load_fragment_natural(
+                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t,
+                    sw + ls.index * CHUNK_BYTES,
+                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+                )  # fmt: skip
+            else:
+                w_words, w_scales = load_fragment_bytes(
+                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
+                    sw + ls.index * CHUNK_BYTES,
+                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+                )  # fmt: skip
             if cutlass.const_expr(not self.bf16_tokens):
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
             # the previous stage's wgmma has read the fragment registers and token tile
@@ -417,7 +471,10 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
-            convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
+            if cutlass.const_expr(self.slices):
+                convert_fragment_natural(w_words, w_scales, selector, frag_words)
+            else:
+                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
             if cutlass.const_expr(not self.bf16_tokens):
                 load_pipe.consumer_release(ls)
             # the token tile: this stage's own (bf16_tokens), else this consumer's

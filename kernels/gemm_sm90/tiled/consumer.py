@@ -29,6 +29,7 @@ from ..common import (
 )
 from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
 from ..f16 import RING_TO_LOW, times_pow2
+from ..slices import load_fragment_bf16, place_fragment_bf16
 from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
@@ -137,7 +138,12 @@ class ConsumerRole(TiledSchedule):
     def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
         """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
         ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
-        if mode != 0:
+        if cutlass.const_expr(self.slices):  # BF16 activations: the BF16 path only
+            ls, rs, rel = self._mainloop(
+                ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
+                ls, rs, rel, None, k_stages, k_half,
+            )  # fmt: skip
+        elif mode != 0:
             ls, rs, rel = self._mainloop(
                 ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
                 ls, rs, rel, None, k_stages, k_half,
@@ -177,8 +183,9 @@ class ConsumerRole(TiledSchedule):
         row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
         # every part is unscaled before it is stored or added: the factors are powers of
         # two, so the sum of unscaled parts is the unscaled sum
-        if mode == 0:
-            self._unscale(acc, thr, buf, row0)
+        if cutlass.const_expr(not self.slices):  # W8A16 tiles take the BF16 path only
+            if mode == 0:
+                self._unscale(acc, thr, buf, row0)
         if cutlass.const_expr(self.stream_k):
             if k0 == 0 and k1 == self.k_tiles:
                 self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
@@ -251,7 +258,7 @@ class ConsumerRole(TiledSchedule):
         # k16 block kb, the register order of the RS wgmma's A fragment
         frag_words = cute.recast_tensor(frag, Int32)
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB16))
-        a8 = st.sA8.data_ptr().toint()
+        a8 = st.sA.data_ptr().toint()
         sa = st.sSA.data_ptr().toint()
         t = ct % 4
         halves = [h for h in range(HALVES) if k_half is None or h == k_half]
@@ -261,17 +268,25 @@ class ConsumerRole(TiledSchedule):
             for h in halves:
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                words, scales = load_fragment_bytes(
-                    a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                    sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
-                )  # fmt: skip
+                if cutlass.const_expr(self.slices):
+                    # BF16 A, TMA'd: no conversion (gemm_sm90.slices)
+                    half_stage = a8 + (2 * ls.index + h) * (self.tile_m * TILE_K16 * 2)
+                    words = load_fragment_bf16(half_stage, row0, t)
+                else:
+                    words, scales = load_fragment_bytes(
+                        a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
+                        sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
+                    )  # fmt: skip
                 # the previous half's wgmmas have read the fragment and their B stage
                 warpgroup.wait_group(0)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
                     for _s in cutlass.range_constexpr(stride):
                         rel.advance()
-                convert_fragment(words, scales, groups, frag_words, row_lows)
+                if cutlass.const_expr(self.slices):
+                    place_fragment_bf16(words, frag_words)
+                else:
+                    convert_fragment(words, scales, groups, frag_words, row_lows)
                 if cutlass.const_expr(h == halves[-1]):
                     load_pipe.consumer_release(ls)
                 warpgroup.fence()

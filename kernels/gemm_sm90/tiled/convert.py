@@ -54,7 +54,11 @@ class WeightConverterRole(TiledSchedule):
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            if mode != 0:
+            if cutlass.const_expr(self.slices):  # BF16 activations: the BF16 path only
+                ls, cs = self._convert_tile(
+                    ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
+                )
+            elif mode != 0:
                 ls, cs = self._convert_tile(
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
                 )

@@ -67,6 +67,7 @@ from ..common import (
     tma_views,
 )
 from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..slices import load_stage_from_slices, slice_tma, slice_views
 from .consumer import ConsumerRole
 from .convert import WeightConverterRole
 from .schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
@@ -92,26 +93,46 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
         ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
         ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.refs)."""
-        fp8 = cutlass.Float8E4M3FN
-        bf16 = cutlass.BFloat16
         addrs = tuple(address(p) for p in (a, sa, b, sb, bias, out))
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
+        self._launch(mA, mSA, mB, mSB, mD, mBias, m, refs_a, refs_b, partials, flags, stream)
+
+    @cute.jit
+    def _launch(self, tokens, mSA, mB, mSB, mD, mBias, m, refs_a, refs_b, partials, flags, stream):
+        """Build the TMA atoms and shared storage, and launch. ``tokens`` is the FP8 tokens
+        tensor or, in a W8A16 build (``self.slices``), the tuple of the slices' BF16 tensors,
+        each read through an atom of its own into BF16 stages (no A scales)."""
+        fp8 = cutlass.Float8E4M3FN
+        bf16 = cutlass.BFloat16
         refs_a, refs_b = address(refs_a), address(refs_b)
 
         mmas = [rs_tiled_mma(dtype, (64, self.tile_n)) for dtype in (bf16, cutlass.Float16)]
-        a8_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
         b8_layout = smem_layout(fp8, self.tile_n, TILE_K8, self.stages8)
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = chunk_slots(self.stages8)
-        sa_slots = self.stages8 * self.a_chunks
-        sa_layout = chunk_slots(sa_slots)
-        tma_a, gA = tma_load(mA, a8_layout, (self.tile_m, TILE_K8))
+        if cutlass.const_expr(self.slices):
+            # two K halves of BF16 per stage; no A scales (the slot below is unused)
+            a_type = bf16
+            a_layout = smem_layout(bf16, self.tile_m, TILE_K16, 2 * self.stages8)
+            tma_a, gA = slice_tma(tokens, a_layout, self.tile_m)
+            sa_slots = 1
+            sa_layout = chunk_slots(sa_slots)
+            tma_sa, gSA = None, None
+            a_bytes = self.tile_m * TILE_K8 * 2
+            scale_bytes = CHUNK_BYTES
+        else:
+            a_type = fp8
+            a_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
+            sa_slots = self.stages8 * self.a_chunks
+            sa_layout = chunk_slots(sa_slots)
+            tma_a, gA = tma_load(tokens, a_layout, (self.tile_m, TILE_K8))
+            tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
+            a_bytes = self.tile_m * TILE_K8
+            scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
-        tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
         tma_sb, gSB = tma_load_chunks(mSB, s_layout)
-        scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
-        self.tx_bytes = (self.tile_m + self.tile_n) * TILE_K8 + scale_bytes
+        self.tx_bytes = a_bytes + self.tile_n * TILE_K8 + scale_bytes
 
         # persistent: one CTA per tile up to the cap; stream-K: one per unit up to the cap
         work = self._tiles(m)
@@ -129,7 +150,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             conv_bar: cute.struct.MemRange[cutlass.Int64, stages16 * 2]
             ref_bar: cute.struct.MemRange[cutlass.Int64, REF_STAGES * 2]
             refs: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, ref_words * REF_STAGES], 16]
-            sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[a_type, cute.cosize(a_layout)], 1024]
             sB8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(b8_layout)], 1024]
             sB16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(b16_layout)], 1024]
             sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, CHUNK_WORDS * sa_slots], 128]
@@ -138,7 +159,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         self.storage = Storage
         launch = self.kernel(
             tma_a, gA, tma_b, gB, tma_sa, gSA, tma_sb, gSB, refs_a, refs_b, mD, mBias, m,
-            mmas[0], mmas[1], a8_layout, b8_layout, b16_layout, s_layout, sa_layout, mPartials,
+            mmas[0], mmas[1], a_layout, b8_layout, b16_layout, s_layout, sa_layout, mPartials,
             mFlags,
         ).launch  # fmt: skip
         launch(
@@ -172,12 +193,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     @cute.kernel
     def kernel(
         self,
-        tma_a: cute.CopyAtom,
-        gA_full: cute.Tensor,
+        tma_a,  # a CopyAtom, or one per slice (W8A16)
+        gA_full,  # a Tensor, or one per slice
         tma_b: cute.CopyAtom,
         gB_full: cute.Tensor,
-        tma_sa: cute.CopyAtom,
-        gSA_full: cute.Tensor,
+        tma_sa,  # a CopyAtom (None in a W8A16 build: no A scales)
+        gSA_full,
         tma_sb: cute.CopyAtom,
         gSB_full: cute.Tensor,
         refs_a: cutlass.Int64,
@@ -187,7 +208,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         m: cutlass.Int32,
         mma_bf16: cute.TiledMma,
         mma_f16: cute.TiledMma,
-        a8_layout: cute.ComposedLayout,
+        a_layout: cute.ComposedLayout,
         b8_layout: cute.ComposedLayout,
         b16_layout: cute.ComposedLayout,
         s_layout: cute.Layout,
@@ -199,8 +220,12 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:
-            for atom in (tma_a, tma_b, tma_sa, tma_sb):
-                cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(self.slices):
+                for atom in (*tma_a, tma_b, tma_sb):
+                    cpasync.prefetch_descriptor(atom)
+            else:
+                for atom in (tma_a, tma_b, tma_sa, tma_sb):
+                    cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
         # the B converters and the A-converting consumers both read each FP8 stage
         readers = self.convert_threads + self.consumers * WG_THREADS
@@ -232,13 +257,13 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         if wg == 0:
             cute.arch.setmaxregister_decrease(producer_regs)  # one warp issues TMA
             if warp == 0:
-                sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+                sA = st.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
                 sB8 = st.sB8.get_tensor(b8_layout.outer, swizzle=b8_layout.inner)
                 sSA = st.sSA.get_tensor(sa_layout)
                 sSB = st.sSB.get_tensor(s_layout)
                 self._producer(
                     tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-                    sA8, sB8, sSA, sSB, load_pipe, m,
+                    sA, sB8, sSA, sSB, load_pipe, m,
                 )  # fmt: skip
             elif warp == 1:
                 self._tile_refs(tidx % 32, refs_a, refs_b, m, st, ref_pipe)
@@ -260,11 +285,16 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     @cute.jit
     def _producer(
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
-        sA8, sB8, sSA, sSB, load_pipe, m,
+        sA, sB8, sSA, sSB, load_pipe, m,
     ):  # fmt: skip
-        tAsA, tAgA = tma_views(tma_a, sA8, gA_full, (self.tile_m, TILE_K8))
-        tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
-        tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
+        if cutlass.const_expr(self.slices):
+            slice_copies = slice_views(tma_a, sA, gA_full, self.tile_m)
+            tAsA, tAgA, tSAs, tSAg = None, None, None, None
+            tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
+        else:
+            tAsA, tAgA = tma_views(tma_a, sA, gA_full, (self.tile_m, TILE_K8))
+            tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
+            tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
         k_tiles = self.k_tiles
         u, stop, hop = self._my_units(m)
@@ -276,9 +306,16 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
-                cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(self.slices):
+                    # from the slice holding stage kt, both K halves (rows past M: zeros)
+                    load_stage_from_slices(
+                        slice_copies, self.slice_stages, tm, kt, (0, 1),
+                        lambda h: 2 * ps.index + h, bar, {},
+                    )  # fmt: skip
+                else:
+                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
-                for c in cutlass.range_constexpr(self.a_chunks):
+                for c in cutlass.range_constexpr(0 if self.slices else self.a_chunks):
                     # past the last chunk (the tile's rows past M) TMA fills zeros
                     cute.copy(
                         tma_sa,

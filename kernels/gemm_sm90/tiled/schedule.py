@@ -108,6 +108,10 @@ class TiledSchedule(Sm90Gemm):
         # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
         # register, threads fastest so that a warp's stores are contiguous)
         self.frag = 64 * self.tile_n // WG_THREADS
+        # W8A16 builds: the slices' widths (A read straight from them, BF16 through TMA;
+        # gemm_sm90.slices), and each one's K stages
+        self.slices = ()
+        self.slice_stages = ()
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""

@@ -1,0 +1,148 @@
+"""The SM90 W8A16 GEMM (kernels/gemm_sm90/w8a16.py) on an sm_90 GPU: straight from BF16
+slices, against an FP64 oracle on the same operands, bitwise equal to the same config on the
+concatenated input, to CUDA Graph replay and to the compiled model.
+
+Tolerance, and why: a BF16 activation times an E4M3 value times its power-of-two scale is
+exact in FP32, and the kernels feed exactly those BF16 operands to BF16 wgmma with FP32
+accumulation. So the result differs from the exact sum by summation order and the tensor
+core's internal K-16 sums (tests/helpers/gemm.py: at most ``2**-14 * sum |x w|``), plus one
+rounding to the output dtype (an ulp of it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.gemm import random_operand, requires_cutlass, requires_sm90
+
+import mxfp8_fusion as mf
+from mxfp8_fusion import reference
+from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+
+pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
+
+
+def _weight(n, k, spread=30, seed=1):
+    values, scales = random_operand(n, k, spread=spread, center=127 - 10, seed=seed)
+    return values, scales.view(torch.uint8)
+
+
+def _slices(tokens, widths, seed=0, wide=False):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = sum(widths)
+    if wide:  # column views of a wider buffer: strided slices
+        base = torch.randn(tokens, k + 256, generator=gen).to(torch.bfloat16).cuda()
+        parts, column = [], 128
+        for w in widths:
+            parts.append(base[:, column : column + w])
+            column += w
+        return parts
+    return [torch.randn(tokens, w, generator=gen).to(torch.bfloat16).cuda() for w in widths]
+
+
+def _check_bound(got, slices, values, scales, bias=None):
+    x = torch.cat(slices, -1).double()
+    w = reference.dequantize(values, scales).double()
+    exact = x @ w.t() + (bias.double() if bias is not None else 0)
+    magnitude = x.abs() @ w.abs().t()
+    finfo = torch.finfo(got.dtype)
+    bound = finfo.eps * exact.abs() + finfo.tiny + 2.0**-14 * magnitude
+    excess = ((got.double() - exact).abs() - bound).max().item()
+    assert excess <= 0, f"excess {excess:.3g}"
+
+
+CASES = [  # (tokens, N, widths): every kernel form the choice makes, odd N and slice counts
+    (1, 4096, (4096, 4096, 4096)),
+    (3, 200, (128, 256)),
+    (8, 7168, (1024,) * 8),
+    (9, 640, (512, 384)),
+    (16, 7168, (7168, 7168)),
+    (32, 1024, (128,) * 3),
+    (48, 7168, (2048, 2048)),
+    (64, 2048, (7168,)),
+    (65, 192, (384, 128)),
+    (300, 7168, (2048, 2048, 2048)),
+    (1000, 4096, (1024, 3072)),
+]
+
+
+@pytest.mark.parametrize(("tokens", "n", "widths"), CASES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_slices_match_the_oracle_and_the_concatenation_bit_for_bit(tokens, n, widths, out_dtype):
+    values, scales = _weight(n, sum(widths), seed=n + tokens)
+    slices = _slices(tokens, widths, seed=tokens, wide=tokens % 2 == 1)
+    bias = torch.randn(n, device="cuda", dtype=out_dtype)
+    out = torch.full((tokens + 3, n), 1234.0, device="cuda", dtype=out_dtype)
+    w8a16.run(slices, values, scales, bias, out)
+    concatenated = torch.full_like(out, 1234.0)
+    cfg = gemm_select.choose_config(tokens, n, sum(widths), activation="bf16")
+    w8a16.run([torch.cat(slices, -1)], values, scales, bias, concatenated, config=cfg)
+    torch.cuda.synchronize()
+    assert (out[tokens:] == 1234.0).all()
+    assert torch.equal(out.view(torch.int16), concatenated.view(torch.int16))
+    _check_bound(out[:tokens], slices, values, scales, bias)
+
+
+def _every_config():
+    shapes = [(4096, 12288), (7168, 43008), (2048, 7168), (11008, 4096)]
+    found = {}
+    for n, k in shapes:
+        for tokens in (1, 8, 16, 32, 48, 64, 128, 256, 1024, 4096):
+            found.setdefault(gemm_select.choose_config(tokens, n, k, activation="bf16"), tokens)
+    return sorted(found.items(), key=lambda item: item[1])
+
+
+@pytest.mark.parametrize(("cfg", "tokens"), _every_config(), ids=lambda v: str(v)[:60])
+def test_every_chosen_config_on_a_small_shape(cfg, tokens):
+    tokens = min(tokens, getattr(cfg, "tokens_tile", tokens), 600)
+    values, scales = _weight(640, 1536, seed=tokens)
+    slices = _slices(tokens, (512, 1024), seed=tokens + 1)
+    out = torch.empty(tokens, 640, device="cuda", dtype=torch.bfloat16)
+    w8a16.run(slices, values, scales, None, out, config=cfg)
+    torch.cuda.synchronize()
+    _check_bound(out, slices, values, scales)
+
+
+@pytest.mark.parametrize("tokens", [4, 40, 200])
+def test_cuda_graph_replay_gives_the_eager_bits(tokens):
+    """Captured once, replayed on new values in the same buffers: no allocation, no sync."""
+    weight = mf.MXFP8Weight(*_weight(4096, 3 * 1024))
+    slices = _slices(tokens, (1024,) * 3, seed=2)
+    out = torch.empty(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+    mf.mm_slices_into(slices, weight, out)  # compile and warm up before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mf.mm_slices_into(slices, weight, out)
+    for seed in (5, 6):
+        for s, fresh in zip(slices, _slices(tokens, (1024,) * 3, seed=seed), strict=True):
+            s.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mf.mm_slices(slices, weight))
+
+
+def test_the_compiled_w8a16_drafter_gives_the_eager_bits():
+    class Drafter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3 * 2048, 2048, dtype=torch.bfloat16, device="cuda")
+
+        def forward(self, *hidden):
+            return self.fc(torch.cat(hidden, -1))
+
+    model = mf.convert(Drafter().eval(), activation="bf16")
+    hidden = _slices(24, (2048,) * 3, seed=3)
+    compiled = torch.compile(model, backend="mxfp8_fusion")
+    with torch.no_grad():
+        assert torch.equal(compiled(*hidden), model(*hidden))
+
+
+def test_fp16_slices_run_the_reference_with_one_warning():
+    weight = mf.MXFP8Weight(*_weight(256, 512))
+    slices = [s.half() for s in _slices(4, (256, 256))]
+    with pytest.warns(UserWarning, match="W8A16 GEMM.*FP16 slices run the reference"):
+        got = mf.mm_slices(slices, weight)
+    expected = torch.empty_like(got)
+    reference.mm_slices_into(slices, weight.values, weight.raw_scales, None, expected)
+    assert torch.equal(got, expected)
