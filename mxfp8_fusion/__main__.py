@@ -123,6 +123,8 @@ def _add_warmup(commands) -> None:
                       help="largest default capture size (default: 512)")  # fmt: skip
     warm.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     warm.add_argument("--bias-dtype", choices=[*sorted(_DTYPES), "fp32", "none"], default="none")
+    warm.add_argument("--activation", choices=["mxfp8", "bf16"], default="mxfp8",
+                      help="mxfp8: W8A8 (the slices quantized); bf16: W8A16 (read as they are)")  # fmt: skip
     warm.add_argument("--workers", type=int, default=None,
                       help="parallel compile processes (default: CPU count, at most 16)")  # fmt: skip
 
@@ -137,7 +139,8 @@ def _warmup(args) -> int:
         report = warmup(
             args.shapes, args.tokens, max_tokens=args.max_tokens,
             dtype=getattr(torch, _DTYPES[args.dtype]),
-            bias_dtype=getattr(torch, bias) if bias else None, workers=args.workers,
+            bias_dtype=getattr(torch, bias) if bias else None, activation=args.activation,
+            workers=args.workers,
         )  # fmt: skip
     except (TypeError, ValueError) as error:
         print(f"python -m mxfp8_fusion warmup: {error}", file=sys.stderr)

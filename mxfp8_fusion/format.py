@@ -12,6 +12,7 @@ byte 127 (a scale of 1.0) and zero values.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,26 @@ def fail(error: type[Exception], argument: str, expected: str, given):
     """Raise ``error("argument: expected ..., got ...")``: the one message form of every
     argument check in the package."""
     raise error(f"{argument}: expected {expected}, got {given}")
+
+
+ACTIVATIONS = ("mxfp8", "bf16")
+"""What an MXFP8 projection does with its input: ``"mxfp8"`` quantizes it (W8A8, the
+default); ``"bf16"`` multiplies it as it is (W8A16: 16-bit activations, FP32 ones as FP32)."""
+
+
+def check_activation(activation) -> str:
+    """``activation`` when it is one of :data:`ACTIVATIONS`.
+
+    Raises:
+        TypeError: not a string. ValueError: another string (naming a close one).
+    """
+    if not isinstance(activation, str):
+        fail(TypeError, "activation", "'mxfp8' or 'bf16'", type(activation).__name__)
+    if activation not in ACTIVATIONS:
+        close = difflib.get_close_matches(activation.lower(), ACTIVATIONS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        fail(ValueError, "activation", "'mxfp8' (W8A8) or 'bf16' (W8A16)", f"{activation!r}{hint}")
+    return activation
 
 
 def _scale_buffer(values, scales) -> torch.Tensor:

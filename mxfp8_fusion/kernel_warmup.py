@@ -24,7 +24,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, scale_bytes
+from .format import (
+    GROUP,
+    SCALE_DTYPE,
+    SOURCE_DTYPES,
+    VALUE_DTYPE,
+    check_activation,
+    scale_bytes,
+)
 from .kernels import dispatch
 from .kernels.capability import kernels_of
 from .kernels.runtime import cache as kernel_cache
@@ -48,13 +55,16 @@ def _is_size(value) -> bool:
 
 @dataclass(frozen=True)
 class Projection:
-    """One MXFP8 projection: ``out_features`` x ``in_features`` weight, its input quantized
-    as ``slices`` (widths side by side, summing to ``in_features``; one slice for a plain
-    input), computed in ``dtype`` with a bias of ``bias_dtype`` (None: no bias).
+    """One MXFP8 projection: ``out_features`` x ``in_features`` weight, its input given as
+    ``slices`` (widths side by side, summing to ``in_features``; one slice for a plain
+    input), computed in ``dtype`` with a bias of ``bias_dtype`` (None: no bias). With
+    ``activation`` ``"mxfp8"`` (W8A8) the slices are quantized into MXFP8 storage; with
+    ``"bf16"`` (W8A16) the GEMM reads them as they are.
 
     Raises ``ValueError`` / ``TypeError`` for a projection the calls would refuse: sizes
     that are not positive ints, ``in_features`` not a multiple of 32 (an MXFP8 weight's
-    rule), several slices whose widths are not multiples of 128 (a staged slice's rule).
+    rule), several slices whose widths are not multiples of 128 (a staged slice's rule), an
+    activation that is neither.
     """
 
     out_features: int
@@ -62,6 +72,7 @@ class Projection:
     slices: tuple[int, ...]
     dtype: torch.dtype = torch.bfloat16
     bias_dtype: torch.dtype | None = None
+    activation: str = "mxfp8"
 
     def __post_init__(self) -> None:
         sizes = (self.out_features, self.in_features, *self.slices)
@@ -76,6 +87,7 @@ class Projection:
                 f"staged slice widths must be multiples of {_STAGED_WIDTH}, got {list(self.slices)}"
             )
         _check_dtypes(self.dtype, self.bias_dtype)
+        check_activation(self.activation)
 
 
 def _check_dtypes(dtype, bias_dtype) -> None:
@@ -102,7 +114,7 @@ class WarmupReport:
 
 def projections_of(model: nn.Module, dtype: torch.dtype) -> list[Projection]:
     """Every :class:`~mxfp8_fusion.MXFP8Linear` of ``model`` as a :class:`Projection` whose
-    input (of ``dtype``) is quantized whole."""
+    input (of ``dtype``) is one slice, with the layer's activation."""
     from .nn import MXFP8Linear
 
     found = []
@@ -110,11 +122,11 @@ def projections_of(model: nn.Module, dtype: torch.dtype) -> list[Projection]:
         if isinstance(layer, MXFP8Linear):
             bias = layer.bias.dtype if layer.bias is not None else None
             k = layer.in_features
-            found.append(Projection(layer.out_features, k, (k,), dtype, bias))
+            found.append(Projection(layer.out_features, k, (k,), dtype, bias, layer.activation))
     return found
 
 
-def _projection(item, dtype: torch.dtype, bias_dtype) -> Projection:
+def _projection(item, dtype: torch.dtype, bias_dtype, activation: str = "mxfp8") -> Projection:
     if isinstance(item, Projection):
         return item
     if not isinstance(item, Sequence) or len(item) != 2:
@@ -127,7 +139,7 @@ def _projection(item, dtype: torch.dtype, bias_dtype) -> Projection:
     if not all(_is_size(w) for w in (n, *slices)):  # before summing them
         raise ValueError(f"projections: sizes must be positive ints, got {item!r}")
     try:
-        return Projection(n, sum(slices), slices, dtype, bias_dtype)
+        return Projection(n, sum(slices), slices, dtype, bias_dtype, activation)
     except ValueError as error:
         raise ValueError(f"projections: {error}, got {item!r}") from None
 
@@ -162,6 +174,18 @@ def _gemm_served(projection: Projection, tokens: int) -> bool:
     return gemm_sm90.refusal(*a, *b, bias, _meta((tokens, n), projection.dtype)) is None
 
 
+def _w8a16_served(projection: Projection, tokens: int) -> bool:
+    """Whether the SM90 W8A16 GEMM serves ``projection`` at ``tokens`` from contiguous
+    slices into a new output: its own refusal, asked about tensors shaped like the call's."""
+    from .kernels.gemm_sm90 import w8a16
+
+    n, k = projection.out_features, projection.in_features
+    slices = [_meta((tokens, width), projection.dtype) for width in projection.slices]
+    b = _meta((n, k), VALUE_DTYPE), _meta((scale_bytes(n, k),), SCALE_DTYPE)
+    bias = None if projection.bias_dtype is None else _meta((n,), projection.bias_dtype)
+    return w8a16.refusal(slices, *b, bias, _meta((tokens, n), projection.dtype)) is None
+
+
 def builds_for(
     projection: Projection,
     tokens: Iterable[int],
@@ -170,15 +194,27 @@ def builds_for(
     device_name: str,
 ) -> list[launcher.Build]:
     """The kernel builds ``projection`` launches at each token count on a GPU of compute
-    ``capability`` with ``sms`` SMs, named ``device_name`` (as CUDA reports it): its input slices' quantizer and, on Hopper, each GEMM
-    config the selection picks and the launch that runs before it. A call that a kernel
-    refuses (an input width that is not a multiple of 128, say) runs the reference and
-    needs no build."""
+    ``capability`` with ``sms`` SMs, named ``device_name`` (as CUDA reports it): its input
+    slices' quantizer (W8A8) and, on Hopper, each GEMM config the selection picks and the
+    launch that runs before it. A call that a kernel refuses (an input width that is not a
+    multiple of 128, FP16 slices of a W8A16 projection, say) runs the reference and needs no
+    build."""
     from .kernels.gemm_sm90 import host as gemm_sm90
+    from .kernels.gemm_sm90 import w8a16
     from .kernels.quantize import host as quantize_slice
 
-    builds: dict[launcher.Build, None] = {}
     tokens = list(tokens)
+    if projection.activation == "bf16":  # nothing is quantized: the GEMM alone
+        if kernels_of(capability).gemm != "cute":
+            return []
+        n, gpu = projection.out_features, (sms, device_name)
+        found = (
+            w8a16.builds(m, n, projection.slices, n, projection.dtype, projection.bias_dtype, gpu)
+            for m in tokens
+            if _w8a16_served(projection, m)
+        )
+        return list(dict.fromkeys(b for builds in found for b in builds))
+    builds: dict[launcher.Build, None] = {}
     arch = quantize_slice.arch_for(capability)
     if arch is not None and _quantizer_served(projection, max(tokens, default=1)):
         fp16 = projection.dtype == torch.float16
@@ -201,6 +237,7 @@ def warmup(
     max_tokens: int = 512,
     dtype: torch.dtype = torch.bfloat16,
     bias_dtype: torch.dtype | None = None,
+    activation: str = "mxfp8",
     device: torch.device | str | int | None = None,
     workers: int | None = None,
     progress: bool = True,
@@ -215,6 +252,8 @@ def warmup(
             :func:`capture_sizes` up to ``max_tokens``.
         dtype: the activations' dtype (BF16 or FP16), also the output's.
         bias_dtype: the bias dtype of the pairs (None: no bias); a model's layers say theirs.
+        activation: ``"mxfp8"`` (W8A8: the slices are quantized) or ``"bf16"`` (W8A16: the
+            GEMM reads them as they are) for the pairs; a model's layers say theirs.
         device: the CUDA device the kernels will run on (default: the current one).
         workers: parallel compiles, this process's included (default: the CPU count, at
             most 16; 1 compiles everything in this process).
@@ -235,7 +274,7 @@ def warmup(
     """
     start = time.perf_counter()
     workers = _workers(workers)
-    plan = _plan(projections, tokens, max_tokens, dtype, bias_dtype, device)
+    plan = _plan(projections, tokens, max_tokens, dtype, bias_dtype, activation, device)
     ready = [b for b in plan if launcher.loaded(b)]
     todo = [b for b in plan if not launcher.loaded(b)]
     directory = kernel_cache.cache_dir()
@@ -257,8 +296,11 @@ def warmup(
     )
 
 
-def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[launcher.Build]:
+def _plan(
+    projections, tokens, max_tokens, dtype, bias_dtype, activation, device
+) -> list[launcher.Build]:
     _check_dtypes(dtype, bias_dtype)
+    check_activation(activation)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
     tokens = capture_sizes(max_tokens) if tokens is None else list(tokens)
@@ -267,7 +309,7 @@ def _plan(projections, tokens, max_tokens, dtype, bias_dtype, device) -> list[la
     if isinstance(projections, nn.Module):
         items = projections_of(projections, dtype)
     elif isinstance(projections, Iterable):
-        items = [_projection(p, dtype, bias_dtype) for p in projections]
+        items = [_projection(p, dtype, bias_dtype, activation) for p in projections]
     else:
         raise TypeError(f"projections: expected a model or (out, in) pairs, got {projections!r}")
     device = _cuda_device(device)
@@ -318,7 +360,7 @@ def _workers(workers: int | None) -> int:
 def _cost(build: launcher.Build) -> int:
     """How long ``build`` takes to compile, roughly: tiled GEMMs (3-4 s on an H200's host)
     before swap-AB GEMMs (1-1.5 s) before the small launches."""
-    if build.kind != "gemm":
+    if build.kind not in ("gemm", "gemm w8a16"):
         return 0
     return 1 if build.facts[0].kernel == "swap-ab" else 2
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import logging
 import warnings
 
@@ -11,7 +10,15 @@ from torch import Tensor, nn
 
 from . import interop, ops
 from .api import _fail, _require, _require_tensor, pack_weight
-from .format import GROUP, SCALE_DTYPE, SOURCE_DTYPES, VALUE_DTYPE, MXFP8Weight, scale_bytes
+from .format import (
+    GROUP,
+    SCALE_DTYPE,
+    SOURCE_DTYPES,
+    VALUE_DTYPE,
+    MXFP8Weight,
+    check_activation,
+    scale_bytes,
+)
 
 log = logging.getLogger("mxfp8_fusion")
 
@@ -20,24 +27,6 @@ _PACKED = {"weight_values": VALUE_DTYPE, "weight_scales": SCALE_DTYPE}
 # What forward takes: the kernels' dtypes, and FP32 as torchao's MX layers take it (quantized
 # from FP32; no kernel here reads it, so it runs the plain-torch reference).
 _INPUT_DTYPES = (*SOURCE_DTYPES, torch.float32)
-ACTIVATIONS = ("mxfp8", "bf16")
-"""What a layer does with its input: ``"mxfp8"`` quantizes it (W8A8, the default);
-``"bf16"`` multiplies it as it is (W8A16: 16-bit activations, FP32 ones as FP32)."""
-
-
-def check_activation(activation) -> str:
-    """``activation`` when it is one of :data:`ACTIVATIONS`.
-
-    Raises:
-        TypeError: not a string. ValueError: another string (naming the close one).
-    """
-    if not isinstance(activation, str):
-        _fail(TypeError, "activation", "'mxfp8' or 'bf16'", type(activation).__name__)
-    if activation not in ACTIVATIONS:
-        close = difflib.get_close_matches(activation.lower(), ACTIVATIONS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        _fail(ValueError, "activation", "'mxfp8' (W8A8) or 'bf16' (W8A16)", f"{activation!r}{hint}")
-    return activation
 
 
 class MXFP8Linear(nn.Module):
@@ -419,4 +408,4 @@ def why_no_mxfp8(model: nn.Module) -> str | None:
     )
 
 
-__all__ = ["ACTIVATIONS", "MXFP8Linear", "convert"]
+__all__ = ["MXFP8Linear", "convert"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...format import CHUNK_BYTES, fail
+from ...format import ACTIVATIONS, CHUNK_BYTES, fail
 from .constants import TILE_K8, TILE_K16
 
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
@@ -23,9 +23,6 @@ SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
 SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
 SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
-ACTIVATIONS = ("mxfp8", "bf16")
-"""The A operand a config's kernel reads: MXFP8 tokens (W8A8) or BF16 ones read straight from
-their slices (W8A16, gemm_sm90.slices)."""
 
 
 @dataclass(frozen=True)

@@ -158,3 +158,23 @@ def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
     builds.append(qs.build_of(qs.config_of(True, 128, 1, "sm_90a")))
     kernel_warmup._compile_in_workers(builds, tmp_path, 2, Bar("test", 3, enabled=False))
     assert all(kernel_cache.stored(tmp_path, b) and launcher.loaded(b) for b in builds)
+
+
+def test_a_w8a16_projection_needs_gemm_builds_only():
+    projection = kernel_warmup._projection((4096, [4096] * 3), torch.bfloat16, None, "bf16")
+    builds = kernel_warmup.builds_for(projection, kernel_warmup.capture_sizes(), *H200)
+    assert builds and {b.kind for b in builds} == {"gemm w8a16"}
+    assert all(b.facts[2] == (4096,) * 3 for b in builds) and len(set(builds)) == len(builds)
+    # FP16 slices run the reference on sm_90; Blackwell has no W8A16 kernel
+    fp16 = kernel_warmup._projection((4096, [4096] * 3), torch.float16, None, "bf16")
+    assert kernel_warmup.builds_for(fp16, [1, 64], *H200) == []
+    assert kernel_warmup.builds_for(projection, [1], (10, 0), 148, "NVIDIA B200") == []
+
+
+def test_a_model_says_its_layers_activation():
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128, dtype=torch.bfloat16))
+    mf.convert(model, activation="bf16")
+    (projection,) = kernel_warmup.projections_of(model, torch.bfloat16)
+    assert projection.activation == "bf16" and projection.slices == (256,)
+    with pytest.raises(ValueError, match="^activation: .*did you mean 'bf16'"):
+        mf.warmup([(4096, 4096)], activation="bf61")
