@@ -21,8 +21,6 @@ from .api import (
     mm,
     mm_quantized,
     mm_quantized_into,
-    mm_slices,
-    mm_slices_into,
     pack_weight,
     quantize,
     quantize_input_slice,
@@ -34,6 +32,7 @@ from .kernels.runtime.cache import KernelCacheWarning
 from .kernels.runtime.cache import set_cache_dir as set_kernel_cache_dir
 from .nn import MXFP8Linear, convert
 from .stager import InputStager
+from .w8a16 import mm_slices, mm_slices_into
 
 __all__ = [
     "FusionOptions",

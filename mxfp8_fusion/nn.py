@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from . import interop, ops
-from .api import _fail, _require, _require_tensor, pack_weight
+from .api import pack_weight
+from .checks import require, require_tensor
 from .format import (
     GROUP,
     SCALE_DTYPE,
@@ -17,6 +18,7 @@ from .format import (
     VALUE_DTYPE,
     MXFP8Weight,
     check_activation,
+    fail,
     scale_bytes,
 )
 
@@ -95,7 +97,7 @@ class MXFP8Linear(nn.Module):
         """Quantize an ``nn.Linear`` with a BF16/FP16 weight (in_features a multiple of 32);
         a torchao MXFP8 weight is taken as it is (:mod:`mxfp8_fusion.interop`)."""
         if not isinstance(linear, nn.Linear):
-            _fail(TypeError, "linear", "an nn.Linear", type(linear).__name__)
+            fail(TypeError, "linear", "an nn.Linear", type(linear).__name__)
         activation = check_activation(activation)
         if interop.is_torchao_tensor(linear.weight):
             return cls(*interop.from_torchao(linear, activation), activation=activation)
@@ -117,7 +119,7 @@ class MXFP8Linear(nn.Module):
         return MXFP8Weight(self.weight_values, self.weight_scales)
 
     def forward(self, x: Tensor) -> Tensor:
-        _require_tensor(x, "x")
+        require_tensor(x, "x")
         # The any-autocast test first: it costs ~0.2 us where the per-device one costs ~1 us.
         if torch._C._is_any_autocast_enabled() and x.is_floating_point():
             device = x.device.type
@@ -165,15 +167,15 @@ class MXFP8Linear(nn.Module):
             if key not in state_dict:
                 continue  # nn.Module reports the missing key
             t, argument, shape = state_dict[key], f"state_dict[{key!r}]", self._buffers[name].shape
-            _require_tensor(t, argument)
-            _require(
+            require_tensor(t, argument)
+            require(
                 t.dtype in (dtype, torch.uint8),
                 TypeError,
                 argument,
                 f"dtype {dtype} or uint8 bytes",
                 t.dtype,
             )
-            _require(
+            require(
                 t.shape == shape,
                 ValueError,
                 argument,
@@ -194,8 +196,8 @@ class MXFP8Linear(nn.Module):
                 f"{' / '.join(map(repr, packed_keys))} (MXFP8 bytes) are given; keep one"
             )
         weight, argument = state_dict.pop(key), f"state_dict[{key!r}]"
-        _require_tensor(weight, argument)
-        _require(
+        require_tensor(weight, argument)
+        require(
             weight.dtype in SOURCE_DTYPES,
             TypeError,
             argument,
@@ -203,7 +205,7 @@ class MXFP8Linear(nn.Module):
             weight.dtype,
         )
         shape = (self.out_features, self.in_features)
-        _require(
+        require(
             tuple(weight.shape) == shape,
             ValueError,
             argument,
@@ -223,12 +225,12 @@ class MXFP8Linear(nn.Module):
 def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
     """The constructor's checks (for the weight, those :func:`pack_weight` makes of tensors
     that are already packed). Returns values and scales detached, the scales as e8m0."""
-    _require_tensor(values, "weight_values")
-    _require(
+    require_tensor(values, "weight_values")
+    require(
         values.dtype == VALUE_DTYPE, TypeError, "weight_values", "dtype float8_e4m3fn", values.dtype
     )
     shape = tuple(values.shape)
-    _require(
+    require(
         values.dim() == 2 and values.is_contiguous(),
         ValueError,
         "weight_values",
@@ -236,15 +238,15 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
         f"shape {shape}, stride {values.stride()}",
     )
     n, k = shape
-    _require(
+    require(
         n > 0 and k > 0 and k % GROUP == 0,
         ValueError,
         "weight_values",
         "[N > 0, K] with K a positive multiple of 32",
         f"shape {shape}",
     )
-    _require_tensor(scales, "weight_scales")
-    _require(
+    require_tensor(scales, "weight_scales")
+    require(
         scales.dtype in (SCALE_DTYPE, torch.uint8),
         TypeError,
         "weight_scales",
@@ -253,14 +255,14 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
     )
     size = scale_bytes(n, k)
     if scales.dim() != 1 or scales.numel() != size or not scales.is_contiguous():
-        _fail(
+        fail(
             ValueError,
             "weight_scales",
             f"the contiguous flat blocked buffer of {size} scales for values of shape {shape} "
             "(for row-major [N, K/32] checkpoint scales use MXFP8Linear.from_checkpoint)",
             f"shape {tuple(scales.shape)}",
         )
-    _require(
+    require(
         scales.device == values.device,
         ValueError,
         "weight_scales",
@@ -268,10 +270,10 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
         scales.device,
     )
     if bias is not None:
-        _require_tensor(bias, "bias")
-        _require(tuple(bias.shape) == (n,), ValueError, "bias", f"shape ({n},)", tuple(bias.shape))
-        _require(bias.is_floating_point(), TypeError, "bias", "a floating-point dtype", bias.dtype)
-        _require(
+        require_tensor(bias, "bias")
+        require(tuple(bias.shape) == (n,), ValueError, "bias", f"shape ({n},)", tuple(bias.shape))
+        require(bias.is_floating_point(), TypeError, "bias", "a floating-point dtype", bias.dtype)
+        require(
             bias.device == values.device,
             ValueError,
             "bias",
@@ -321,13 +323,13 @@ def convert(
     """
     activation = check_activation(activation)
     if not isinstance(model, nn.Module):
-        _fail(TypeError, "model", "an nn.Module", type(model).__name__)
+        fail(TypeError, "model", "an nn.Module", type(model).__name__)
     if isinstance(model, nn.Linear):
         raise TypeError(
             "model: expected a module containing nn.Linear layers, got a bare nn.Linear; use MXFP8Linear.from_linear"
         )
     if report is not None and not isinstance(report, dict):
-        _fail(TypeError, "report", "a dict or None", type(report).__name__)
+        fail(TypeError, "report", "a dict or None", type(report).__name__)
     converted: dict[nn.Linear, MXFP8Linear] = {}
     skipped: dict[str, str] = {}
     names = 0

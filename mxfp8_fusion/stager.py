@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from . import api
+from .checks import check_bias
 from .format import MXFP8Input, MXFP8Weight
 
 
@@ -71,7 +72,7 @@ class InputStager:
     ):
         self.weight, module_bias = _weight_and_bias(weight)
         self.bias = bias if bias is not None else module_bias
-        api._check_bias(self.bias, self.weight)
+        check_bias(self.bias, self.weight)
         self.storage: MXFP8Input = api.empty_input(
             capacity, self.weight.in_features, self.weight.device, dtype
         )
