@@ -1,8 +1,8 @@
 """Time to first result at every capture size, from a fresh process (CUDA only).
 
 For each projection (the reference 7168 <- 6 x 7168 and a drafter's 4096 <- 3 x 4096), the
-public API's staged call (``quantize_input_slices`` then ``mm_quantized``) at every default
-capture size (1, 2, 4, then 8 to ``--max-tokens`` in steps of 8), each size's first call
+public API's staged call (``quantize_input_slices`` then ``mm_quantized``; with
+``--activation bf16`` the W8A16 ``mm_slices`` from the slices) at every default capture size (1, 2, 4, then 8 to ``--max-tokens`` in steps of 8), each size's first call
 timed to its result, in four fresh processes:
 
 * ``cold``: an empty kernel cache, no warm-up: each new build compiles at its first call;
@@ -14,7 +14,7 @@ A process's clock starts once torch, CUDA and the inputs are ready (imports and 
 context are the same with or without this library). Every process's outputs are hashed:
 all four must agree. Writes benchmarks/results/startup.json.
 
-    python benchmarks/startup.py [--max-tokens 512] [--workers 16] [--out PATH]
+    python benchmarks/startup.py [--max-tokens 512] [--workers 16] [--activation bf16] [--out PATH]
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ SHAPES = {
 SCENARIOS = ("cold", "cold_warmup", "warm", "warm_warmup")
 
 
-def child(n: int, width: int, slices: int, warm_up: bool, max_tokens: int, workers: int) -> dict:
+def child(
+    n: int, width: int, slices: int, warm_up: bool, max_tokens: int, workers: int,
+    activation: str = "mxfp8",
+) -> dict:  # fmt: skip
     """One scenario in this (fresh) process: the ready time of each capture size."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     k = width * slices
@@ -57,13 +60,18 @@ def child(n: int, width: int, slices: int, warm_up: bool, max_tokens: int, worke
     start = time.perf_counter()
     report = None
     if warm_up:
-        report = mf.warmup([(n, [width] * slices)], sizes, workers=workers, progress=False)
+        report = mf.warmup(
+            [(n, [width] * slices)], sizes, workers=workers, progress=False, activation=activation
+        )
     warmed = time.perf_counter() - start
     ready, digest = [], hashlib.sha256()
     for t in sizes:
-        dest = mf.empty_input(t, k, "cuda")
-        mf.quantize_input_slices(inputs[t], dest)
-        out = mf.mm_quantized(dest, weight)
+        if activation == "bf16":
+            out = mf.mm_slices(inputs[t], weight)
+        else:
+            dest = mf.empty_input(t, k, "cuda")
+            mf.quantize_input_slices(inputs[t], dest)
+            out = mf.mm_quantized(dest, weight)
         torch.cuda.synchronize()
         ready.append(time.perf_counter() - start)
         digest.update(out.view(torch.int16).cpu().numpy().tobytes())
@@ -83,7 +91,7 @@ def _run_child(shape: str, scenario: str, cache: str, args, workers: int) -> dic
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import startup; "
         f"print('RESULT', json.dumps(startup.child({n}, {width}, {slices}, {warm_up}, "
-        f"{args.max_tokens}, {workers})))"
+        f"{args.max_tokens}, {workers}, {args.activation!r})))"
     )
     env = {**os.environ, "MXFP8_FUSION_CACHE_DIR": cache}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -117,15 +125,21 @@ def main() -> None:
     parser.add_argument(
         "--workers-sweep", default="", help="more cold warm-ups at these worker counts: 4,8"
     )
-    parser.add_argument("--out", default="benchmarks/results/startup.json")
+    parser.add_argument("--activation", choices=["mxfp8", "bf16"], default="mxfp8")
+    parser.add_argument("--out", default=None, help="default: results/startup.json (W8A8), "
+                        "results/startup_w8a16.json (--activation bf16)")  # fmt: skip
     args = parser.parse_args()
+    suffix = "_w8a16" if args.activation == "bf16" else ""
+    args.out = args.out or f"benchmarks/results/startup{suffix}.json"
     sweep = [int(w) for w in args.workers_sweep.split(",") if w]
     results = {shape: _scenarios(shape, args, sweep) for shape in SHAPES}
     write_receipt(
         args.out,
         {
             "what": "seconds from a ready fresh process to each capture size's first result "
-            "(staged quantize + GEMM through the public API), by kernel-cache scenario",
+            "(staged quantize + GEMM through the public API; W8A16: mm_slices), by "
+            "kernel-cache scenario",
+            "activation": args.activation,
             **environment(),
             "max_tokens": args.max_tokens,
             "workers": args.workers,

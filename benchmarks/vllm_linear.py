@@ -314,7 +314,7 @@ def first_calls(ops: Operands, x: torch.Tensor) -> tuple[dict, dict, bool]:
     return seconds, errors, bool(bitwise)
 
 
-def _replay_us(graph: torch.cuda.CUDAGraph, calls: int) -> float:
+def replay_us(graph: torch.cuda.CUDAGraph, calls: int) -> float:
     graph.replay()  # warm: clocks as in steady decoding
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(SPIN_CYCLES)  # the events bracket GPU work, not the host's enqueueing
@@ -337,7 +337,7 @@ def time_point(ops: Operands, x: torch.Tensor, calls: int, rounds: int) -> dict:
     names = list(CONTENDERS)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            samples[name].append(_replay_us(graphs[name], calls))
+            samples[name].append(replay_us(graphs[name], calls))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

@@ -1,0 +1,368 @@
+"""W8A16 from slices on sm_90: the concat-free MXFP8-weight projection against vLLM's kernel.
+
+Per shape (a projection of slices side by side) and token count, side by side in one
+process, interleaved per round, as CUDA Graph replays cycling over copies of the weight
+(beyond L2, so every call reads its weight from HBM):
+
+* ours: ``mxfp8_fusion.mm_slices_into`` straight from the slices (W8A16: no concatenation,
+  no activation quantization; kernels/gemm_sm90/w8a16.py);
+* humming: Humming as vLLM 0.34 calls it on SM90 (W8A16) on the concatenated input, the
+  kernel alone; humming_with_cat: the same with the ``torch.cat`` it needs, as vLLM runs it;
+* cublas_bf16: cuBLAS BF16 (``F.linear``) on the concatenation and the weight dequantized
+  once (twice the weight memory): the BF16 model's own GEMM.
+
+Checked at every point before timing: ours within the FP32-accumulation bound of an FP64
+oracle on the same operands, bitwise equal to our W8A16 on the concatenated input with the
+same config, and to its CUDA Graph replay; per shape, bitwise equal to the compiled model
+(``backend="mxfp8_fusion"``). Then the memory at the reference geometry (transient peak of
+one call: ours, W8A16 with the concatenation, W8A8 staged), and the targets (met or MISSED,
+each with its numbers). Start-up is ``benchmarks/startup.py --activation bf16``'s receipt,
+read here if present. Writes benchmarks/results/w8a16.json (after each shape).
+
+    python benchmarks/w8a16.py [--shapes ...] [--tokens ...] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from common import capture_graph, environment, transient_peak, write_receipt
+from vllm_linear import calls_per_graph, dequantize, replay_us, vllm_style_layer, weight_copies
+
+SHAPES = {  # name -> (N, slice widths)
+    "drafter_fc_3x4096_to_4096": (4096, (4096,) * 3),
+    "mtp_eh_proj_2x7168_to_7168": (7168, (7168,) * 2),
+    "reference_6x7168_to_7168": (7168, (7168,) * 6),
+    "moe_gate_up_7168_to_2048": (2048, (7168,)),
+    "mlp_up_4096_to_11008": (11008, (4096,)),
+    "dflash_fc_5x4096_to_4096": (4096, (4096,) * 5),  # the shape of our choice: 5 slices
+}
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+CONTENDERS = ("ours", "humming", "humming_with_cat", "cublas_bf16")
+HBM_BYTES_PER_S = 4e12  # the decode floor's bandwidth (measured copy rate: 4.07 TB/s)
+REFERENCE = ("reference_6x7168_to_7168", 4096)
+TARGETS = {
+    "every_point": "ours_us <= humming_us at every point",
+    "geomean": "geometric mean of ours_us / humming_us <= 0.90",
+    "decode_floor": "ours_us <= 1.35 x the weight-read floor at 1-8 tokens",
+    "memory": "transient peak at the reference geometry = the output alone",
+    "numerics": "within the FP32 bound of the FP64 oracle; bitwise equal eager / compiled / "
+    "graph replay and to our W8A16 on the concatenation with the same config",
+    "startup": "cold start with warm-up per projection shape <= 14 s (startup.json's W8A8)",
+}
+STARTUP_LIMIT_S = 14.0
+
+
+@dataclass
+class Row:
+    shape: str
+    tokens: int
+    n: int
+    k: int
+    slices: int
+    config: str
+    us: dict
+    """Median microseconds per call of each contender."""
+    floor_us: float
+    """MXFP8 weight bytes (values and scales) at HBM_BYTES_PER_S."""
+    ours_over_humming_time: float
+    ours_over_cublas_bf16_time: float
+    ours_over_floor: float
+    within_bound: bool
+    bitwise_concatenated: bool
+    bitwise_graph: bool
+    err_vs_oracle: float
+
+
+def floor_us(n: int, k: int) -> float:
+    """The weight-read floor: an N x K MXFP8 weight's bytes (values, scales) at the HBM rate."""
+    return (n * k + n * k // 32) / HBM_BYTES_PER_S * 1e6
+
+
+def make_row(shape, tokens, n, widths, config, us, checks) -> Row:
+    floor = floor_us(n, sum(widths))
+    return Row(
+        shape=shape, tokens=tokens, n=n, k=sum(widths), slices=len(widths), config=config,
+        us=us, floor_us=floor, ours_over_humming_time=us["ours"] / us["humming"],
+        ours_over_cublas_bf16_time=us["ours"] / us["cublas_bf16"],
+        ours_over_floor=us["ours"] / floor, **checks,
+    )  # fmt: skip
+
+
+def targets(rows: list[Row], memory: dict | None, compiled: dict, startup: dict | None) -> dict:
+    """Each target of :data:`TARGETS`: its state (``met``, ``MISSED``, or ``not measured``
+    with why) and the numbers that decide it."""
+    ratios = [r.ours_over_humming_time for r in rows]
+    slower = [
+        [r.shape, r.tokens, r.ours_over_humming_time] for r in rows if r.ours_over_humming_time > 1
+    ]
+    geomean = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None
+    decode = [[r.shape, r.tokens, r.ours_over_floor] for r in rows if r.tokens <= 8]
+    worst_floor = max((d[2] for d in decode), default=None)
+    failing = [
+        [r.shape, r.tokens]
+        for r in rows
+        if not (r.within_bound and r.bitwise_concatenated and r.bitwise_graph)
+    ]
+    found = {
+        "every_point": _state(bool(rows) and not slower, {"slower_points": slower}),
+        "geomean": _state(geomean is not None and geomean <= 0.90, {"geomean": geomean}),
+        "decode_floor": _state(
+            worst_floor is not None and worst_floor <= 1.35,
+            {"worst_over_floor": worst_floor, "points": decode},
+        ),
+        "numerics": _state(
+            bool(rows) and not failing and bool(compiled) and all(compiled.values()),
+            {"points_failing": failing, "compiled_bitwise": compiled},
+        ),
+        "memory": _state(memory["ours_peak_bytes"] <= memory["output_bytes"], memory)
+        if memory
+        else {"state": "not measured", "why": f"{REFERENCE[0]} at {REFERENCE[1]} was not run"},
+        "startup": _state(max(startup.values()) <= STARTUP_LIMIT_S, {"cold_warmup_s": startup})
+        if startup
+        else {"state": "not measured", "why": "no benchmarks/results/startup_w8a16.json"},
+    }
+    return {name: {"target": TARGETS[name], **found[name]} for name in TARGETS}
+
+
+def _state(met: bool, numbers: dict) -> dict:
+    return {"state": "met" if met else "MISSED", **numbers}
+
+
+def startup_seconds(path: Path) -> dict | None:
+    """Per projection shape, the cold start with warm-up (seconds to every capture size's
+    first result) in ``startup.py --activation bf16``'s receipt, if there is one."""
+    if not path.exists():
+        return None
+    results = json.loads(path.read_text())["results"]
+    return {shape: r["cold_warmup"]["total_s"] for shape, r in results.items()}
+
+
+# --- on the GPU -----------------------------------------------------------------------------
+
+
+class Operands:
+    """One shape's contenders over ``copies`` copies of one weight (the same bytes, each in
+    its own memory), as vLLM's loader leaves an MXFP8 layer."""
+
+    def __init__(self, n: int, k: int, copies: int):
+        from humming_contender import HummingLinear
+
+        import mxfp8_fusion as mf
+
+        self.packed, self.hummings, self.dense = [], [], []
+        for _ in range(copies):
+            layer = vllm_style_layer(n, k)  # seeded: every copy holds the same bytes
+            values, scales = layer.weight.data, layer.weight_scale.data
+            self.hummings.append(HummingLinear(values.clone(), scales.clone()))
+            self.dense.append(dequantize(values, scales))
+            self.packed.append(mf.pack_weight(values, scales))
+        self.w64 = self.dense[0].double()
+
+    def call(self, name: str, copy: int, slices: list, x: torch.Tensor, out: torch.Tensor):
+        """A no-argument callable running contender ``name`` on weight copy ``copy``."""
+        import mxfp8_fusion as mf
+
+        if name == "ours":
+            return lambda: mf.mm_slices_into(slices, self.packed[copy], out)
+        if name == "humming":
+            return lambda: self.hummings[copy](x)
+        if name == "humming_with_cat":
+            return lambda: self.hummings[copy](torch.cat(slices, -1))
+        return lambda: torch.nn.functional.linear(x, self.dense[copy])
+
+
+def check_point(ops: Operands, slices: list, x: torch.Tensor) -> tuple[dict, str]:
+    """Ours at one point (its first call compiles): within the bound of the FP64 oracle,
+    bitwise equal to the same config on the concatenation and to a graph replay."""
+    import mxfp8_fusion as mf
+    from mxfp8_fusion.kernels.gemm_sm90 import host, w8a16
+    from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
+
+    packed = ops.packed[0]
+    got = mf.mm_slices(slices, packed)
+    tokens, n = got.shape
+    cfg = choose_config(tokens, n, x.shape[1], *host.gpu_of(0), activation="bf16")
+    whole = torch.empty_like(got)
+    w8a16.run([x], packed.values, packed.raw_scales, None, whole, config=cfg)
+    replayed = torch.empty_like(got)
+    capture_graph([lambda: mf.mm_slices_into(slices, packed, replayed)]).replay()
+    torch.cuda.synchronize()
+    exact = x.double() @ ops.w64.T
+    bound = (
+        torch.finfo(got.dtype).eps * exact.abs()
+        + torch.finfo(got.dtype).tiny
+        + 2.0**-14 * (x.double().abs() @ ops.w64.abs().T)
+    )
+    checks = {
+        "within_bound": bool(((got.double() - exact).abs() <= bound).all()),
+        "bitwise_concatenated": torch.equal(got.view(torch.int16), whole.view(torch.int16)),
+        "bitwise_graph": torch.equal(got.view(torch.int16), replayed.view(torch.int16)),
+        "err_vs_oracle": ((got.double() - exact).abs().max() / exact.abs().max()).item(),
+    }
+    return checks, repr(cfg)
+
+
+def compiled_bitwise(ops: Operands, inputs: dict) -> bool:
+    """The compiled model (``backend="mxfp8_fusion"``: the pass reads the slices) gives the
+    eager bits at every token count, with one compile for them all (dynamic tokens)."""
+    import mxfp8_fusion as mf
+
+    packed = ops.packed[0]
+    layer = mf.MXFP8Linear(packed.values, packed.scales, activation="bf16")
+    compiled = torch.compile(
+        lambda *s: layer(torch.cat(s, -1)), backend="mxfp8_fusion", dynamic=True
+    )
+    same = True
+    for slices in inputs.values():
+        with torch.no_grad():
+            got = compiled(*slices)
+        same &= torch.equal(got.view(torch.int16), mf.mm_slices(slices, packed).view(torch.int16))
+    return bool(same)
+
+
+def memory_at(ops: Operands, slices: list) -> dict:
+    """Transient peak of one call (bytes above the start) at the reference geometry: ours,
+    W8A16 with the concatenation (Humming as vLLM runs it) and our W8A8 staged path."""
+    import mxfp8_fusion as mf
+
+    packed = ops.packed[0]
+    k = sum(s.shape[1] for s in slices)
+
+    def staged(*s):
+        dest = mf.empty_input(s[0].shape[0], k, s[0].device)
+        mf.quantize_input_slices(list(s), dest)
+        return mf.mm_quantized(dest, packed)
+
+    ours, out = transient_peak(lambda *s: mf.mm_slices(list(s), packed), slices)
+    with_cat, _ = transient_peak(lambda *s: ops.hummings[0](torch.cat(s, -1)), slices)
+    w8a8, _ = transient_peak(staged, slices)
+    return {
+        "tokens": slices[0].shape[0], "slices": len(slices), "output_bytes": out.numel() * 2,
+        "ours_peak_bytes": ours, "w8a16_with_cat_peak_bytes": with_cat,
+        "w8a8_staged_peak_bytes": w8a8,
+    }  # fmt: skip
+
+
+def time_point(ops: Operands, slices, x, out, calls: int, rounds: int) -> dict:
+    """Median microseconds per call of each contender: one graph each of ``calls`` calls
+    cycling over the weight copies, replayed interleaved, the order rotated per round."""
+    copies = len(ops.packed)
+    graphs = {
+        name: capture_graph([ops.call(name, i % copies, slices, x, out) for i in range(calls)])
+        for name in CONTENDERS
+    }
+    samples = {name: [] for name in CONTENDERS}
+    names = list(CONTENDERS)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(replay_us(graphs[name], calls))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def bench_shape(shape: str, tokens: list[int], rounds: int) -> tuple[list[Row], dict]:
+    """Rows for ``shape`` at ``tokens``, and the shape's facts for the receipt."""
+    n, widths = SHAPES[shape]
+    k = sum(widths)
+    copies = weight_copies(n, k)
+    ops = Operands(n, k, copies)
+    inputs = {}
+    for t in tokens:
+        gen = torch.Generator(device="cuda").manual_seed(t)
+        inputs[t] = [
+            torch.randn(t, w, device="cuda", generator=gen).to(torch.bfloat16) for w in widths
+        ]
+    checks = {t: check_point(ops, s, torch.cat(s, -1)) for t, s in inputs.items()}
+    info = {"n": n, "widths": list(widths), "weight_copies": copies}
+    info["compiled_bitwise"] = compiled_bitwise(ops, inputs)
+    if (shape, REFERENCE[1]) == REFERENCE and REFERENCE[1] in inputs:
+        info["memory"] = memory_at(ops, inputs[REFERENCE[1]])
+    rows = []
+    for t, slices in inputs.items():
+        x = torch.cat(slices, -1)
+        out = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
+        us = time_point(ops, slices, x, out, calls_per_graph(t, n, k, copies), rounds)
+        point, config = checks[t]
+        rows.append(make_row(shape, t, n, widths, config, us, point))
+        print_row(rows[-1])
+    return rows, info
+
+
+def print_row(r: Row) -> None:
+    print(
+        f"{r.shape:28} {r.tokens:6d} {r.us['ours']:9.2f} {r.us['humming']:10.2f} "
+        f"{r.us['cublas_bf16']:9.2f} {r.ours_over_humming_time:8.3f} {r.ours_over_floor:8.2f} "
+        f"{'ok' if r.within_bound and r.bitwise_concatenated and r.bitwise_graph else 'FAIL'}",
+        flush=True,
+    )
+
+
+def build_receipt(rows, shapes, machine, rounds, startup) -> dict:
+    """The receipt: the sides, the mode, the machine, every point and the targets."""
+    compiled = {
+        name: info["compiled_bitwise"]
+        for name, info in shapes.items()
+        if "compiled_bitwise" in info
+    }
+    memory = next((info["memory"] for info in shapes.values() if "memory" in info), None)
+    return {
+        "what": "W8A16 MXFP8-weight projection straight from BF16 slices (mxfp8_fusion.mm_slices_into) "
+        "against Humming as vLLM 0.34 calls it on SM90, and cuBLAS BF16",
+        "sides": {
+            "ours": "mm_slices_into(slices, weight, out): no concatenation, no quantization",
+            "humming": "humming_forward as vLLM 0.34 calls it (W8A16) on the concatenated input",
+            "humming_with_cat": "the same after torch.cat(slices, -1), as vLLM runs it",
+            "cublas_bf16": "F.linear on the concatenation and the weight dequantized to BF16",
+        },
+        "mode": f"CUDA Graph replay of calls_per_graph calls cycling over weight copies (beyond L2), "
+        f"CUDA events, median of {rounds} rounds, contenders interleaved, order rotated per round",
+        "ratio": "ours_over_humming_time = ours_us / humming_us (below 1: ours faster); "
+        "ours_over_floor = ours_us / the MXFP8 weight bytes at 4 TB/s",
+        "machine": machine,
+        "shapes": shapes,
+        "rows": [asdict(r) for r in rows],
+        "targets": targets(rows, memory, compiled, startup),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--startup", default="benchmarks/results/startup_w8a16.json")
+    parser.add_argument("--out", default="benchmarks/results/w8a16.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("w8a16.py measures on a CUDA device (sm_90); none is here")
+    machine = {**environment(), "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+    startup = startup_seconds(Path(args.startup))
+    rows, shapes = [], {name: {"error": "not reached"} for name in args.shapes}
+    for name in args.shapes:
+        start = time.perf_counter()
+        try:
+            shape_rows, shapes[name] = bench_shape(name, args.tokens, args.rounds)
+            rows += shape_rows
+        except Exception as exc:  # the receipt keeps the shapes measured before
+            shapes[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name}: FAILED {shapes[name]['error']}", file=sys.stderr, flush=True)
+        shapes[name]["wall_s"] = round(time.perf_counter() - start, 1)
+        torch.cuda.empty_cache()
+        write_receipt(args.out, build_receipt(rows, shapes, machine, args.rounds, startup))
+    for name, target in build_receipt(rows, shapes, machine, args.rounds, startup)[
+        "targets"
+    ].items():
+        print(f"{name:>13}: {target['state']}")
+    return 1 if any("error" in info for info in shapes.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
