@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from . import api
 from .collectives import all_reduce_sum, gather_last_dim
-from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE
+from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE, check_activation
 from .nn import MXFP8Linear
 from .sharding import (
     _detached,
@@ -40,6 +40,7 @@ from .sharding import (
     split_in_features,
     split_out_features,
 )
+from .w8a16 import mm_slices
 
 # --- modules ------------------------------------------------------------------------------
 
@@ -76,19 +77,27 @@ def _flat_slices(slices, in_features: int, argument: str = "slices") -> list[Ten
 
 
 def _staged_gemm(local: MXFP8Linear, parts: list[Tensor], width: int, lead_shape) -> Tensor:
-    """``local`` on the concatenation of ``parts`` (``width`` columns in all), each part
-    quantized straight into MXFP8 storage (one ``quantize_input_slices``); the output takes
-    ``lead_shape``'s leading dims."""
-    dest = api.empty_input(parts[0].shape[0], width, parts[0].device, parts[0].dtype)
-    api.quantize_input_slices(parts, dest)
-    y = api.mm_quantized(dest, local.weight, bias=local.bias)
+    """``local`` on the concatenation of ``parts`` (``width`` columns in all), never made:
+    each part quantized straight into MXFP8 storage (one ``quantize_input_slices``), or
+    for a W8A16 shard read as it is (``mm_slices``); the output takes ``lead_shape``'s
+    leading dims."""
+    if local.activation == "bf16":
+        y = mm_slices(parts, local.weight, local.bias)
+    else:
+        dest = api.empty_input(parts[0].shape[0], width, parts[0].device, parts[0].dtype)
+        api.quantize_input_slices(parts, dest)
+        y = api.mm_quantized(dest, local.weight, bias=local.bias)
     return y.view(*lead_shape[:-1], y.shape[-1])
 
 
-def _load_shard(weight, group, scales, bias, device, by_rows: bool) -> tuple[MXFP8Linear, int]:
-    """This rank's shard of a full weight as an MXFP8Linear, and the weight's K: its rows
-    (``by_rows``: column parallel, the bias's rows with them) or its columns (row parallel,
-    the whole bias on rank 0 only). Only that part of ``weight`` is read."""
+def _load_shard(
+    weight, group, scales, bias, device, by_rows: bool, activation: str
+) -> tuple[MXFP8Linear, int]:
+    """This rank's shard of a full weight as an MXFP8Linear with ``activation``, and the
+    weight's K: its rows (``by_rows``: column parallel, the bias's rows with them) or its
+    columns (row parallel, the whole bias on rank 0 only). Only that part of ``weight`` is
+    read."""
+    check_activation(activation)
     rank, world, _ = _group_facts(group)
     n, k = _matrix_shape(weight, "weight")
     if by_rows:
@@ -101,7 +110,7 @@ def _load_shard(weight, group, scales, bias, device, by_rows: bool) -> tuple[MXF
     load = load_column_shard if by_rows else load_row_shard
     packed = load(weight, part, scales, device)
     local_bias = None if bias is None else _on(_detached(bias), device)
-    return MXFP8Linear(packed.values, packed.scales, local_bias), k
+    return MXFP8Linear(packed.values, packed.scales, local_bias, activation), k
 
 
 class ColumnParallelMXFP8Linear(nn.Module):
@@ -150,14 +159,16 @@ class ColumnParallelMXFP8Linear(nn.Module):
         bias: Tensor | None = None,
         gather_output: bool = True,
         device: torch.device | str | None = None,
+        activation: str = "mxfp8",
     ) -> ColumnParallelMXFP8Linear:
         """This rank's shard of a full weight (see :func:`load_column_shard` for the forms
-        ``weight`` and ``scales`` take); only its rows are read. ``bias`` is the full bias.
+        ``weight`` and ``scales`` take); only its rows are read. ``bias`` is the full bias;
+        ``activation`` the shard's (:class:`~mxfp8_fusion.MXFP8Linear`).
 
         Raises:
-            TypeError, ValueError: on a bad group, weight or split.
+            TypeError, ValueError: on a bad group, weight, split or activation.
         """
-        local, _ = _load_shard(weight, group, scales, bias, device, by_rows=True)
+        local, _ = _load_shard(weight, group, scales, bias, device, True, activation)
         return cls(local, group, gather_output)
 
     def _finish(self, y: Tensor) -> Tensor:
@@ -246,15 +257,16 @@ class RowParallelMXFP8Linear(nn.Module):
         bias: Tensor | None = None,
         input_is_parallel: bool = False,
         device: torch.device | str | None = None,
+        activation: str = "mxfp8",
     ) -> RowParallelMXFP8Linear:
         """This rank's shard of a full weight (see :func:`load_row_shard` for the forms
         ``weight`` and ``scales`` take); only its columns are read. ``bias`` is the full bias,
-        kept by rank 0 only.
+        kept by rank 0 only; ``activation`` the shard's (:class:`~mxfp8_fusion.MXFP8Linear`).
 
         Raises:
-            TypeError, ValueError: on a bad group, weight or split.
+            TypeError, ValueError: on a bad group, weight, split or activation.
         """
-        local, k = _load_shard(weight, group, scales, bias, device, by_rows=False)
+        local, k = _load_shard(weight, group, scales, bias, device, False, activation)
         return cls(local, group, k, input_is_parallel)
 
     @property
@@ -386,9 +398,12 @@ def shard(
     plan: Mapping[str, str | ColumnParallel | RowParallel],
     state_dict: Mapping[str, object] | None = None,
     device: torch.device | str | None = None,
+    activation: str | None = None,
 ) -> nn.Module:
     """Replace the layers that ``plan`` names (in place) by this rank's tensor-parallel MXFP8
-    shard; returns ``model``.
+    shard; returns ``model``. A shard keeps its :class:`MXFP8Linear`'s ``activation``
+    (``nn.Linear`` layers become W8A8) unless ``activation`` (``"mxfp8"`` or ``"bf16"``) is
+    given for all of them.
 
     Args:
         model: holds the planned layers as ``nn.Linear`` (BF16/FP16) or :class:`MXFP8Linear`,
@@ -413,6 +428,8 @@ def shard(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if activation is not None:
+        check_activation(activation)
     _, world, _ = _group_facts(group)
     if not isinstance(plan, Mapping) or not plan:
         raise TypeError(
@@ -441,18 +458,19 @@ def shard(
                 split_in_features(k, world)
         except ValueError as error:
             raise ValueError(f"plan[{name!r}]: {error}") from None
-        jobs.append((name, style, weight, scales, bias))
+        own = module.activation if isinstance(module, MXFP8Linear) else "mxfp8"
+        jobs.append((name, style, weight, scales, bias, activation or own))
     target = _device(group, device)
-    for name, style, weight, scales, bias in jobs:
+    for name, style, weight, scales, bias, chosen in jobs:
         if isinstance(style, ColumnParallel):
             layer = ColumnParallelMXFP8Linear.from_weight(
                 weight, group, scales=scales, bias=bias, gather_output=style.gather_output,
-                device=target,
+                device=target, activation=chosen,
             )  # fmt: skip
         else:
             layer = RowParallelMXFP8Linear.from_weight(
                 weight, group, scales=scales, bias=bias,
-                input_is_parallel=style.input_is_parallel, device=target,
+                input_is_parallel=style.input_is_parallel, device=target, activation=chosen,
             )  # fmt: skip
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)

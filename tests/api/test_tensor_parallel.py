@@ -264,6 +264,27 @@ def test_world_of_one_is_the_plain_layer():
             )
 
 
+def test_w8a16_shards_keep_their_activation():
+    """A W8A16 layer sharded stays W8A16 (``shard`` keeps it, ``from_weight`` takes it), and a
+    world of one gives the plain W8A16 layer's bits, from the slices too."""
+    lin = full_linear()
+    single = MXFP8Linear.from_linear(lin, activation="bf16")
+    xs = [randn(5, w, seed=i) for i, w in enumerate(WIDTHS)]
+    x = torch.cat(xs, -1)
+    with fake_group(0, 1) as group:
+        for cls in (tp.ColumnParallelMXFP8Linear, tp.RowParallelMXFP8Linear):
+            layer = cls.from_weight(lin.weight.detach(), group, bias=lin.bias, activation="bf16")
+            assert layer.local.activation == "bf16"
+            assert torch.equal(layer(x), single(x))
+            assert torch.equal(layer.forward_slices(xs), single(x))
+        model = tp.shard(nn.Sequential(single), group, {"0": "column"})
+        assert model[0].local.activation == "bf16"
+        model = tp.shard(nn.Sequential(lin), group, {"0": "row"}, activation="bf16")
+        assert model[0].local.activation == "bf16"
+        with pytest.raises(ValueError, match="^activation: "):
+            tp.shard(nn.Sequential(full_linear()), group, {"0": "row"}, activation="w8a16")
+
+
 # --- validation (before anything is replaced) -------------------------------------------------
 
 
