@@ -1,5 +1,6 @@
 """The main job: a drafter-like projection over six concatenated hidden-state slices, run
-concatenated and staged, checked bitwise equal, with the transient memory each needs."""
+concatenated and staged, checked bitwise equal, with the transient memory each needs; and the
+same weight as W8A16 straight from the slices (no concatenation, no quantization)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import Tensor, nn
 from . import api
 from .format import VALUE_DTYPE, scale_bytes
 from .nn import MXFP8Linear
+from .w8a16 import mm_slices
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,11 @@ def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
     return api.mm_quantized_into(staged, weight, out, bias=fc.bias)
 
 
+def run_w8a16(model: Drafter, hidden: list[Tensor]) -> Tensor:
+    """W8A16 straight from the slices (``mm_slices``): nothing concatenated or quantized."""
+    return mm_slices(hidden, model.fc.weight, model.fc.bias)
+
+
 def transient_bytes(fn, *args) -> int | None:
     """Peak bytes allocated by ``fn(*args)`` above what was allocated before (CUDA only)."""
     device = args[-1][0].device
@@ -90,16 +97,17 @@ def transient_bytes(fn, *args) -> int | None:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def computed_bytes(cfg: DemoConfig, concatenated: bool) -> int:
+def computed_bytes(cfg: DemoConfig, concatenated: bool, quantized: bool = True) -> int:
     """Transient bytes from the shapes, where no allocator measures them (the CPU): the
-    BF16 concatenation (concatenated paths only), the MXFP8 values and scales, the output."""
+    BF16 concatenation (concatenated paths only), the MXFP8 values and scales (W8A8 paths
+    only), the output."""
     k = cfg.hidden * cfg.slices
     itemsize = torch.empty((), dtype=cfg.dtype).element_size()
     storage = cfg.tokens * k * torch.empty((), dtype=VALUE_DTYPE).element_size()
     storage += scale_bytes(cfg.tokens, k)
     out = cfg.tokens * cfg.hidden * itemsize
     cat = cfg.tokens * k * itemsize if concatenated else 0
-    return cat + storage + out
+    return cat + (storage if quantized else 0) + out
 
 
 def compile_drafter(model: Drafter, hidden: list[Tensor]) -> tuple[object, int, int]:
@@ -160,7 +168,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 _HOW = (
     "how: measured = the CUDA allocator's peak over the call; computed = from the shapes\n"
-    "(no allocator to measure on a CPU): BF16 concatenation + MXFP8 values and scales + output"
+    "(no allocator to measure on a CPU): BF16 concatenation + MXFP8 values and scales (W8A8)\n"
+    "+ output"
 )
 
 
@@ -191,22 +200,29 @@ def main(device: str | torch.device | None = None) -> int:
         compiled_out = compiled(*hidden)
         compiled_equal = torch.equal(concatenated.view(torch.int16), compiled_out.view(torch.int16))
         del compiled_out
+        w8a16 = run_w8a16(model, hidden)
+        # the same weight as a W8A16 layer on the concatenation
+        w8a16_cat = mm_slices([torch.cat(hidden, -1)], model.fc.weight, model.fc.bias)
+        w8a16_equal = torch.equal(w8a16.view(torch.int16), w8a16_cat.view(torch.int16))
+        del w8a16, w8a16_cat
         rows = [
-            ("concatenated eager (cat + one-shot mm)", run_concatenated, True),
-            ("staged eager (quantize_input_slice + mm_quantized_into)", run_staged, False),
+            ("concatenated eager (cat + one-shot mm)", run_concatenated, True, True),
+            ("staged eager (quantize_input_slice + mm_quantized_into)", run_staged, False, True),
             (
                 'compiled, backend="mxfp8_fusion"',
                 lambda m, h: compiled(*h),
                 rewritten == 0,
+                True,
             ),
+            ("W8A16 eager from the slices (mm_slices)", run_w8a16, False, False),
         ]
         print(f"{'path':<56} {'transient bytes':>16}  how")
-        for name, fn, is_cat in rows:
+        for name, fn, is_cat, quantized in rows:
             measured = transient_bytes(fn, model, hidden)
             value, how = (
                 (measured, "measured")
                 if measured is not None
-                else (computed_bytes(cfg, is_cat), "computed")
+                else (computed_bytes(cfg, is_cat, quantized), "computed")
             )
             print(f"{name:<56} {value:>16,}  {how}")
         print(_HOW)
@@ -216,4 +232,5 @@ def main(device: str | torch.device | None = None) -> int:
         f"{skipped} left unchanged"
     )
     print(f"compiled == concatenated, bitwise: {compiled_equal}")
-    return 0 if equal and compiled_equal and rewritten == 1 else 1
+    print(f"W8A16 from the slices == W8A16 on the concatenation, bitwise: {w8a16_equal}")
+    return 0 if equal and compiled_equal and w8a16_equal and rewritten == 1 else 1

@@ -22,7 +22,8 @@ def test_demo_runs_and_paths_are_bitwise_equal():
     assert "bitwise: True" in result.stdout
     # every row says how its bytes were found, and the table says what that means
     rows = [line for line in result.stdout.splitlines() if line.endswith(("measured", "computed"))]
-    assert len(rows) == 3 and "how: measured = the CUDA allocator's peak" in result.stdout
+    assert len(rows) == 4 and "how: measured = the CUDA allocator's peak" in result.stdout
+    assert "W8A16 from the slices == W8A16 on the concatenation, bitwise: True" in result.stdout
 
 
 @pytest.mark.slow
