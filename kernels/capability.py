@@ -4,6 +4,8 @@ kernel, its module). Imports nothing: the vLLM plugin's policy reads it without 
 
 * Slice quantizer: plain SIMT code, built for each row's ``target`` (the PTX test compiles
   every one on a CPU and checks it for arch-specific instructions).
+* W8A16 GEMM (16-bit activations read from their slices): ``"cute"``, the same kernels built
+  with BF16 A (``gemm_sm90.w8a16``); None: the reference.
 * GEMM: ``"cute"`` is the CuTe DSL kernel of ``gemm_sm90`` (wgmma: exactly sm_90, built for
   its row's target); ``"cublas"`` is cuBLAS's block-scaled MXFP8 GEMM through torch
   (``gemm_cublas``: the tensor cores of 10.x and 12.x take MXFP8 directly, so a capability
@@ -23,10 +25,13 @@ class ArchKernels(NamedTuple):
     is built for it."""
     gemm: str | None
     """``"cute"``, ``"cublas"`` or None (see the module docstring)."""
+    w8a16: str | None = None
+    """The W8A16 GEMM from 16-bit slices: ``"cute"`` (``gemm_sm90.w8a16``) or None (the
+    reference: the tensor cores of 10.x and 12.x take MXFP8 activations, W8A8)."""
 
 
 ARCHS: dict[tuple[int, int], ArchKernels] = {
-    (9, 0): ArchKernels("sm_90a", "cute"),  # H100 / H200
+    (9, 0): ArchKernels("sm_90a", "cute", "cute"),  # H100 / H200
     (10, 0): ArchKernels("sm_100a", "cublas"),  # B200 / GB200
     (10, 3): ArchKernels("sm_103a", "cublas"),  # B300 / GB300
     (12, 0): ArchKernels("sm_120a", "cublas"),  # RTX PRO 6000, RTX 50 series

@@ -97,6 +97,11 @@ def _gemm_kernel(cap: tuple[int, int]) -> str | None:
 
 
 @functools.cache
+def _w8a16_kernel(cap: tuple[int, int]) -> str | None:
+    return capability.kernels_of(cap).w8a16
+
+
+@functools.cache
 def _quantizer_arch(cap: tuple[int, int]) -> str | None:
     return _quantize_slice().arch_for(cap)
 
@@ -145,7 +150,7 @@ def mm_slices_into(slices, b_values, b_scales, bias, out) -> str | None:
     cap = _device_capability(device)
     if cap is None:
         return _no_device_kernel(device, cap)
-    if _gemm_kernel(cap) != "cute":
+    if _w8a16_kernel(cap) != "cute":
         # 10.x / 12.x take MXFP8 activations in their tensor cores: W8A8 through cuBLAS
         return f"GPU sm_{cap[0]}{cap[1]} has no W8A16 GEMM kernel here (sm_90: CuTe DSL)"
     if not cute_dsl_installed():

@@ -205,7 +205,7 @@ def builds_for(
 
     tokens = list(tokens)
     if projection.activation == "bf16":  # nothing is quantized: the GEMM alone
-        if kernels_of(capability).gemm != "cute":
+        if kernels_of(capability).w8a16 != "cute":
             return []
         n, gpu = projection.out_features, (sms, device_name)
         found = (

@@ -115,3 +115,11 @@ def test_fallback_reasons_name_what_is_missing(routed):
     assert dispatch.quantize_slice(source, values, scales, 0) == (
         "nvidia-cutlass-dsl is not installed"
     )
+
+
+def test_only_the_cute_arch_has_a_w8a16_kernel():
+    from mxfp8_fusion.kernels import capability
+
+    assert [cap for cap, row in capability.ARCHS.items() if row.w8a16] == [(9, 0)]
+    assert capability.kernels_of((10, 0)).w8a16 is None
+    assert capability.kernels_of((8, 9)).w8a16 is None
