@@ -32,6 +32,15 @@ def linear(k: int, n: int = 64, seed: int = 0, bias: bool = True) -> MXFP8Linear
     return MXFP8Linear.from_linear(lin)
 
 
+def w8a16(model: nn.Module, *names: str) -> nn.Module:
+    """``model`` with its MXFP8 linears (those ``names`` name, else all) made W8A16
+    (``activation="bf16"``), in place: the same weights, their input multiplied as it is."""
+    for name, module in model.named_modules():
+        if isinstance(module, MXFP8Linear) and (not names or name in names):
+            module.activation = "bf16"
+    return model
+
+
 def randn(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=gen) * 3).to(dtype)
@@ -68,11 +77,11 @@ def op_name(node: fx.Node) -> str:
 
 
 def op_counts(graph: fx.Graph) -> Counter:
-    """Call nodes per op, plus ``"staged slices"``: the sources of all slice quantizers."""
+    """Call nodes per op, plus ``"staged slices"``: the sources of all slice quantizers, and
+    ``"read slices"``: the sources of all W8A16 GEMMs from slices."""
     counts = Counter(op_name(n) for n in graph.nodes if n.op == "call_function")
-    counts["staged slices"] = sum(
-        len(n.args[0]) for n in graph.nodes if op_name(n) == "mxfp8.quantize_slices_"
-    )
+    for key, op in (("staged slices", "quantize_slices_"), ("read slices", "mm_slices")):
+        counts[key] = sum(len(n.args[0]) for n in graph.nodes if op_name(n) == f"mxfp8.{op}")
     return counts
 
 
