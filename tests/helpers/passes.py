@@ -17,6 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import mxfp8_fusion as mf
 from mxfp8_fusion.nn import MXFP8Linear
 from mxfp8_fusion.passes.fusion import ComposedPass, FusionOptions, FusionPass
+from mxfp8_fusion.passes.report import SiteReport
 
 NO_CACHE = {"fx_graph_cache": False, "force_disable_caches": True}
 
@@ -163,6 +164,17 @@ class Capture:
     @property
     def unchanged(self) -> bool:
         return all(b[0] == a[0] for b, a in zip(self.before, self.after, strict=True))
+
+
+def assert_left_unchanged(cap: Capture, reason: str) -> SiteReport:
+    """The graph's one site was left exactly as it was, for ``reason``: its report."""
+    assert cap.unchanged
+    assert cap.fusion.matches == 0 and cap.fusion.skipped == 1
+    (report,) = cap.fusion.reports
+    assert not report.rewritten
+    assert reason in report.reason
+    assert report.consumers == 1  # counted although the decision stopped early
+    return report
 
 
 # --- models -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from helpers.passes import (
     TwoStep,
     ViewSlices,
     assert_bitwise,
+    assert_left_unchanged,
     linear,
     randn,
 )
@@ -25,7 +26,6 @@ from torch import nn
 from torch._inductor.utils import run_and_get_code
 
 import mxfp8_fusion as mf
-from mxfp8_fusion.passes.report import SiteReport
 
 REWRITTEN_ABSENT = ("aten.cat", "mxfp8.quantize", "mxfp8.linear")
 
@@ -279,17 +279,6 @@ UNCHANGED = [
         id="mixed-dtypes",
     ),
 ]
-
-
-def assert_left_unchanged(cap: Capture, reason: str) -> SiteReport:
-    """The graph's one site was left exactly as it was, for ``reason``: its report."""
-    assert cap.unchanged
-    assert cap.fusion.matches == 0 and cap.fusion.skipped == 1
-    (report,) = cap.fusion.reports
-    assert not report.rewritten
-    assert reason in report.reason
-    assert report.consumers == 1  # counted although the decision stopped early
-    return report
 
 
 @pytest.mark.slow

@@ -17,12 +17,13 @@ from helpers.passes import (
     SharedCat,
     ViewSlices,
     assert_bitwise,
+    assert_left_unchanged,
     linear,
     randn,
     slices,
     w8a16,
 )
-from test_pass import ReturnsCat, assert_left_unchanged, compile_and_check
+from test_pass import ReturnsCat, compile_and_check
 from test_pass_column_range import RANGES, RangeLinear, TwoRanges, inputs
 from torch import nn
 from torch._inductor.utils import run_and_get_code
