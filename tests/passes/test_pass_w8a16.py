@@ -256,6 +256,24 @@ def test_max_slices_option_leaves_site_unchanged():
     assert cap.fusion.reports[0].reason == "3 slices exceed the pass option max_slices=2"
 
 
+def test_failed_rewrite_leaves_graph_unchanged(monkeypatch):
+    """An error while building the W8A16 GEMM (after the cat's W8A8 storage was built)
+    removes every node the rewrite added: the graph is as it was, the compile goes on."""
+    from mxfp8_fusion.passes import rewrite
+
+    real = rewrite._Builder.call
+
+    def broken(self, target, *args, **kwargs):
+        if target == torch.ops.mxfp8.mm_slices.default:
+            raise RuntimeError("boom")
+        return real(self, target, *args, **kwargs)
+
+    monkeypatch.setattr(rewrite._Builder, "call", broken)
+    cap = compile_and_check(w8a16(SharedCat(256), "b"), *slices())
+    assert cap.unchanged and cap.fusion.matches == 0
+    assert cap.fusion.reports[0].reason == "internal error while rewriting (RuntimeError: boom)"
+
+
 # --- what the pass reports ------------------------------------------------------------------
 
 
