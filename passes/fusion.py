@@ -167,8 +167,9 @@ class FusionPass(CustomGraphPass):
     every graph the instance has run on; ``reports`` lists each candidate site seen, with its
     outcome and how its GEMMs read the slices (``SiteReport.how``). Dynamo's
     ``counters["mxfp8_fusion"]`` sums ``sites_rewritten``, ``sites_skipped`` and, for
-    rewritten sites, ``w8a16_gemms_from_slices`` over the process. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger, and each site
-    left unchanged is a :class:`FusionSkippedWarning` (see ``FusionOptions.warn_skipped``).
+    rewritten sites, ``w8a16_gemms_from_slices`` over the process. Each decision is logged
+    at DEBUG on the ``mxfp8_fusion`` logger, and each site left unchanged is a
+    :class:`FusionSkippedWarning` (see ``FusionOptions.warn_skipped``).
     ``cached_graphs`` counts graphs whose reports were replayed from a cache hit
     (:meth:`replay`), which are in the other counters too.
 
