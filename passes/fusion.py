@@ -158,14 +158,18 @@ def as_options(options: Any, argument: str = "options") -> FusionOptions:
 
 
 class FusionPass(CustomGraphPass):
-    """Rewrite ``cat(slices, -1) -> MXFP8 quantize -> MXFP8 GEMM`` into staged quantization.
+    """Rewrite ``cat(slices, -1) -> MXFP8 quantize -> MXFP8 GEMM`` into staged quantization,
+    and ``cat(slices, -1) -> W8A16 MXFP8 linear`` into a GEMM that reads the slices.
 
     Put an instance in ``torch._inductor.config.post_grad_custom_post_pass`` (or use
     :func:`install`); the ``mxfp8_fusion`` backend does this for you. Counters: ``matches``
     (sites rewritten), ``skipped`` (candidate sites left unchanged) and ``graphs``, summed over
     every graph the instance has run on; ``reports`` lists each candidate site seen, with its
-    outcome. Each decision is logged at DEBUG on the ``mxfp8_fusion`` logger, and each site
-    left unchanged is a :class:`FusionSkippedWarning` (see ``FusionOptions.warn_skipped``).
+    outcome and how its GEMMs read the slices (``SiteReport.how``). Dynamo's
+    ``counters["mxfp8_fusion"]`` sums ``sites_rewritten``, ``sites_skipped`` and, for
+    rewritten sites, ``w8a16_gemms_from_slices`` over the process. Each decision is logged
+    at DEBUG on the ``mxfp8_fusion`` logger, and each site left unchanged is a
+    :class:`FusionSkippedWarning` (see ``FusionOptions.warn_skipped``).
     ``cached_graphs`` counts graphs whose reports were replayed from a cache hit
     (:meth:`replay`), which are in the other counters too.
 
@@ -190,8 +194,8 @@ class FusionPass(CustomGraphPass):
         self.graphs = 0
         """Graphs the pass has run on."""
         self.contents: list[tuple[int, int]] = []
-        """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes (for the
-        hints of a report without candidate sites)."""
+        """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes, W8A16 ones
+        too (for the hints of a report without candidate sites)."""
         self.cached_graphs = 0
 
     def __call__(self, graph: fx.Graph) -> None:
@@ -225,6 +229,8 @@ class FusionPass(CustomGraphPass):
         if report.rewritten:
             self.matches += 1
             counters["sites_rewritten"] += 1
+            if report.w8a16:
+                counters["w8a16_gemms_from_slices"] += report.w8a16
         else:
             self.skipped += 1
             counters["sites_skipped"] += 1
@@ -273,6 +279,7 @@ class FusionPass(CustomGraphPass):
             rewritten=False,
             reason=reason,
             internal=True,
+            w8a16=None,
         )
 
     def uuid(self) -> bytes:
@@ -285,7 +292,8 @@ class FusionPass(CustomGraphPass):
 
 
 def _mxfp8_nodes(graph: fx.Graph) -> int:
-    """MXFP8 quantize and one-shot linear nodes in ``graph`` (what a cat site would feed)."""
+    """The nodes of :data:`pattern.SINKS` in ``graph``: MXFP8 quantize and one-shot linear
+    nodes, W8A8 or W8A16 (what a cat site would feed)."""
     try:
         targets = pattern.sink_targets()
         return sum(1 for n in graph.nodes if n.op == "call_function" and n.target in targets)

@@ -1,22 +1,27 @@
-"""Find ``cat -> MXFP8 quantize -> MXFP8 GEMM`` sites in a post-grad FX graph and decide,
-with a reason a user can read, whether each one can be rewritten.
+"""Find ``cat -> MXFP8 quantize -> MXFP8 GEMM`` and ``cat -> W8A16 MXFP8 linear`` sites in a
+post-grad FX graph and decide, with a reason a user can read, whether each one can be
+rewritten.
 
-A *site* is an ``aten.cat`` whose result reaches an ``mxfp8.quantize`` or an
-``mxfp8.linear`` (directly or through views that flatten leading dims). A site qualifies
-when the staged program computes exactly what the original did and the BF16 concatenation
-is not needed by anything else:
+A *site* is an ``aten.cat`` whose result reaches one of :data:`SINKS`: an
+``mxfp8.quantize``, an ``mxfp8.linear`` or an ``mxfp8.linear_w8a16`` (directly or through
+views that flatten leading dims). A site qualifies when the rewritten program computes
+exactly what the original did and the BF16 concatenation is not needed by anything else:
 
 - the cat is along the last dim, of 2 or more dims;
 - every slice has the cat's dtype (BF16 or FP16), its rank and device, and a width known
   when compiling (static, or symbolic and free to be specialized: ``widths``) that is a
   positive multiple of 128 (so each slice owns whole scale chunks);
-- every use of the cat (through views to ``[rows, K]``) is an MXFP8 quantize or one-shot
-  linear, and the quantized values and scales are read only by MXFP8 GEMMs.
+- every use of the cat (through views to ``[rows, K]``) is a sink, and the quantized
+  values and scales are read only by MXFP8 GEMMs.
 
 A cat may also reach them through slices of its last dim, ``cat[..., start:end]`` (a
 row-parallel projection's input range, for one): each such range must start and end at
-multiples of 128, and only the slices or slice parts inside it are staged
+multiples of 128, and only the slices or slice parts inside it are read
 (:func:`analyze`: the whole cat is the range ``[0, K)``).
+
+W8A8 sinks read the columns quantized: the rewrite stages them into MXFP8 storage. A W8A16
+sink (``Sink.staged`` False) reads them as they are: the rewrite hands it the slices, with
+no storage. One site may feed both kinds; the same rules decide it.
 """
 
 from __future__ import annotations
@@ -39,18 +44,27 @@ VIEW_OPS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 @dataclass(frozen=True)
 class Sink:
     """An MXFP8 op that reads a concatenation (its first argument, and only there): what a
-    site feeds. A new op that the pass should stage plugs in here, in :data:`SINKS`."""
+    site feeds. A new op that the pass should rewrite plugs in here, in :data:`SINKS`, and
+    ``rewrite.py`` says what it becomes."""
 
     op: str
     """Its name in ``torch.ops.mxfp8``."""
     role: str
     """The list of :class:`Site` and :class:`ColumnRange` it is collected in."""
     is_gemm: bool
-    """True for a one-shot GEMM (rewritten to ``mxfp8.mm`` on the staged storage); False
-    for a quantize, whose values and scales must be read only by :data:`GEMM`."""
+    """True for a one-shot GEMM; False for a quantize, whose values and scales must be read
+    only by :data:`GEMM`."""
+    staged: bool = True
+    """True (W8A8): it reads the columns quantized to MXFP8, so the rewrite stages them into
+    storage (a GEMM becomes ``mxfp8.mm`` on it). False (W8A16): a GEMM that reads the 16-bit
+    columns as they are, rewritten to ``mxfp8.mm_slices`` on the slices: no storage."""
 
 
-SINKS = (Sink("quantize", "quantizes", False), Sink("linear", "linears", True))
+SINKS = (
+    Sink("quantize", "quantizes", False),
+    Sink("linear", "linears", True),
+    Sink("linear_w8a16", "w8a16", True, staged=False),
+)
 GEMM = "mm"
 """The op that reads quantized values (argument 0) and scales (argument 1)."""
 
@@ -80,7 +94,7 @@ def _sink(user: fx.Node, node: fx.Node) -> Sink | None:
 
 @dataclass
 class Site:
-    """One ``cat`` that reaches MXFP8 quantization, and what was decided about it."""
+    """One ``cat`` that reaches a sink, and what was decided about it."""
 
     cat: fx.Node
     slices: list[fx.Node]
@@ -88,9 +102,12 @@ class Site:
     dtype: torch.dtype | None
     quantizes: list[fx.Node] = field(default_factory=list)
     linears: list[fx.Node] = field(default_factory=list)
+    w8a16: list[fx.Node] = field(default_factory=list)
     views: list[fx.Node] = field(default_factory=list)
     gemms: int = 0
     """MXFP8 GEMMs that read the concatenation, counted whether or not the site qualifies."""
+    w8a16_gemms: int = 0
+    """How many of ``gemms`` are W8A16 (read the 16-bit columns, not quantized ones)."""
     reason: str | None = None
     """``None`` when the site qualifies, else why it was left unchanged."""
     ranges: list[ColumnRange] = field(default_factory=list)
@@ -169,22 +186,23 @@ def _through(node: fx.Node, ops) -> list[fx.Node]:
     return out
 
 
-def _count_gemms(cat: fx.Node) -> int:
-    """The GEMMs that read the cat: one-shot GEMM sinks, and ``mxfp8.mm`` reads of values
-    quantized from it, reached through views and column slices.
+def _count_gemms(cat: fx.Node) -> tuple[int, int]:
+    """The GEMMs that read the cat, and how many of them are W8A16: one-shot GEMM sinks, and
+    ``mxfp8.mm`` reads of values quantized from it, reached through views and column slices.
 
     Counted apart from the decision (which stops at the first reason to skip), so that a site
     left unchanged reports the GEMMs it feeds too.
     """
     mm = _targets()[1]
     gemms: set[fx.Node] = set()
+    w8a16: set[fx.Node] = set()
     for node in _through(cat, (*VIEW_OPS, aten.slice.Tensor)):
         for user in node.users:
             sink = _sink(user, node)
             if sink is None:
                 continue
             if sink.is_gemm:
-                gemms.add(user)
+                (gemms if sink.staged else w8a16).add(user)
                 continue
             for item in user.users:
                 if _is_call(item, operator.getitem) and item.args[1] == 0:
@@ -192,7 +210,7 @@ def _count_gemms(cat: fx.Node) -> int:
                         gemms.update(
                             r for r in values.users if _is_call(r, mm) and r.args[0] is values
                         )
-    return len(gemms)
+    return len(gemms) + len(w8a16), len(w8a16)
 
 
 def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
@@ -222,7 +240,7 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
         if required_dynamic(v.shape[-1]):
             return (
                 f"slice {i}'s width is marked dynamic (mark_dynamic or a dynamic Dim); the "
-                "staged storage is laid out for widths known when compiling"
+                "rewrite places each slice's columns by widths known when compiling"
             )
         if width <= 0 or width % STAGE_ALIGN:
             return f"slice {i} has width {width}, not a positive multiple of {STAGE_ALIGN}"
@@ -292,11 +310,17 @@ class ColumnRange:
     views: list[fx.Node] = field(default_factory=list)
     quantizes: list[fx.Node] = field(default_factory=list)
     linears: list[fx.Node] = field(default_factory=list)
+    w8a16: list[fx.Node] = field(default_factory=list)
     parts: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def width(self) -> int:
         return self.end - self.start
+
+    @property
+    def staged(self) -> bool:
+        """Whether a sink reads the range quantized (W8A8), so that it needs MXFP8 storage."""
+        return bool(self.quantizes or self.linears)
 
 
 _SLICE_DEFAULTS = {"dim": 0, "start": None, "end": None, "step": 1}
@@ -429,7 +453,7 @@ def analyze(cat: fx.Node, max_slices: int | None = None) -> Site | None:
     val = _val(cat)
     k = hint(val.shape[-1]) if val is not None and val.dim() else None
     site = Site(cat, slices, widths, val.dtype if val is not None else None, ranges=[])
-    site.gemms = _count_gemms(cat)
+    site.gemms, site.w8a16_gemms = _count_gemms(cat)
     if val is None:
         site.reason = "the concatenation has no tensor metadata"
         return site

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class SiteReport:
-    """One candidate site: a ``cat`` that reaches MXFP8 quantization.
+    """One candidate site: a ``cat`` that reaches an MXFP8 quantize or linear (W8A8 or W8A16).
 
     Attributes:
         graph: which compiled graph (1-based, in the order the pass saw them).
@@ -17,6 +17,9 @@ class SiteReport:
         dtype: the concatenation's dtype, as a string.
         consumers: how many MXFP8 GEMMs read the concatenation (``None`` when the site could
             not be analyzed).
+        w8a16: how many of ``consumers`` are W8A16 (16-bit activations, MXFP8 weight): once
+            rewritten, they read the slices as they are, with no storage; the others (W8A8)
+            read MXFP8 storage the slices are quantized into (``None`` when not analyzed).
         rewritten: whether the site was rewritten.
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
@@ -33,6 +36,7 @@ class SiteReport:
     reason: str | None = None
     source: str | None = None
     internal: bool = False
+    w8a16: int | None = 0
 
     @classmethod
     def from_site(cls, site, graph: int, reason: str | None) -> SiteReport:
@@ -46,6 +50,19 @@ class SiteReport:
             rewritten=reason is None,
             reason=reason,
             source=source,
+            w8a16=site.w8a16_gemms,
+        )
+
+    @property
+    def how(self) -> str:
+        """How the site's GEMMs read the slices once rewritten (whether or not it was)."""
+        if not self.w8a16:
+            return "staged quantization"
+        if self.w8a16 == self.consumers:
+            return "W8A16: the GEMM(s) read the slices, no storage"
+        return (
+            "staged quantization for the W8A8 GEMM(s); the W8A16 GEMM(s) read the slices, "
+            "no storage"
         )
 
     def __str__(self) -> str:
@@ -55,14 +72,21 @@ class SiteReport:
             if self.widths
             else "cat (not analyzed)"
         )
-        gemms = "?" if self.consumers is None else self.consumers
-        what = f"graph {self.graph}, {self.cat}: {shape} -> {gemms} MXFP8 GEMM(s): "
-        what += (
-            "rewritten (staged quantization)" if self.rewritten else f"not rewritten: {self.reason}"
-        )
+        what = f"graph {self.graph}, {self.cat}: {shape} -> {self._gemms()}: "
+        what += f"rewritten ({self.how})" if self.rewritten else f"not rewritten: {self.reason}"
         if self.source:
             what += f"\n    at: {self.source}"
         return what
+
+    def _gemms(self) -> str:
+        if self.consumers is None:
+            return "? MXFP8 GEMM(s)"
+        if not self.w8a16:
+            return f"{self.consumers} MXFP8 GEMM(s)"
+        if self.w8a16 == self.consumers:
+            return f"{self.consumers} W8A16 MXFP8 GEMM(s)"
+        w8a8 = self.consumers - self.w8a16
+        return f"{self.consumers} MXFP8 GEMM(s) ({w8a8} W8A8, {self.w8a16} W8A16)"
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Rewrite one qualifying :class:`~.pattern.Site` into staged MXFP8 quantization.
+"""Rewrite one qualifying :class:`~.pattern.Site`: staged MXFP8 quantization for its W8A8
+sinks, the slices themselves for its W8A16 ones.
 
 Before::
 
@@ -6,6 +7,7 @@ Before::
     x = view(cat, [M, K])                      # only when slices have leading dims
     values, scales = mxfp8.quantize(x)         # or y = mxfp8.linear(x, w, ws, bias)
     y = mxfp8.mm(values, scales, w, ws, bias, dtype)
+    z = mxfp8.linear_w8a16(x, w2, ws2, bias2)  # W8A16: x used as it is
 
 After::
 
@@ -13,12 +15,17 @@ After::
     scales = aten.empty([scale_bytes(M, K)], uint8)
     mxfp8.quantize_slices_([view(s0, [M, w0]), view(s1, [M, w1]), ...],
                            values, scales, [0, w0, ...])   # one launch for equal slices
-    y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every GEMM of the site
+    y = mxfp8.mm(values, scales, w, ws, bias, dtype)   # every W8A8 GEMM of the site
+    z = mxfp8.mm_slices([view(s0, [M, w0]), view(s1, [M, w1]), ...], w2, ws2, bias2)
+
+A site whose sinks are all W8A16 gets no storage at all: its GEMMs read the slices where
+they are.
 
 A column range of the concatenation (``y = mxfp8.linear(cat[:, a:b], ...)``, ``a`` and
 ``b`` multiples of 128) gets storage of ``b - a`` columns, and only the slices or slice parts
 inside the range are quantized into it (a part is a column view ``aten.slice(s, 1, c0, c1)``
-of its slice); the columns outside it are never read.
+of its slice); the columns outside it are never read. A W8A16 GEMM of the range gets the
+same parts.
 
 ``M`` stays symbolic: it is built from ``sym_size`` nodes of the first slice. Every new
 node gets ``meta["val"]`` from running its target on the fake values of its inputs, so the
@@ -34,7 +41,7 @@ from torch import fx
 from torch.fx.node import map_arg
 
 from ..format import ROW_BLOCK, VALUE_DTYPE, row_block_bytes, scale_bytes
-from .pattern import Site, describe
+from .pattern import ColumnRange, Site, describe
 
 aten = torch.ops.aten
 
@@ -96,9 +103,69 @@ def _fake_mode(site: Site):
     return site.cat.meta["val"].fake_mode
 
 
+class _Parts:
+    """What each column range reads of the slices: ``[rows, width]`` views, made once each
+    (a slice with leading dims is flattened by a reshape to ``rows``), and column views of
+    them for the parts of a slice."""
+
+    def __init__(self, build: _Builder, site: Site, rows):
+        self.build = build
+        self.site = site
+        self.rows = rows
+        self.flat: dict[int, fx.Node] = {}
+
+    def of(self, rng: ColumnRange) -> tuple[list[fx.Node], list[int]]:
+        """The range's sources in column order, and the column each starts at in it."""
+        sources, columns, column = [], [], 0
+        for i, first, width in rng.parts:
+            source = self.site.slices[i]
+            if source.meta["val"].dim() != 2:
+                if i not in self.flat:
+                    shape = [self.rows, self.site.widths[i]]
+                    self.flat[i] = self.build.call(aten.reshape.default, source, shape)
+                source = self.flat[i]
+            if width != self.site.widths[i]:  # a part of the slice: a strided column view
+                source = self.build.call(aten.slice.Tensor, source, 1, first, first + width)
+            sources.append(source)
+            columns.append(column)
+            column += width
+        return sources, columns
+
+
+def _stage(build: _Builder, parts: _Parts, rng: ColumnRange, device) -> tuple:
+    """MXFP8 storage for ``rng``, its parts quantized into it: ``(values, scales, sources)``."""
+    values = build.empty([parts.rows, rng.width], VALUE_DTYPE, device)
+    # raw scale bytes, as the eager API passes them: Inductor allocates a uint8 buffer in
+    # its own wrapper code, an e8m0 one through a slower aten fallback
+    scales = build.empty([build.scale_bytes(parts.rows, rng.width)], torch.uint8, device)
+    sources, columns = parts.of(rng)
+    build.call(torch.ops.mxfp8.quantize_slices_.default, sources, values, scales, columns)
+    return values, scales, sources
+
+
+def _gemms(graph: fx.Graph, build: _Builder, rng: ColumnRange, read: tuple) -> list:
+    """``(sink, replacement)`` for each GEMM sink of ``rng``: ``mxfp8.mm`` on the staged
+    storage (W8A8), ``mxfp8.mm_slices`` on the range's sources (W8A16)."""
+    mx = torch.ops.mxfp8
+    values, scales, sources = read
+    made = []
+    for linear in (*rng.linears, *rng.w8a16):
+        build.origin = linear
+        with graph.inserting_before(linear):
+            x, b_values, b_scales, bias = linear.args
+            if linear in rng.w8a16:
+                node = build.call(mx.mm_slices.default, sources, b_values, b_scales, bias)
+            else:
+                dtype = x.meta["val"].dtype
+                node = build.call(mx.mm.default, values, scales, b_values, b_scales, bias, dtype)
+            made.append((linear, node))
+    return made
+
+
 def rewrite(graph: fx.Graph, site: Site) -> None:
-    """Replace ``site`` in ``graph`` by staged quantization (``site.reason`` must be None):
-    one MXFP8 storage per column range, holding only the slices or slice parts inside it.
+    """Replace ``site`` in ``graph`` (``site.reason`` must be None): per column range, one
+    MXFP8 storage holding only the slices or slice parts inside it, for the range's W8A8
+    sinks (none when it has only W8A16 ones); its W8A16 GEMMs read those parts as they are.
 
     All new nodes are built (and their fake values computed) before anything is replaced;
     if that fails, they are removed again and the graph is exactly as it was. Replacing then
@@ -108,49 +175,28 @@ def rewrite(graph: fx.Graph, site: Site) -> None:
         RuntimeError: when ``site`` cannot be replaced as analyzed (the graph is unchanged).
     """
     _check_replaceable(site)
-    mx = torch.ops.mxfp8
     device = site.cat.meta["val"].device
     ranges = site.ranges
     build = _Builder(graph, _fake_mode(site), site.cat)
-    storage, gemms = [], []
+    reads, gemms = [], []
     try:
         with graph.inserting_before(site.cat):
-            rows = build.rows(site.slices[0])
-            flat: dict[int, fx.Node] = {}  # each slice's [rows, width] view, made once
+            rows = None  # a W8A16 site of 2-D slices needs no token count
+            if site.cat.meta["val"].dim() != 2 or any(rng.staged for rng in ranges):
+                rows = build.rows(site.slices[0])
+            parts = _Parts(build, site, rows)
             for rng in ranges:
-                values = build.empty([rows, rng.width], VALUE_DTYPE, device)
-                # raw scale bytes, as the eager API passes them: Inductor allocates a uint8
-                # buffer in its own wrapper code, an e8m0 one through a slower aten fallback
-                scales = build.empty([build.scale_bytes(rows, rng.width)], torch.uint8, device)
-                sources, columns, column = [], [], 0
-                for i, first, width in rng.parts:
-                    source = site.slices[i]
-                    if source.meta["val"].dim() != 2:
-                        if i not in flat:
-                            flat[i] = build.call(
-                                aten.reshape.default, source, [rows, site.widths[i]]
-                            )
-                        source = flat[i]
-                    if width != site.widths[i]:  # a part of the slice: a strided column view
-                        source = build.call(aten.slice.Tensor, source, 1, first, first + width)
-                    sources.append(source)
-                    columns.append(column)
-                    column += width
-                build.call(mx.quantize_slices_.default, sources, values, scales, columns)
-                storage.append((values, scales))
-        for rng, (values, scales) in zip(ranges, storage, strict=True):
-            for linear in rng.linears:
-                build.origin = linear
-                with graph.inserting_before(linear):
-                    x, b_values, b_scales, bias = linear.args
-                    dtype = x.meta["val"].dtype
-                    mm = build.call(mx.mm.default, values, scales, b_values, b_scales, bias, dtype)
-                    gemms.append((linear, mm))
+                if rng.staged:
+                    reads.append(_stage(build, parts, rng, device))
+                else:
+                    reads.append((None, None, parts.of(rng)[0]))
+        for rng, read in zip(ranges, reads, strict=True):
+            gemms += _gemms(graph, build, rng, read)
     except Exception:
         for node in reversed(build.created):
             graph.erase_node(node)
         raise
-    for rng, (values, scales) in zip(ranges, storage, strict=True):
+    for rng, (values, scales, _) in zip(ranges, reads, strict=True):
         for quantize in rng.quantizes:
             for item in list(quantize.users):
                 item.replace_all_uses_with(values if item.args[1] == 0 else scales)
@@ -172,7 +218,7 @@ def _check_replaceable(site: Site) -> None:
     analysis bug fails here, with the graph untouched, and not halfway through replacing.
     """
     ranges = site.ranges
-    replaced = {linear for rng in ranges for linear in rng.linears}
+    replaced = {linear for rng in ranges for linear in (*rng.linears, *rng.w8a16)}
     quantizes = [q for rng in ranges for q in rng.quantizes]
     for quantize in quantizes:
         for item in quantize.users:

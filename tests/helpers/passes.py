@@ -17,6 +17,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import mxfp8_fusion as mf
 from mxfp8_fusion.nn import MXFP8Linear
 from mxfp8_fusion.passes.fusion import ComposedPass, FusionOptions, FusionPass
+from mxfp8_fusion.passes.report import SiteReport
 
 NO_CACHE = {"fx_graph_cache": False, "force_disable_caches": True}
 
@@ -30,6 +31,15 @@ def linear(k: int, n: int = 64, seed: int = 0, bias: bool = True) -> MXFP8Linear
         if bias:
             lin.bias.copy_(torch.randn(n, generator=gen) * 0.1)
     return MXFP8Linear.from_linear(lin)
+
+
+def w8a16(model: nn.Module, *names: str) -> nn.Module:
+    """``model`` with its MXFP8 linears (those ``names`` name, else all) made W8A16
+    (``activation="bf16"``), in place: the same weights, their input multiplied as it is."""
+    for name, module in model.named_modules():
+        if isinstance(module, MXFP8Linear) and (not names or name in names):
+            module.activation = "bf16"
+    return model
 
 
 def randn(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
@@ -68,11 +78,11 @@ def op_name(node: fx.Node) -> str:
 
 
 def op_counts(graph: fx.Graph) -> Counter:
-    """Call nodes per op, plus ``"staged slices"``: the sources of all slice quantizers."""
+    """Call nodes per op, plus ``"staged slices"``: the sources of all slice quantizers, and
+    ``"read slices"``: the sources of all W8A16 GEMMs from slices."""
     counts = Counter(op_name(n) for n in graph.nodes if n.op == "call_function")
-    counts["staged slices"] = sum(
-        len(n.args[0]) for n in graph.nodes if op_name(n) == "mxfp8.quantize_slices_"
-    )
+    for key, op in (("staged slices", "quantize_slices_"), ("read slices", "mm_slices")):
+        counts[key] = sum(len(n.args[0]) for n in graph.nodes if op_name(n) == f"mxfp8.{op}")
     return counts
 
 
@@ -154,6 +164,17 @@ class Capture:
     @property
     def unchanged(self) -> bool:
         return all(b[0] == a[0] for b, a in zip(self.before, self.after, strict=True))
+
+
+def assert_left_unchanged(cap: Capture, reason: str) -> SiteReport:
+    """The graph's one site was left exactly as it was, for ``reason``: its report."""
+    assert cap.unchanged
+    assert cap.fusion.matches == 0 and cap.fusion.skipped == 1
+    (report,) = cap.fusion.reports
+    assert not report.rewritten
+    assert reason in report.reason
+    assert report.consumers == 1  # counted although the decision stopped early
+    return report
 
 
 # --- models -----------------------------------------------------------------------------

@@ -3,9 +3,10 @@ same class is rewritten too, and a site left unchanged reports its real reason."
 
 import pytest
 import torch
-from helpers.passes import NO_CACHE, Capture, CatLinear, assert_bitwise, randn
+from helpers.passes import NO_CACHE, Capture, CatLinear, assert_bitwise, randn, w8a16
 
 import mxfp8_fusion as mf
+from mxfp8_fusion.passes import report as report_module
 from mxfp8_fusion.passes.report import FusionSkippedWarning
 
 
@@ -64,11 +65,16 @@ def test_explain_gives_the_real_reason_after_widths_went_symbolic():
         assert report.sites[0].reason == "3 slices exceed the pass option max_slices=2"
 
 
-def test_a_width_marked_dynamic_is_left_unchanged_and_the_compile_succeeds():
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_a_width_marked_dynamic_is_left_unchanged_and_the_compile_succeeds(activation, monkeypatch):
     """``mark_dynamic`` on the slices' widths: specializing them would fail the whole compile
     (Dynamo's ConstraintViolationError at its guard check); the site is left unchanged with
-    the reason, and the compile goes on, as it does with plain Inductor."""
+    the reason, and the compile goes on, as it does with plain Inductor. W8A8 and W8A16
+    alike."""
+    monkeypatch.setattr(report_module, "_warned", set())  # it warns once per line and reason
     model, xs = CatLinear(2 * 128), _slices(128)[:2]
+    if activation == "bf16":
+        w8a16(model)
     for x in xs:
         torch._dynamo.mark_dynamic(x, 1)
     with torch.no_grad(), torch._inductor.config.patch(NO_CACHE):
