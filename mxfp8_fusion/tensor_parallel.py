@@ -392,6 +392,33 @@ def _check_dtype(weight, scales, name: str) -> None:
         raise TypeError(f"plan[{name!r}]: expected {what}, got {weight.dtype}")
 
 
+def _job(model, name, style, state_dict, world: int, activation: str | None) -> tuple:
+    """Plan entry ``name``'s checked ``(name, style, weight, scales, bias, activation)``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"plan: expected qualified layer names, got key {name!r}")
+    style = _style(style, name)
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"plan[{name!r}]: model has no submodule {name!r}") from None
+    if not isinstance(module, (nn.Linear, MXFP8Linear)):
+        raise TypeError(
+            f"plan[{name!r}]: expected an nn.Linear or MXFP8Linear, got {type(module).__name__}"
+        )
+    weight, scales, bias = _weights_of(name, module, state_dict)
+    _check_dtype(weight, scales, name)
+    n, k = _matrix_shape(weight, f"plan[{name!r}] weight")
+    try:
+        if isinstance(style, ColumnParallel):
+            split_out_features(n, world)
+        else:
+            split_in_features(k, world)
+    except ValueError as error:
+        raise ValueError(f"plan[{name!r}]: {error}") from None
+    own = module.activation if isinstance(module, MXFP8Linear) else "mxfp8"
+    return name, style, weight, scales, bias, activation or own
+
+
 def shard(
     model: nn.Module,
     group: dist.ProcessGroup,
@@ -435,31 +462,7 @@ def shard(
         raise TypeError(
             f"plan: expected a non-empty mapping of layer names to styles, got {plan!r:.60}"
         )
-    jobs = []
-    for name, style in plan.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"plan: expected qualified layer names, got key {name!r}")
-        style = _style(style, name)
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            raise ValueError(f"plan[{name!r}]: model has no submodule {name!r}") from None
-        if not isinstance(module, (nn.Linear, MXFP8Linear)):
-            raise TypeError(
-                f"plan[{name!r}]: expected an nn.Linear or MXFP8Linear, got {type(module).__name__}"
-            )
-        weight, scales, bias = _weights_of(name, module, state_dict)
-        _check_dtype(weight, scales, name)
-        n, k = _matrix_shape(weight, f"plan[{name!r}] weight")
-        try:
-            if isinstance(style, ColumnParallel):
-                split_out_features(n, world)
-            else:
-                split_in_features(k, world)
-        except ValueError as error:
-            raise ValueError(f"plan[{name!r}]: {error}") from None
-        own = module.activation if isinstance(module, MXFP8Linear) else "mxfp8"
-        jobs.append((name, style, weight, scales, bias, activation or own))
+    jobs = [_job(model, name, style, state_dict, world, activation) for name, style in plan.items()]
     target = _device(group, device)
     for name, style, weight, scales, bias, chosen in jobs:
         if isinstance(style, ColumnParallel):
