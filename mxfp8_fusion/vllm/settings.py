@@ -111,6 +111,9 @@ class Stats:
     """``cat -> MXFP8 linear`` sites the pass rewrote."""
     staged_steps: int = 0
     """Drafter ``fc`` inputs staged slice by slice (eager steps and graph buffer fills)."""
+    slice_steps: int = 0
+    """Of the eager steps, those whose W8A16 ``fc`` read the auxiliary hidden states where
+    they are (no MXFP8 copy)."""
     unstaged_concatenations: int = 0
     """Drafter concatenations left to vLLM (a drafter this plugin does not stage)."""
 

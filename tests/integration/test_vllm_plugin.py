@@ -137,19 +137,25 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_drafter_fc_staged_bitwise_without_concatenation(monkeypatch, device):
-    fc = _VllmFc(device)
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_drafter_fc_staged_bitwise_without_concatenation(monkeypatch, device, activation):
+    """vLLM's path (the concatenation, then ``fc``) and the staged one give the same bits.
+    A W8A16 ``fc`` reads the auxiliary hidden states where they are: no MXFP8 storage."""
+    fc = _VllmFc(device, activation=activation)
     runner = _Runner(_Drafter(fc), max_num_tokens=64)
     aux = [torch.randn(64, HIDDEN, device=device).to(torch.bfloat16) for _ in range(3)]
     expected = {t: runner.propose_draft_token_ids(t, None, None, None, None, aux) for t in (1, 37)}
     _patched(monkeypatch)
     counts = _count_cats(monkeypatch, 3 * HIDDEN)
-    before = settings.stats.staged_steps
+    before, slices_before = settings.stats.staged_steps, settings.stats.slice_steps
     for tokens in (37, 1, 37):
         got = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
         assert torch.equal(got.view(torch.int16), expected[tokens].view(torch.int16))
     assert settings.stats.staged_steps - before == 3
     assert counts["allocated"] == 0
+    step = getattr(runner.drafter.model, drafter._STEP)
+    assert (step.stager is None) == (activation == "bf16")
+    assert settings.stats.slice_steps - slices_before == (3 if activation == "bf16" else 0)
 
 
 def test_drafter_whose_fc_is_not_ours_is_unchanged(monkeypatch):
