@@ -76,8 +76,8 @@ ARCHS: dict[str, Arch] = {
     "sm_90": Arch("Humming (W8A16)", "bf16"),
 }
 OTHER_GPU = Arch("vLLM's own choice", "mxfp8")
-"""Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS), whose
-tensor cores take MXFP8 activations; ours does not serve there."""
+"""Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS). Ours
+does not serve there; its activation is the library's default, W8A8, for completeness."""
 
 
 SERVED = [capability_name(cap) for cap in with_gemm("cute")]
