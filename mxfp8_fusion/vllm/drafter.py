@@ -12,10 +12,13 @@ to the drafter's ``combine_hidden_states``, which applies ``fc``:
 
 When that ``fc`` is an MXFP8 linear this library packed, and the drafter is one whose
 ``combine_hidden_states`` the plugin wraps (Llama EAGLE-3, Qwen3 DFlash) and does nothing
-between the concatenation and ``fc`` but per-slice norms, the concatenation is staged
-(:mod:`.staging`): each slice is quantized into its columns and the GEMM writes ``fc``'s
-output into a buffer allocated once. Any other drafter, path or shape runs vLLM's code
-unchanged. The drafter's forward (what vLLM compiles and captures) is not touched.
+between the concatenation and ``fc`` but per-slice norms, the concatenation is never made
+(:mod:`.staging`): a W8A16 ``fc`` reads the auxiliary hidden states where they are; for a
+W8A8 one each slice is quantized into its columns of MXFP8 storage. Either way ``fc``'s
+output goes into a buffer allocated once. DFlash's full-graph buffer is replaced by MXFP8
+storage for a W8A8 ``fc`` only: a W8A16 ``fc`` reads vLLM's BF16 buffer as it is. Any other
+drafter, path or shape runs vLLM's code unchanged. The drafter's forward (what vLLM
+compiles and captures) is not touched.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def _step_for(owner, model, aux: list[Tensor]) -> staging.Step | None:
     if fc is None:
         return None
     step = getattr(model, _STEP, None)
-    if step is None or step.fc is not fc or step.stager.storage.dtype != aux[0].dtype:
+    if step is None or step.fc is not fc or step.dtype != aux[0].dtype:
         capacity = getattr(owner, "max_num_tokens", None)
         if not isinstance(capacity, int) or aux[0].dtype not in (torch.bfloat16, torch.float16):
             return None
@@ -109,7 +112,9 @@ def _wrap_propose(hook: hooks.Hook, model_of):
 
 
 def _stage_graph_buffer(speculator) -> None:
-    """Put MXFP8 storage in place of DFlash's BF16 graph buffer, once (see GraphStaging)."""
+    """Put MXFP8 storage in place of DFlash's BF16 graph buffer, once (see GraphStaging),
+    for a W8A8 ``fc``. A W8A16 ``fc`` reads the BF16 buffer itself: the captured graph
+    reads that address, and nothing would be saved by copying it."""
     buffer = speculator.__dict__.get(_GRAPH_BUFFER)
     if not isinstance(buffer, Tensor) or isinstance(buffer, staging.Staged):
         return
@@ -118,7 +123,9 @@ def _stage_graph_buffer(speculator) -> None:
         return  # a speculator whose buffer handling was not read (a subclass overrides it)
     model = _unwrapped(getattr(speculator, "model", None))
     fc = stageable_fc(model)
-    if fc is None or buffer.dim() != 2 or buffer.shape[1] != fc.weight.shape[1]:
+    if fc is None or linear.activation_of(fc) == "bf16":
+        return
+    if buffer.dim() != 2 or buffer.shape[1] != fc.weight.shape[1]:
         return
     if buffer.dtype not in (torch.bfloat16, torch.float16) or buffer.device != fc.weight.device:
         return

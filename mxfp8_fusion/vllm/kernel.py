@@ -6,9 +6,13 @@ Every MXFP8 linear method of vLLM (ModelOpt ``modelopt_mxfp8``, online
 this class first on CUDA and into the CPU list, where vLLM has no MXFP8 kernel and this
 library's plain-torch reference runs. On a GPU it serves only where :mod:`.policy` says so:
 by default where it measured at least as fast as vLLM's own choice. On sm_90 vLLM's choice
-is Humming, W8A16 (BF16 activations), which measured faster; there this class yields
-unless ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours``. ``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel``
-leaves the choice to vLLM everywhere.
+is Humming, W8A16 (BF16 activations); ours runs W8A16 there too but has not been measured
+against it, so this class yields unless ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours``.
+``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel`` leaves the choice to vLLM everywhere.
+
+What its calls do with the input, per :func:`.policy.decide`: W8A16 on sm_90
+(``mxfp8::linear_w8a16``), W8A8 on the CPU (``mxfp8::linear``), unless
+``MXFP8_FUSION_VLLM_ACTIVATION`` says otherwise.
 
 The work itself is in :mod:`.linear`, which does not import vLLM.
 """
@@ -28,12 +32,21 @@ from . import linear, policy, settings
 log = logging.getLogger("mxfp8_fusion.vllm")
 
 
+def _decision() -> policy.Decision:
+    """The policy's decision for this process's device, under the switches."""
+    if current_platform.is_cpu():
+        arch = "cpu"
+    else:
+        capability = current_platform.get_device_capability()
+        if capability is not None:
+            capability = (capability[0], capability[1])
+        arch = policy.arch_name(capability)
+    return policy.decide(arch, settings.gpu_kernel()[0], settings.activation()[0])
+
+
 def _cuda_reason() -> str | None:
     """Why this kernel does not serve this CUDA device (``None``: it does)."""
-    capability = current_platform.get_device_capability()
-    if capability is not None:
-        capability = (capability[0], capability[1])
-    decision = policy.decide(policy.arch_name(capability), settings.gpu_kernel()[0])
+    decision = _decision()
     if not decision.ours:
         return f"mxfp8_fusion yields on {decision.arch}: {decision.reason}"
     if importlib.util.find_spec("cutlass") is None:
@@ -42,8 +55,12 @@ def _cuda_reason() -> str | None:
 
 
 class Mxfp8FusionLinearKernel(vllm_linear.Mxfp8LinearKernel):
-    """MXFP8 W8A8 linear from mxfp8_fusion: E4M3 weights with E8M0 block-32 scales, the input
-    quantized per call (RCEIL), the MXFP8 GEMM (CuTe DSL on sm_90, the reference on CPU)."""
+    """MXFP8-weight linear from mxfp8_fusion: E4M3 weights with E8M0 block-32 scales, packed
+    once at load. W8A16 on sm_90 (vLLM's numerics there): the BF16 input as it is, times the
+    exact weight, FP32 accumulation (``mxfp8::linear_w8a16``). W8A8 on the CPU: the input
+    quantized per call (RCEIL), then the MXFP8 GEMM (``mxfp8::linear``). The CuTe DSL
+    kernels on sm_90, the plain-torch reference on the CPU; ``MXFP8_FUSION_VLLM_ACTIVATION``
+    chooses the other activation."""
 
     supports_pre_processed_weights = False  # the scales are rewritten in the blocked layout
 
@@ -67,8 +84,11 @@ class Mxfp8FusionLinearKernel(vllm_linear.Mxfp8LinearKernel):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         name = getattr(layer, "prefix", None) or type(layer).__name__
-        linear.process_weights(layer, name)
+        activation = _decision().activation
+        linear.process_weights(layer, name, activation)
         settings.stats.layers.append(name)
+        if activation == "bf16":
+            settings.stats.w8a16_layers.append(name)
 
     def apply_weights(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

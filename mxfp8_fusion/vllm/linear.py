@@ -4,8 +4,13 @@ vLLM's MXFP8 linear methods load a weight as E4M3 ``weight`` ``[N, K]`` and uint
 ``weight_scale`` ``[N, K/32]`` (row-major, not swizzled). :func:`process_weights` turns those
 parameters into this library's packed weight once, at load: the values keep their bytes and
 stay ``layer.weight``, the scales are rewritten in the 128x4 blocked layout as
-``layer.weight_scale``. :func:`apply_weights` then runs the one-shot ``mxfp8::linear`` op,
-the op the fusion pass matches, so a compiled ``cat -> linear`` of vLLM's layers is staged.
+``layer.weight_scale``, and the layer records what its calls do with their input (the
+activation, :data:`ACTIVATION_ATTRIBUTE`). :func:`apply_weights` then runs one op, the op
+the fusion pass matches, so that a compiled ``cat -> linear`` of vLLM's layers is staged:
+
+- W8A16 (``"bf16"``): ``mxfp8::linear_w8a16``, the input used as it is, times the weight's
+  exact E4M3 x E8M0 values, FP32 accumulation (vLLM's numerics on Hopper);
+- W8A8 (``"mxfp8"``): ``mxfp8::linear``, the input quantized with RCEIL, then the MXFP8 GEMM.
 
 The vLLM kernel class (:mod:`mxfp8_fusion.vllm.kernel`) only forwards to these functions,
 so they can be tested, and run on a GPU, where vLLM is not installed.
@@ -18,9 +23,12 @@ from torch import Tensor, nn
 
 from .. import api, ops
 from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, fail
+from ..nn import check_activation
 
 PACKED_ATTRIBUTE = "mxfp8_fusion_packed"
 """Set to ``True`` on a layer whose weight :func:`process_weights` packed."""
+ACTIVATION_ATTRIBUTE = "mxfp8_fusion_activation"
+"""Set on a packed layer: ``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8), what its calls run."""
 
 WEIGHT = "weight"
 WEIGHT_SCALE = "weight_scale"
@@ -59,24 +67,31 @@ def check_layout(weight, weight_scale, name: str = "layer") -> None:
         fail(ValueError, s, f"a tensor on {weight.device}", weight_scale.device)
 
 
-def process_weights(layer: nn.Module, name: str = "layer") -> MXFP8Weight:
-    """Pack ``layer.weight`` / ``layer.weight_scale`` (vLLM's layout) in place, once.
+def process_weights(
+    layer: nn.Module, name: str = "layer", activation: str = "mxfp8"
+) -> MXFP8Weight:
+    """Pack ``layer.weight`` / ``layer.weight_scale`` (vLLM's layout) in place, once, for
+    calls that run ``activation`` (``"mxfp8"``: W8A8, the default; ``"bf16"``: W8A16).
 
     ``layer.weight`` keeps its E4M3 bytes (made contiguous); ``layer.weight_scale`` becomes
-    the flat blocked uint8 buffer of :class:`~mxfp8_fusion.MXFP8Weight`. Calling it again on
-    a packed layer changes nothing. Returns the packed weight.
+    the flat blocked uint8 buffer of :class:`~mxfp8_fusion.MXFP8Weight` (the same packing
+    for either activation). Calling it again on a packed layer changes nothing, its
+    activation included. Returns the packed weight.
 
     Raises:
         TypeError, ValueError: naming ``<name>.weight`` or ``<name>.weight_scale`` when the
-        layout is not vLLM's MXFP8 layout (see :func:`check_layout`).
+        layout is not vLLM's MXFP8 layout (see :func:`check_layout`), or ``activation``
+        when it is not one of ``"mxfp8"`` and ``"bf16"``.
     """
     if getattr(layer, PACKED_ATTRIBUTE, False):
         return packed_weight(layer)
+    activation = check_activation(activation)
     weight, weight_scale = getattr(layer, WEIGHT, None), getattr(layer, WEIGHT_SCALE, None)
     check_layout(weight, weight_scale, name)
     packed = api.pack_weight(weight.data, weight_scale.data)
     _replace(layer, WEIGHT, packed.values)
     _replace(layer, WEIGHT_SCALE, packed.raw_scales)
+    setattr(layer, ACTIVATION_ATTRIBUTE, activation)
     setattr(layer, PACKED_ATTRIBUTE, True)
     return packed
 
@@ -102,11 +117,21 @@ def packed_weight(layer: nn.Module) -> MXFP8Weight:
     return MXFP8Weight(getattr(layer, WEIGHT), getattr(layer, WEIGHT_SCALE))
 
 
+def activation_of(layer: nn.Module) -> str | None:
+    """``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8) for a layer :func:`process_weights` packed;
+    ``None`` for any other layer."""
+    if not getattr(layer, PACKED_ATTRIBUTE, False):
+        return None
+    return getattr(layer, ACTIVATION_ATTRIBUTE)
+
+
 def apply_weights(layer: nn.Module, x: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ W.T (+ bias)`` for a packed layer, with ``x`` BF16/FP16 ``[..., K]``.
 
-    Runs ``mxfp8::linear`` (the input quantized to MXFP8 with RCEIL, then the MXFP8 GEMM):
-    under torch.compile the op is in the graph, where the fusion pass finds it.
+    Runs the layer's activation (:func:`process_weights`): ``mxfp8::linear_w8a16`` for
+    W8A16 (``x`` as it is, times the exact weight, FP32 accumulation), ``mxfp8::linear`` for
+    W8A8 (``x`` quantized to MXFP8 with RCEIL, then the MXFP8 GEMM). Under torch.compile the
+    op is in the graph, where the fusion pass finds it.
 
     Raises:
         TypeError, ValueError: on an input of the wrong dtype or width, or a bad bias.
@@ -120,12 +145,15 @@ def apply_weights(layer: nn.Module, x: Tensor, bias: Tensor | None = None) -> Te
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
     flat = x.reshape(-1, k)
-    y = ops.call(ops.linear, flat, values, scales, bias)
+    op = ops.linear_w8a16 if activation_of(layer) == "bf16" else ops.linear
+    y = ops.call(op, flat, values, scales, bias)
     return y.view(*x.shape[:-1], values.shape[0])
 
 
 __all__ = [
+    "ACTIVATION_ATTRIBUTE",
     "PACKED_ATTRIBUTE",
+    "activation_of",
     "apply_weights",
     "check_layout",
     "packed_weight",

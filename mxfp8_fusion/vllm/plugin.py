@@ -35,6 +35,7 @@ class Status:
     warnings: list[str] = field(default_factory=list)
     """Switch values that were not understood."""
     kernel_setting: str = "auto"
+    activation_setting: str = "auto"
     switched_off: str = ""
     """The ``MXFP8_FUSION_VLLM`` value that turned the whole plugin off."""
 
@@ -50,7 +51,7 @@ class Status:
         if self.off:
             text += "; off: " + "; ".join(f"{p} ({why})" for p, why in self.off.items())
         if "kernel" in self.parts:
-            text += f"; kernel: {policy.summary(self.kernel_setting)}"
+            text += f"; kernel: {policy.summary(self.kernel_setting, self.activation_setting)}"
         return text
 
 
@@ -75,12 +76,8 @@ def status(environ=None, version: str | None = None) -> tuple[Status, object | N
             f"{settings.DISABLE_VARIABLE} names unknown parts {', '.join(unknown)} (known: "
             f"{', '.join(settings.PARTS)}); ignored"
         )
-    state.kernel_setting, bad_kernel = settings.gpu_kernel(environ)
-    if bad_kernel is not None:
-        state.warnings.append(
-            f"{settings.KERNEL_VARIABLE}={bad_kernel!r} is none of "
-            f"{', '.join(settings.KERNEL_CHOICES)}: read as auto"
-        )
+    state.kernel_setting = _choice(state, environ, settings.KERNEL_VARIABLE)
+    state.activation_setting = _choice(state, environ, settings.ACTIVATION_VARIABLE)
     off = f"turned off by {settings.DISABLE_VARIABLE}"
     state.off = {p: off for p in settings.PARTS if p not in parts}
     from . import hooks
@@ -90,6 +87,15 @@ def status(environ=None, version: str | None = None) -> tuple[Status, object | N
     state.parts = tuple(p for p in parts if fit.fits(p))
     state.off.update(fit.problems)
     return state, fit
+
+
+def _choice(state: Status, environ, name: str) -> str:
+    """Switch ``name``'s value; a warning on ``state`` when it was none of the choices."""
+    value, bad = settings.choice(environ, name)
+    if bad is not None:
+        choices = settings.CHOICES[name]
+        state.warnings.append(f"{name}={bad!r} is none of {', '.join(choices)}: read as auto")
+    return value
 
 
 def _installers():
@@ -113,7 +119,8 @@ def register() -> None:
 
     Switches: ``MXFP8_FUSION_VLLM=0`` (the whole plugin off),
     ``MXFP8_FUSION_VLLM_DISABLE=kernel,pass,drafter`` (some parts off),
-    ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` (our kernel ahead of vLLM's on GPUs).
+    ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` (our kernel ahead of vLLM's on GPUs),
+    ``MXFP8_FUSION_VLLM_ACTIVATION=bf16|mxfp8`` (what our kernel does with the input).
     """
     global _reported
     state, fit = status()
@@ -151,7 +158,12 @@ def describe(environ=None) -> tuple[str, bool]:
     state, fit = status(environ)
     env = environ if environ is not None else os.environ
     lines = [state.line(), *(f"warning: {w}" for w in state.warnings)]
-    for name in (settings.ENABLE_VARIABLE, settings.DISABLE_VARIABLE, settings.KERNEL_VARIABLE):
+    for name in (
+        settings.ENABLE_VARIABLE,
+        settings.DISABLE_VARIABLE,
+        settings.KERNEL_VARIABLE,
+        settings.ACTIVATION_VARIABLE,
+    ):
         lines.append(f"  {name}={env.get(name, '')!r}" if name in env else f"  {name} unset")
     for part in settings.PARTS:
         if part in state.parts:
@@ -165,5 +177,6 @@ def describe(environ=None) -> tuple[str, bool]:
             lines.append(f"  {part}: off: {state.off.get(part, '')}")
     if "kernel" in state.parts:
         for arch in (*policy.ARCHS, "other GPUs"):
-            lines.append(f"  kernel on {arch}: {policy.decide(arch, state.kernel_setting).reason}")
+            decision = policy.decide(arch, state.kernel_setting, state.activation_setting)
+            lines.append(f"  kernel on {arch}: {decision.reason}")
     return "\n".join(lines), bool(state.parts)

@@ -1,12 +1,21 @@
-"""Which MXFP8 linear kernel serves vLLM's layers, per device: this library's or vLLM's own.
+"""Which MXFP8 linear kernel serves vLLM's layers, per device, and what ours does with the
+layer's input there.
 
-The rule: on a GPU arch, this library's kernel goes ahead of the one vLLM would choose only
-where it measured at least as fast at every layer shape and token count measured, side by
-side in one run (``benchmarks/vllm_linear.py``), and so keeps vLLM's speed; otherwise it
-yields, and vLLM's numerics stay too. ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` puts it ahead
-wherever it serves. On the CPU vLLM has no MXFP8 kernel, so this library's serves.
+Numerics: where vLLM has an MXFP8 kernel, this library's runs vLLM's numerics by default.
+On sm_90 vLLM's is Humming, W8A16 (BF16 activations, the weight's exact E4M3 x E8M0 values,
+FP32 accumulation), and so is ours there (``mxfp8::linear_w8a16``). On the CPU vLLM has
+none; ours runs W8A8 there (the input quantized to MXFP8 per call, ``mxfp8::linear``).
+``MXFP8_FUSION_VLLM_ACTIVATION`` chooses otherwise (:mod:`.settings`).
 
-Imports no vLLM (the capability table it reads imports nothing itself).
+Kernel: on a GPU arch, ours goes ahead of the one vLLM would choose only where, running the
+activation it would run there, it measured at least as fast at every layer shape and token
+count measured, side by side in one run (``benchmarks/vllm_linear.py``), and so keeps
+vLLM's speed; otherwise it yields, and vLLM's numerics stay. :data:`MEASURED` holds those
+measurements. ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours`` puts it ahead wherever it serves. On
+the CPU vLLM has no MXFP8 kernel, so this library's serves.
+
+Imports no vLLM (through the package it does import torch; the capability table it reads
+imports nothing itself).
 """
 
 from __future__ import annotations
@@ -16,6 +25,38 @@ from dataclasses import dataclass
 from ..kernels.capability import name as capability_name
 from ..kernels.capability import with_gemm
 
+NUMERICS = {"bf16": "W8A16", "mxfp8": "W8A8"}
+"""What each activation of our kernel is called: ``bf16`` uses the input as it is (W8A16),
+``mxfp8`` quantizes it per call (W8A8)."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Our kernel against vLLM's on one arch, running one activation."""
+
+    at_least_as_fast: bool
+    """At least as fast at every point measured, side by side in one run (False: slower
+    somewhere, or not measured)."""
+    found: str
+    """What was found, for the log line (where ours is at least as fast, it says so, against
+    which kernel)."""
+
+
+# The one place a receipt of benchmarks/vllm_linear.py changes (a new arch or activation
+# measured: its entry here); the decision, the log line and `python -m mxfp8_fusion vllm`
+# follow. Keyed by (arch, activation of ours); an absent key is not measured.
+MEASURED: dict[tuple[str, str], Measurement] = {
+    # receipt benchmarks/results/vllm_linear.json (H200, 2026-12-04); numbers in
+    # docs/serving.md. Ours W8A8 quantizes the input per call; Humming does not.
+    ("sm_90", "mxfp8"): Measurement(
+        False,
+        "faster than ours (W8A8) at 76 of 78 points measured on an H200 (6 shapes, 1-4096 tokens)",
+    ),
+    # Ours W8A16 (vLLM's numerics there) needs an H200 run beside Humming: until a receipt
+    # shows ours at least as fast at every point, Humming keeps serving.
+    ("sm_90", "bf16"): Measurement(False, "ours (W8A16) not measured against it yet"),
+}
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -23,26 +64,20 @@ class Arch:
 
     vllm_kernel: str
     """The kernel vLLM chooses there, and its numerics."""
-    ours_at_least_as_fast: bool
-    """Measured at least as fast as ``vllm_kernel`` at every point (False: not measured,
-    or slower somewhere)."""
-    measured: str
-    """What the measurement found, for the log line."""
+    activation: str
+    """What our kernel does with the input there by default (a key of :data:`NUMERICS`):
+    vLLM's numerics where vLLM has a kernel."""
 
 
 ARCHS: dict[str, Arch] = {
-    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", True, "the only MXFP8 kernel there"),
-    # Humming is W8A16 there (BF16 activations, exact E4M3 x E8M0 weights, FP32
-    # accumulation), closer to the BF16 model than our W8A8; measured side by side on an
-    # H200 (docs/serving.md has the numbers), it was faster nearly everywhere.
-    "sm_90": Arch(
-        "Humming (W8A16)",
-        False,
-        "faster than ours at 76 of 78 points measured on an H200 (6 shapes, 1-4096 tokens)",
-    ),
+    # vLLM has no MXFP8 kernel to match; W8A8 is what this library's layers do by default
+    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", "mxfp8"),
+    # Humming keeps MXFP8 activations only on SM120+: on sm_90 it is W8A16
+    "sm_90": Arch("Humming (W8A16)", "bf16"),
 }
-OTHER_GPU = Arch("vLLM's own choice", False, "not measured")
-"""Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS)."""
+OTHER_GPU = Arch("vLLM's own choice", "mxfp8")
+"""Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS). Ours
+does not serve there; its activation is the library's default, W8A8, for completeness."""
 
 
 SERVED = [capability_name(cap) for cap in with_gemm("cute")]
@@ -52,10 +87,13 @@ SERVED = [capability_name(cap) for cap in with_gemm("cute")]
 
 @dataclass(frozen=True)
 class Decision:
-    """Whether this library's kernel goes ahead of vLLM's on a device, and why."""
+    """Whether this library's kernel goes ahead of vLLM's on a device, what it runs when it
+    does, and why."""
 
     arch: str
     ours: bool
+    activation: str
+    """``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8): what our kernel runs there."""
     reason: str
 
 
@@ -68,29 +106,36 @@ def arch_name(capability) -> str:
     return capability_name(capability)
 
 
-def decide(arch: str, setting: str = "auto") -> Decision:
+def decide(arch: str, setting: str = "auto", activation: str = "auto") -> Decision:
     """The kernel decision on ``arch`` (``"cpu"``, ``"sm_90"``, ...) under ``setting``
-    (``MXFP8_FUSION_VLLM_GPU_KERNEL``: ``"auto"`` or ``"ours"``)."""
+    (``MXFP8_FUSION_VLLM_GPU_KERNEL``: ``"auto"`` or ``"ours"``) and ``activation``
+    (``MXFP8_FUSION_VLLM_ACTIVATION``: ``"auto"``, ``"bf16"`` or ``"mxfp8"``)."""
     info = ARCHS.get(arch, OTHER_GPU)
+    chosen = info.activation if activation == "auto" else activation
+    numerics = NUMERICS[chosen]
     if arch == "cpu":
-        return Decision(arch, True, "ours: vLLM has no MXFP8 kernel on the CPU")
+        return Decision(
+            arch, True, chosen, f"ours: vLLM has no MXFP8 kernel on the CPU ({numerics})"
+        )
     if arch not in SERVED:
         served = " and ".join(SERVED)
-        return Decision(arch, False, f"{info.vllm_kernel}: ours serves {served} and the CPU only")
+        reason = f"{info.vllm_kernel}: ours serves {served} and the CPU only"
+        return Decision(arch, False, chosen, reason)
     if setting == "ours":
-        return Decision(arch, True, "ours (W8A8): MXFP8_FUSION_VLLM_GPU_KERNEL=ours")
-    if info.ours_at_least_as_fast:
-        return Decision(arch, True, f"ours: at least as fast as {info.vllm_kernel}")
-    return Decision(
-        arch,
-        False,
-        f"{info.vllm_kernel}: {info.measured}; MXFP8_FUSION_VLLM_GPU_KERNEL=ours for ours (W8A8)",
+        return Decision(arch, True, chosen, f"ours ({numerics}): MXFP8_FUSION_VLLM_GPU_KERNEL=ours")
+    measured = MEASURED.get((arch, chosen), Measurement(False, f"ours ({numerics}) not measured"))
+    if measured.at_least_as_fast:
+        return Decision(arch, True, chosen, f"ours ({numerics}): {measured.found}")
+    reason = (
+        f"{info.vllm_kernel}: {measured.found}; MXFP8_FUSION_VLLM_GPU_KERNEL=ours for ours "
+        f"({numerics})"
     )
+    return Decision(arch, False, chosen, reason)
 
 
-def summary(setting: str = "auto") -> str:
+def summary(setting: str = "auto", activation: str = "auto") -> str:
     """The decision on every arch named in :data:`ARCHS` and elsewhere, in one phrase."""
-    parts = [f"{arch} {decide(arch, setting).reason}" for arch in ARCHS]
-    other = decide("other", setting)
+    parts = [f"{arch} {decide(arch, setting, activation).reason}" for arch in ARCHS]
+    other = decide("other", setting, activation)
     parts.append(f"other GPUs {other.reason}")
     return "; ".join(parts)

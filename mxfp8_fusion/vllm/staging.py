@@ -4,16 +4,19 @@ Two ways vLLM feeds ``fc`` (read from vLLM 0.32-0.34):
 
 - **Eagerly**: a runner or speculator calls ``combine_hidden_states(torch.cat(slices, -1))``.
   The auxiliary hidden states are handed to it as :class:`Staged` views bound to a
-  :class:`Step`; their ``torch.cat`` quantizes each slice into its columns of an
-  :class:`~mxfp8_fusion.InputStager`, runs the GEMM into a buffer allocated once, and
-  returns a stand-in of the concatenation's shape (one element, broadcast) that
-  ``combine_hidden_states`` recognizes (:func:`combined`).
+  :class:`Step`; their ``torch.cat`` runs ``fc`` into a buffer allocated once and returns a
+  stand-in of the concatenation's shape (one element, broadcast) that
+  ``combine_hidden_states`` recognizes (:func:`combined`). A W8A16 ``fc`` reads the slices
+  where they are (``mm_slices_into``); a W8A8 one has each slice quantized into its
+  columns of an :class:`~mxfp8_fusion.InputStager`, then runs the MXFP8 GEMM.
 - **In a captured graph** (DFlash's full decode graphs, vLLM 0.33+): eager code writes the
   concatenation into a fixed buffer (``torch.cat(..., out=buffer[:n])``) and the graph
-  applies ``fc`` to ``buffer[:m]``. :class:`GraphStaging` replaces that buffer by a stand-in
-  over MXFP8 storage of the same rows: the ``cat`` quantizes into the storage, and the
-  graph's ``combine_hidden_states`` runs the GEMM from it. Both are free of allocation and
-  host syncs after construction, so they capture and replay.
+  applies ``fc`` to ``buffer[:m]``. For a W8A8 ``fc``, :class:`GraphStaging` replaces that
+  buffer by a stand-in over MXFP8 storage of the same rows: the ``cat`` quantizes into the
+  storage, and the graph's ``combine_hidden_states`` runs the GEMM from it. (A W8A16
+  ``fc`` keeps vLLM's BF16 buffer, which it reads as it is: the graph reads that address.)
+  Both are free of allocation and host syncs after construction, so they capture and
+  replay.
 
 Any other operation on a stand-in is an error naming the switch that turns staging off:
 a stand-in has no data a reader could use.
@@ -27,6 +30,7 @@ from torch import Tensor, nn
 from .. import api
 from ..format import STAGE_ALIGN
 from ..stager import InputStager
+from ..w8a16 import mm_slices_into
 from . import linear, settings
 
 # torch.cat's builtin, not the module attribute: code that wraps torch.cat (a profiler, a
@@ -41,29 +45,38 @@ def _norms(model: nn.Module):
 
 
 class Step:
-    """The eager stager of one drafter's ``fc``, for up to ``capacity`` tokens."""
+    """The eager step of one drafter's ``fc``, for up to ``capacity`` tokens: straight from
+    the slices for a W8A16 ``fc``; through an :class:`~mxfp8_fusion.InputStager` (MXFP8
+    storage allocated once) for a W8A8 one."""
 
     def __init__(self, model: nn.Module, fc: nn.Module, capacity: int, dtype: torch.dtype):
         self.model = model
         self.fc = fc
         self.norms = _norms(model)
-        self.stager = InputStager(
-            linear.packed_weight(fc), capacity, bias=getattr(fc, "bias", None), dtype=dtype
-        )
+        self.weight = linear.packed_weight(fc)
+        self.bias = getattr(fc, "bias", None)
+        self.capacity, self.dtype = capacity, dtype
+        self.stager = None
+        if linear.activation_of(fc) != "bf16":  # W8A8: its input is quantized first
+            self.stager = InputStager(self.weight, capacity, bias=self.bias, dtype=dtype)
         device = fc.weight.device
-        self.out = torch.empty(capacity, self.stager.out_features, dtype=dtype, device=device)
+        self.out = torch.empty(capacity, self.weight.out_features, dtype=dtype, device=device)
 
     def matches(self, tensors, dim) -> bool:
         """Whether ``torch.cat(tensors, dim)`` is the concatenation ``fc`` reads."""
-        return _fits(tensors, dim, self.stager.in_features, self.stager.capacity, self.out)
+        return _fits(tensors, dim, self.weight.in_features, self.capacity, self.out)
 
     def concatenate(self, tensors) -> Tensor:
-        """Stage ``tensors`` into ``fc``'s input, run ``fc``, and return the stand-in."""
+        """Run ``fc`` on ``cat(tensors, -1)`` without making it, and return the stand-in."""
         if self.norms is not None:
             tensors = [norm(t) for norm, t in zip(self.norms, tensors, strict=True)]
-        self.stager.append(*tensors)
-        projected = self.stager.finish(self.out)
-        tokens, width = tensors[0].shape[0], self.stager.in_features
+        if self.stager is None:
+            projected = mm_slices_into(tensors, self.weight, self.out, self.bias)
+            settings.stats.slice_steps += 1
+        else:
+            self.stager.append(*tensors)
+            projected = self.stager.finish(self.out)
+        tokens, width = tensors[0].shape[0], self.weight.in_features
         stand_in = self.out.new_empty((1, 1)).expand(tokens, width)
         setattr(self.model, _PENDING, (stand_in, projected))
         settings.stats.staged_steps += 1

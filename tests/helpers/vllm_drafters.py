@@ -1,6 +1,7 @@
 """Stand-ins for vLLM's drafter pieces, for the plugin's drafter tests without vLLM.
 
-- :class:`PackedFc`: a ``ReplicatedLinear`` whose MXFP8 weight the plugin's kernel packed.
+- :class:`PackedFc`: a ``ReplicatedLinear`` whose MXFP8 weight the plugin's kernel packed
+  (W8A8 or W8A16).
 - :func:`drafter_class`: a drafter model class whose ``combine_hidden_states`` is given
   (vLLM's own, loaded from a release's sources, or a reduced copy), wrapped by the plugin
   as ``hooks.wrap`` does.
@@ -23,9 +24,10 @@ LAYERS = 3
 
 
 class PackedFc(nn.Module):
-    """vLLM's ``fc`` (``ReplicatedLinear``) after our kernel's ``process_weights``."""
+    """vLLM's ``fc`` (``ReplicatedLinear``) after our kernel's ``process_weights`` for
+    ``activation`` (``"mxfp8"``: W8A8, ``"bf16"``: W8A16)."""
 
-    def __init__(self, device, hidden=HIDDEN, layers=LAYERS, bias=False):
+    def __init__(self, device, hidden=HIDDEN, layers=LAYERS, bias=False, activation="mxfp8"):
         super().__init__()
         gen = torch.Generator().manual_seed(3)
         w = (torch.randn(hidden, layers * hidden, generator=gen) * 0.05).to(torch.bfloat16)
@@ -38,7 +40,7 @@ class PackedFc(nn.Module):
         self.params_dtype = torch.bfloat16
         self.return_bias = False
         self.skip_bias_add = False
-        linear.process_weights(self, "model.fc")
+        linear.process_weights(self, "model.fc", activation)
 
     def forward(self, x):
         return linear.apply_weights(self, x, self.bias)
@@ -78,8 +80,10 @@ def reduced_combine(self, hidden_states):
 
 
 def count_concatenations(monkeypatch, width: int) -> dict:
-    """Count the ``[tokens, width]`` tensors ``torch.cat`` returns with storage of their
-    own (what the staging must never make)."""
+    """Count the BF16 / FP16 ``[tokens, width]`` tensors ``torch.cat`` returns with storage
+    of their own (what the staging must never make). FP32 ones are not counted: the W8A16
+    plain-torch reference gathers its FP32 working chunks (at most 1024 columns) with
+    ``torch.cat``, as the W8A8 one dequantizes its chunks to FP32."""
     counts = {"allocated": 0}
     original = torch.cat
 
@@ -87,6 +91,7 @@ def count_concatenations(monkeypatch, width: int) -> dict:
         out = original(*args, **kwargs)
         if (
             "out" not in kwargs
+            and out.dtype in (torch.bfloat16, torch.float16)
             and out.dim() == 2
             and out.shape[1] == width
             and out.untyped_storage().nbytes() >= out.numel() * 2

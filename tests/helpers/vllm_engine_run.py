@@ -18,13 +18,19 @@ import torch
 
 
 def _count_concatenations(width: int):
-    """Wrap ``torch.cat``: count results ``[tokens, width]`` whose memory holds them all."""
+    """Wrap ``torch.cat``: count BF16 / FP16 results ``[tokens, width]`` whose memory holds
+    them all (FP32 ones are the W8A16 reference's working chunks, not vLLM's concatenation)."""
     counts = {"allocated": 0}
     original = torch.cat
 
     def cat(*args, **kwargs):
         out = original(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] == width:
+        if (
+            isinstance(out, torch.Tensor)
+            and out.dtype in (torch.bfloat16, torch.float16)
+            and out.dim() == 2
+            and out.shape[1] == width
+        ):
             if out.untyped_storage().nbytes() >= out.numel() * out.element_size() > 0:
                 counts["allocated"] += 1
         return out
@@ -86,11 +92,13 @@ def main(argv: list[str]) -> None:
             "registered": stats.registered,
             "parts": list(stats.parts),
             "layers": stats.layers,
+            "w8a16_layers": stats.w8a16_layers,
             "linear_calls": stats.linear_calls,
             "pass_graphs": stats.pass_graphs,
             "pass_linear_nodes": stats.pass_linear_nodes,
             "pass_rewrites": stats.pass_rewrites,
             "staged_steps": stats.staged_steps,
+            "slice_steps": stats.slice_steps,
             "unstaged_concatenations": stats.unstaged_concatenations,
         },
         "allocated_concatenations": counts["allocated"],

@@ -18,7 +18,12 @@ Asserted:
   BF16 weights, its decoder linears converted by ``mxfp8_fusion.convert`` (the same MXFP8
   bytes, the same W8A8 numerics); logprobs within :data:`LOGPROB_TOLERANCE`;
 - with the lm_heads zeroed (every logit equal, so target and draft both pick token 0),
-  every draft token is accepted.
+  every draft token is accepted;
+- with ``MXFP8_FUSION_VLLM_ACTIVATION=bf16`` (compiled too): every MXFP8 linear on our
+  kernel as W8A16, every draft step's ``fc`` reading the auxiliary hidden states where they
+  are (no MXFP8 copy, no BF16 concatenation), token ids equal to the HF model converted
+  with ``activation="bf16"``; where the pass stages W8A16 linears, it rewrote the draft's
+  ``cat -> qkv_proj`` too.
 
 And, in this process, the hooks against the installed vLLM: every hooked name fits, the
 kernel is selected for MXFP8 layers, online ``quantization="mxfp8"`` makes the bytes our
@@ -42,14 +47,16 @@ from helpers import vllm_models
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import reference
+from mxfp8_fusion.passes import pattern
 from mxfp8_fusion.vllm import hooks, settings
 
 SEED = 7
 PROMPTS = [[1, 17, 33, 250, 7, 90, 12, 401], [5, 99, 402, 3]]
 MAX_TOKENS = 8
 LOGPROB_TOLERANCE = 0.15
-"""Nats. Both sides quantize every linear's input and weight with the same RCEIL rule and
-run the same reference GEMM, and both compute the logits in BF16 (the lm_head is BF16).
+"""Nats. Both sides run the same numerics in every MXFP8 linear (W8A8: the input quantized
+with the same RCEIL rule; W8A16: the input as it is) on the same weight bytes, through the
+same reference GEMM, and both compute the logits in BF16 (the lm_head is BF16).
 They differ between the linears (vLLM's fused residual RMSNorm, rotary embedding, CPU
 attention and SiLU-and-mul, compiled by Inductor, against HF's eager ops): BF16 roundings
 that differ in each of the 4 layers and move every logit, so the chosen token's logprob
@@ -64,8 +71,11 @@ at least 0.25; most seeds have BF16 ties among 512 random logits)."""
 RUN = Path(__file__).resolve().parents[1] / "helpers" / "vllm_engine_run.py"
 
 
-def _start(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> tuple:
-    """Start one engine run (tests/helpers/vllm_engine_run.py) in the background."""
+def _start(
+    tmp: Path, name: str, target: Path, draft: Path, eager: bool, switches: dict | None = None
+) -> tuple:
+    """Start one engine run (tests/helpers/vllm_engine_run.py) in the background, with the
+    plugin's ``switches`` (environment variables) set."""
     prompts = tmp / "prompts.json"
     prompts.write_text(
         json.dumps(
@@ -86,6 +96,7 @@ def _start(tmp: Path, name: str, target: Path, draft: Path, eager: bool) -> tupl
         TORCHINDUCTOR_FX_GRAPH_CACHE="0",
         TORCHINDUCTOR_CACHE_DIR=str(tmp / f"{name}-inductor"),
         VLLM_CACHE_ROOT=str(tmp / f"{name}-vllm"),
+        **(switches or {}),
     )
     command = [sys.executable, str(RUN), str(target), str(draft), str(prompts), str(out)]
     with open(log, "w") as sink:
@@ -122,44 +133,39 @@ def _reference(model) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """Both engine runs, started together (the compiled one spends most of its time in
-    single-threaded compilation, the eager one beside it), and the HF reference computed
-    while they run."""
+    """The engine runs, started together (the compiled ones spend most of their time in
+    single-threaded compilation, the eager one beside them), and the HF references, W8A8
+    and W8A16, computed while they run."""
     root = tmp_path_factory.mktemp("vllm_engine")
     model = vllm_models.target_model(SEED)
     target = vllm_models.save_target(model, root / "target")
     target_zero_head = vllm_models.save_target(model, root / "target0", zero_lm_head=True)
     draft = vllm_models.save_eagle3_draft(root / "draft", SEED + 1)
+    w8a16 = {settings.ACTIVATION_VARIABLE: "bf16"}
     runs = {
         "compiled": _start(root, "compiled", target, draft, eager=False),
         "zero_head": _start(root, "zero_head", target_zero_head, draft, eager=True),
+        "w8a16": _start(root, "w8a16", target, draft, eager=False, switches=w8a16),
     }
     try:
-        mf.convert(model.model)  # decoder linears only: vLLM keeps lm_head in BF16
-        reference = _reference(model)
+        references = {}
+        for activation in ("mxfp8", "bf16"):
+            model = vllm_models.target_model(SEED)
+            # decoder linears only: vLLM keeps lm_head in BF16
+            mf.convert(model.model, activation=activation)
+            references[activation] = _reference(model)
     except BaseException:
         for process, _, _ in runs.values():
             process.kill()
         raise
-    yield runs, reference
+    yield runs, references
     for process, _, _ in runs.values():
         if process.poll() is None:
             process.kill()
 
 
-def test_engine_serves_stages_and_matches_reference(engines):
-    runs, reference = engines
-    run = _finish(runs["compiled"])
-    plugin = run["plugin"]
-    assert plugin["registered"] and plugin["parts"] == ["kernel", "pass", "drafter"]
-    # 4 target layers x (qkv, o, gate_up, down), the draft's mid layer (4), and its fc
-    assert len(plugin["layers"]) == 4 * 4 + 4 + 1 and "model.fc" in plugin["layers"]
-    assert plugin["pass_graphs"] >= 2  # the target's and the draft's graphs
-    # our kernel's op in vLLM's compiled graphs: 16 target linears, 4 in the draft's layer
-    assert plugin["pass_linear_nodes"] >= 4 * 4 + 4
-    assert plugin["pass_rewrites"] >= 1  # the draft's cat([embeds, hidden]) -> qkv_proj
-    assert plugin["staged_steps"] > 0 and plugin["unstaged_concatenations"] == 0
-    assert run["allocated_concatenations"] == 0
+def _assert_matches(run: dict, reference: list[dict]) -> None:
+    """Greedy token ids equal the reference's, logprobs within the tolerance."""
     for got, expected in zip(run["outputs"], reference, strict=True):
         assert min(expected["margins"]) > MIN_MARGIN, (
             f"seed {SEED}: the reference has a near-tie ({min(expected['margins']):.3f} "
@@ -168,6 +174,44 @@ def test_engine_serves_stages_and_matches_reference(engines):
         assert got["token_ids"] == expected["token_ids"]
         diff = max(abs(a - b) for a, b in zip(got["logprobs"], expected["logprobs"], strict=True))
         assert diff <= LOGPROB_TOLERANCE, f"logprobs differ by {diff:.4f} nats"
+
+
+def _compiled_run_counters(run: dict) -> dict:
+    """The plugin's counters of a compiled run, checked for what every such run does: all
+    three parts on, every MXFP8 linear packed by our kernel, the pass run on vLLM's graphs."""
+    plugin = run["plugin"]
+    assert plugin["registered"] and plugin["parts"] == ["kernel", "pass", "drafter"]
+    # 4 target layers x (qkv, o, gate_up, down), the draft's mid layer (4), and its fc
+    assert len(plugin["layers"]) == 4 * 4 + 4 + 1 and "model.fc" in plugin["layers"]
+    assert plugin["pass_graphs"] >= 2  # the target's and the draft's graphs
+    return plugin
+
+
+def test_engine_serves_stages_and_matches_reference(engines):
+    runs, references = engines
+    run = _finish(runs["compiled"])
+    plugin = _compiled_run_counters(run)
+    assert plugin["w8a16_layers"] == []  # the CPU's default: W8A8
+    # our kernel's op in vLLM's compiled graphs: 16 target linears, 4 in the draft's layer
+    assert plugin["pass_linear_nodes"] >= 4 * 4 + 4
+    assert plugin["pass_rewrites"] >= 1  # the draft's cat([embeds, hidden]) -> qkv_proj
+    assert plugin["staged_steps"] > 0 and plugin["unstaged_concatenations"] == 0
+    assert run["allocated_concatenations"] == 0
+    _assert_matches(run, references["mxfp8"])
+
+
+def test_engine_w8a16_reads_aux_states_directly_and_matches_reference(engines):
+    runs, references = engines
+    run = _finish(runs["w8a16"])
+    plugin = _compiled_run_counters(run)
+    assert plugin["w8a16_layers"] == plugin["layers"]  # every layer W8A16
+    if torch.ops.mxfp8.linear_w8a16.default in pattern.sink_targets():
+        # the pass stages W8A16 linears: the draft's cat([embeds, hidden]) -> qkv_proj
+        assert plugin["pass_linear_nodes"] >= 4 * 4 + 4 and plugin["pass_rewrites"] >= 1
+    # every draft step's fc read the auxiliary hidden states where they are
+    assert plugin["staged_steps"] > 0 and plugin["slice_steps"] == plugin["staged_steps"]
+    assert plugin["unstaged_concatenations"] == 0 and run["allocated_concatenations"] == 0
+    _assert_matches(run, references["bf16"])
 
 
 def test_engine_accepts_drafts_with_zeroed_heads(engines):

@@ -17,7 +17,7 @@ import torch
 from helpers import vllm_drafters
 from torch import nn
 
-from mxfp8_fusion.vllm import drafter, hooks, plugin, settings
+from mxfp8_fusion.vllm import drafter, hooks, plugin, policy, settings
 
 HIDDEN = 256
 
@@ -32,6 +32,10 @@ def test_switches():
     assert settings.gpu_kernel({}) == ("auto", None)
     assert settings.gpu_kernel({"MXFP8_FUSION_VLLM_GPU_KERNEL": "Ours"}) == ("ours", None)
     assert settings.gpu_kernel({"MXFP8_FUSION_VLLM_GPU_KERNEL": "fast"}) == ("auto", "fast")
+    assert settings.activation({}) == ("auto", None)
+    assert settings.activation({"MXFP8_FUSION_VLLM_ACTIVATION": " BF16 "}) == ("bf16", None)
+    assert settings.activation({"MXFP8_FUSION_VLLM_ACTIVATION": "mxfp8"}) == ("mxfp8", None)
+    assert settings.activation({"MXFP8_FUSION_VLLM_ACTIVATION": "fp8"}) == ("auto", "fp8")
 
 
 @pytest.mark.parametrize("value", ["1", "true", "ON", " yes ", ""])
@@ -133,19 +137,25 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_drafter_fc_staged_bitwise_without_concatenation(monkeypatch, device):
-    fc = _VllmFc(device)
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_drafter_fc_staged_bitwise_without_concatenation(monkeypatch, device, activation):
+    """vLLM's path (the concatenation, then ``fc``) and the staged one give the same bits.
+    A W8A16 ``fc`` reads the auxiliary hidden states where they are: no MXFP8 storage."""
+    fc = _VllmFc(device, activation=activation)
     runner = _Runner(_Drafter(fc), max_num_tokens=64)
     aux = [torch.randn(64, HIDDEN, device=device).to(torch.bfloat16) for _ in range(3)]
     expected = {t: runner.propose_draft_token_ids(t, None, None, None, None, aux) for t in (1, 37)}
     _patched(monkeypatch)
     counts = _count_cats(monkeypatch, 3 * HIDDEN)
-    before = settings.stats.staged_steps
+    before, slices_before = settings.stats.staged_steps, settings.stats.slice_steps
     for tokens in (37, 1, 37):
         got = runner.propose_draft_token_ids(tokens, None, None, None, None, aux)
         assert torch.equal(got.view(torch.int16), expected[tokens].view(torch.int16))
     assert settings.stats.staged_steps - before == 3
     assert counts["allocated"] == 0
+    step = getattr(runner.drafter.model, drafter._STEP)
+    assert (step.stager is None) == (activation == "bf16")
+    assert settings.stats.slice_steps - slices_before == (3 if activation == "bf16" else 0)
 
 
 def test_drafter_whose_fc_is_not_ours_is_unchanged(monkeypatch):
@@ -218,7 +228,7 @@ def _fake_vllm(monkeypatch, version: str) -> None:
     fake = type(sys)("vllm")
     fake.__version__ = version
     monkeypatch.setitem(sys.modules, "vllm", fake)
-    for name in ("MXFP8_FUSION_VLLM", "MXFP8_FUSION_VLLM_DISABLE", "MXFP8_FUSION_VLLM_GPU_KERNEL"):
+    for name in (settings.ENABLE_VARIABLE, settings.DISABLE_VARIABLE, *settings.CHOICES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(plugin, "_reported", False)
     monkeypatch.setattr(settings, "stats", settings.Stats())
@@ -267,8 +277,62 @@ def test_status_line_names_the_kernel_decision_per_arch(monkeypatch):
     line = state.line()
     assert "sm_90 Humming (W8A16)" in line and "MXFP8_FUSION_VLLM_GPU_KERNEL=ours" in line
     assert "cpu ours: vLLM has no MXFP8 kernel on the CPU" in line
+    assert "cpu ours: vLLM has no MXFP8 kernel on the CPU (W8A8)" in line
+    assert "sm_90 Humming (W8A16): ours (W8A16) not measured against it yet" in line
     state, _ = plugin.status({"MXFP8_FUSION_VLLM_GPU_KERNEL": "ours"}, version="0.34.0")
+    assert "sm_90 ours (W8A16)" in state.line()  # vLLM's numerics there
+    environ = {"MXFP8_FUSION_VLLM_GPU_KERNEL": "ours", "MXFP8_FUSION_VLLM_ACTIVATION": "mxfp8"}
+    state, _ = plugin.status(environ, version="0.34.0")
     assert "sm_90 ours (W8A8)" in state.line()
+
+
+@pytest.mark.parametrize(
+    ("arch", "kernel", "activation", "ours", "runs"),
+    [
+        ("cpu", "auto", "auto", True, "mxfp8"),  # vLLM has no CPU kernel: W8A8, as before
+        ("cpu", "auto", "bf16", True, "bf16"),
+        ("sm_90", "auto", "auto", False, "bf16"),  # W8A16 not measured against Humming
+        ("sm_90", "auto", "mxfp8", False, "mxfp8"),  # W8A8 measured slower
+        ("sm_90", "ours", "auto", True, "bf16"),
+        ("sm_90", "ours", "mxfp8", True, "mxfp8"),
+        ("sm_100", "ours", "auto", False, "mxfp8"),  # not served: vLLM's own kernels
+        ("sm_120", "auto", "bf16", False, "bf16"),
+    ],
+)
+def test_policy_per_arch_and_switch(arch, kernel, activation, ours, runs):
+    decision = policy.decide(arch, kernel, activation)
+    assert (decision.arch, decision.ours, decision.activation) == (arch, ours, runs)
+
+
+def test_a_receipt_flips_one_entry_to_put_ours_ahead_on_sm90(monkeypatch):
+    """The W8A16 measurement against Humming is one entry of ``policy.MEASURED``: once it
+    says at least as fast, ours serves sm_90 by default, as W8A16, and the line says so."""
+    assert not policy.MEASURED[("sm_90", "bf16")].at_least_as_fast
+    found = "at least as fast as Humming at every point measured"
+    monkeypatch.setitem(policy.MEASURED, ("sm_90", "bf16"), policy.Measurement(True, found))
+    decision = policy.decide("sm_90")
+    assert decision.ours and decision.activation == "bf16"
+    assert f"sm_90 ours (W8A16): {found}" in policy.summary()
+    assert not policy.decide("sm_90", activation="mxfp8").ours  # W8A8's entry is its own
+
+
+@pytest.mark.parametrize("value", ["bf61", "w8a16", "fp8"])
+def test_activation_typo_reads_as_auto_with_one_warning(monkeypatch, caplog, value):
+    _fake_vllm(monkeypatch, "0.34.0")
+    monkeypatch.setenv("MXFP8_FUSION_VLLM_ACTIVATION", value)
+    monkeypatch.setattr(hooks.Hook, "resolve", lambda hook: object())
+    installers = {p: (lambda *a, **k: True) for p in settings.PARTS}
+    monkeypatch.setattr(plugin, "_installers", lambda: installers)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
+        plugin.register()
+        plugin.register()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"MXFP8_FUSION_VLLM_ACTIVATION={value!r}" in warnings[0]
+    assert "auto, bf16, mxfp8" in warnings[0] and "read as auto" in warnings[0]
+    state, _ = plugin.status(version="0.34.0")
+    assert state.activation_setting == "auto"
+    assert "sm_90 Humming (W8A16)" in state.line()
 
 
 def test_command_says_whether_it_is_on_without_vllm():

@@ -5,7 +5,8 @@ does not have, so the speculators cannot run here whole. What concatenates and c
 can: each test loads those steps from a release's sources (``helpers.vllm_sources``), runs
 them on stand-in speculators holding CPU tensors, once as vLLM leaves them and once with
 the plugin's wrappers, and asserts bitwise-equal ``fc`` outputs with no BF16 tensor of
-``fc``'s input width allocated:
+``fc``'s input width allocated, for a W8A8 ``fc`` and a W8A16 one (which reads the slices,
+or DFlash's graph buffer, where they are):
 
 - EAGLE-3: ``TargetDependentARSpeculator.propose``'s ``combine_hidden_states(torch.cat(...))``
   and ``Eagle3LlamaForCausalLM.combine_hidden_states``;
@@ -67,8 +68,12 @@ def _aux(tokens, seed=0):
     return [torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(LAYERS)]
 
 
+ACTIVATIONS = ["mxfp8", "bf16"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("release", RELEASES)
-def test_eagle3_v2_propose_stages_fc(release, monkeypatch):
+def test_eagle3_v2_propose_stages_fc(release, activation, monkeypatch):
     sources = _sources(release)
     model_cls = _drafter(sources, _EAGLE3, "Eagle3LlamaForCausalLM.combine_hidden_states", "E")
     block = _combine_block(sources, "target_dependent_ar", "TargetDependentARSpeculator")
@@ -77,7 +82,8 @@ def test_eagle3_v2_propose_stages_fc(release, monkeypatch):
         method = "eagle3"
 
         def __init__(self):
-            self.model = model_cls(vllm_drafters.PackedFc("cpu", bias=True))
+            fc = vllm_drafters.PackedFc("cpu", bias=True, activation=activation)
+            self.model = model_cls(fc)
             self.max_num_tokens = 64
 
         def propose(self, batch, attn, slots, last_hidden_states, aux_hidden_states, *rest):
@@ -91,11 +97,13 @@ def test_eagle3_v2_propose_stages_fc(release, monkeypatch):
     )
     monkeypatch.setattr(Speculator, "propose", make(Speculator.propose))
     counts = vllm_drafters.count_concatenations(monkeypatch, WIDTH)
-    before = settings.stats.staged_steps
+    before, slices_before = settings.stats.staged_steps, settings.stats.slice_steps
     for tokens, aux in steps.items():
         got = speculator.propose(None, None, None, None, aux)
         assert torch.equal(got.view(torch.int16), expected[tokens].view(torch.int16))
     assert settings.stats.staged_steps - before == len(steps)
+    w8a16 = len(steps) if activation == "bf16" else 0  # fc read the slices where they are
+    assert settings.stats.slice_steps - slices_before == w8a16
     assert counts["allocated"] == 0
 
 
@@ -153,26 +161,38 @@ def _install_dflash(cls, release, monkeypatch):
     monkeypatch.setattr(cls, drafter._GRAPH_METHODS, read, raising=False)
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("release", [r for r in RELEASES if hooks._key(r) >= (0, 33)])
-def test_dflash_v2_graph_buffer_and_eager_rows_are_staged(release, monkeypatch):
+def test_dflash_v2_graph_buffer_and_eager_rows_are_staged(release, activation, monkeypatch):
+    """W8A8: the graph buffer becomes MXFP8 storage. W8A16: vLLM's BF16 buffer stays (the
+    captured graph reads its address) and ``fc`` reads it as it is; the eager tail reads
+    the slices."""
     sources = _sources(release)
     model_cls = _drafter(sources, _DFLASH, "DFlashQwen3ForCausalLM.combine_hidden_states", "D")
     cls = _dflash_class(sources)
     # (num_reqs, num_tokens): within the graph's rows, a prefill past them, one request
     batches = [((4, 10), 0), ((2, 20), 1), ((1, 4), 2), ((4, 16), 3)]
-    plain = cls(model_cls(vllm_drafters.PackedFc("cpu")))
+    plain = cls(model_cls(vllm_drafters.PackedFc("cpu", activation=activation)))
     expected = [plain.propose(b, None, None, None, _aux(b[1], s)) for b, s in batches]
     expected_kv = [t.clone() for t in plain.stored]
 
     _install_dflash(cls, release, monkeypatch)
-    speculator = cls(model_cls(vllm_drafters.PackedFc("cpu")))
+    speculator = cls(model_cls(vllm_drafters.PackedFc("cpu", activation=activation)))
+    buffer = speculator._aux_staging
     speculator.capture()
-    assert isinstance(speculator._aux_staging, staging.Staged)  # the BF16 buffer is gone
+    if activation == "bf16":
+        assert speculator._aux_staging is buffer
+    else:
+        assert isinstance(speculator._aux_staging, staging.Staged)  # the BF16 buffer is gone
     counts = vllm_drafters.count_concatenations(monkeypatch, WIDTH)
     speculator.stored.clear()
-    before = settings.stats.staged_steps
+    before, slices_before = settings.stats.staged_steps, settings.stats.slice_steps
     got = [speculator.propose(b, None, None, None, _aux(b[1], s)) for b, s in batches]
-    assert settings.stats.staged_steps - before == 5  # four buffer fills, one eager tail
+    if activation == "bf16":  # vLLM fills its own buffer; the eager tail reads the slices
+        assert settings.stats.staged_steps - before == 1
+        assert settings.stats.slice_steps - slices_before == 1
+    else:
+        assert settings.stats.staged_steps - before == 5  # four buffer fills, one eager tail
     for g, e in zip(got, expected, strict=True):
         assert torch.equal(g.view(torch.int16), e.view(torch.int16))
     # the rows whose K/V the graph stores for live tokens (past them vLLM's rows are stale and
@@ -183,14 +203,15 @@ def test_dflash_v2_graph_buffer_and_eager_rows_are_staged(release, monkeypatch):
     assert counts["allocated"] == 0
 
 
-def test_dflash_v032_propose_stages_fc(monkeypatch):
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_dflash_v032_propose_stages_fc(activation, monkeypatch):
     sources = _sources("0.32")
     model_cls = _drafter(sources, _DFLASH, "DFlashQwen3ForCausalLM.combine_hidden_states", "D")
     block = _combine_block(sources, "dflash", "DFlashSpeculator")
 
     class Speculator:
         def __init__(self):
-            self.model = model_cls(vllm_drafters.PackedFc("cpu"))
+            self.model = model_cls(vllm_drafters.PackedFc("cpu", activation=activation))
             self.max_num_tokens = 32
 
         def propose(self, batch, attn, slots, last_hidden_states, aux_hidden_states, *rest):
