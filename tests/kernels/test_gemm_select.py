@@ -34,7 +34,7 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
     tile_w 128), and a flag each."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90 import workspace
 
     for spec, tokens, finishing in [
         ("swap-ab", 64, 1),
@@ -43,10 +43,10 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
         ("swap-ab w128 bf16-tokens", 128, 2),
     ]:
         cfg = gemm_names.config_from_spec(spec, tokens)
-        slots = buffers.swap_ab_workspace_slots(cfg)
+        floats = workspace.floats(cfg)
         needed = cfg.num_ctas * finishing * 2 * 64 * cfg.tokens_tile
-        assert slots * buffers.WORKSPACE_FLOATS_PER_CTA >= needed
-        assert slots >= cfg.num_ctas * finishing
+        assert floats >= needed
+        assert workspace.flags(floats) >= cfg.num_ctas * finishing
 
 
 def test_config_names_its_kernel():

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from helpers.ptx_hashes import config_fields
 
-from mxfp8_fusion.kernels.gemm_sm90 import buffers, search, select, table
+from mxfp8_fusion.kernels.gemm_sm90 import buffers, search, select, table, workspace
 from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+from mxfp8_fusion.kernels.gemm_sm90.constants import WG_THREADS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "helpers" / "gemm_workspaces.json"
 # shapes beyond the table's: the decode points, narrow and odd weights the heuristic serves
@@ -46,13 +47,10 @@ def produced_configs() -> list:
 def host_workspace(cfg) -> tuple[int, int] | None:
     """(FP32 partial sums, flags) the host allocates for a launch of ``cfg``; None where it
     passes no workspace."""
-    if cfg.kernel == "swap-ab":
-        partials, flags = buffers.fresh_workspace("cpu", buffers.swap_ab_workspace_slots(cfg))
-    elif cfg.stream_k:
-        floats = buffers.tiled_workspace_floats(cfg)
-        partials, flags = buffers.fresh_tiled_workspace("cpu", floats)
-    else:
+    floats = workspace.floats(cfg)
+    if floats is None:
         return None
+    partials, flags = buffers.fresh_workspace("cpu", floats)
     return partials.numel(), flags.numel()
 
 
@@ -67,3 +65,17 @@ def test_host_workspaces_are_the_recorded_ones():
         assert key in golden, key
         want = golden[key]["workspace"]
         assert host_workspace(cfg) == (None if want is None else tuple(want)), key
+
+
+def test_kernel_layouts_fit_the_host_workspace():
+    """What a kernel indexes (gemm_sm90.workspace: its slots per CTA, two parts each of
+    ``frag`` values per thread, and a flag per slot) lies inside what the host allocates."""
+    for cfg in produced_configs():
+        floats = workspace.floats(cfg)
+        if floats is None:
+            assert cfg.kernel == "tiled" and not cfg.stream_k
+            continue
+        slots = cfg.num_ctas * workspace.slots_per_cta(cfg)
+        part = workspace.frag(cfg) * WG_THREADS
+        assert slots * workspace.PARTS_PER_SLOT * part <= floats
+        assert slots <= workspace.flags(floats)
