@@ -56,6 +56,9 @@ class TiledConfig:
     before the GEMM (the same compiled kernel)."""
 
     kernel = "tiled"
+    schedule_fields = ("tile_m", "tile_n", "converters", "stream_k")
+    """The fields of its schedule (select.schedule: the measured table's form), besides
+    ``stages`` and ``fp16_tiles``, which it holds only where they are not the default."""
 
     def __post_init__(self):
         if self.stream_k not in (0, 1, 2) or (self.stream_k == 2 and self.tile_m == 64):
@@ -92,6 +95,9 @@ class SwapABConfig:
     """CTAs sharing the units (the SM count; even with cluster 2)."""
 
     kernel = "swap-ab"
+    schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
+    """The fields of its schedule (select.schedule): the token tile and stages follow from
+    the token count."""
 
     def __post_init__(self):
         if self.cluster != 1 and not (
@@ -138,8 +144,7 @@ def tiled_config(
 ) -> TiledConfig:
     """The tiled config of that tile and schedule on ``num_sms`` CTAs, with the tile's
     standard (FP8, 16-bit) stage counts unless ``stages`` gives them."""
-    standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
-    stages8, stages16 = stages or standard
+    stages8, stages16 = stages or _standard_stages(tile_m)
     return TiledConfig(
         tile_m=tile_m, tile_n=tile_n, converters=converters, stream_k=stream_k,
         stages=stages8, stages16=stages16, num_ctas=num_sms, fp16_tiles=fp16_tiles,
@@ -189,3 +194,31 @@ def swap_ab_config(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
     )  # fmt: skip
+
+
+def label(cfg: GemmConfig) -> str:
+    """How ``cfg`` reads in the tools' printed tables and receipts, e.g. ``"tiled 128x128 c2
+    stream-k"`` or ``"swap-ab w128 bf16-tokens mc2"`` (stage counts only where not the
+    tile's standard split). Display only: nothing reads a config back from it (the tools and
+    the measured table hold configs and their schedule fields)."""
+    if isinstance(cfg, SwapABConfig):
+        pairs = " mc2" if cfg.cluster == 2 else ""
+        if cfg.tile_w == 128:
+            return f"swap-ab w128 bf16-tokens{pairs}"
+        text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"
+        return text + (" bf16-tokens" if cfg.bf16_tokens else "") + pairs
+    tail = ("", " stream-k", " stream-k-tail")[cfg.stream_k]
+    text = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{tail}"
+    if own_stages(cfg):
+        text += f" s{cfg.stages}+{cfg.stages16}"
+    return text + ("" if cfg.fp16_tiles else " bf16")
+
+
+def own_stages(cfg: TiledConfig) -> bool:
+    """Whether ``cfg``'s (FP8, 16-bit) stage counts differ from its tile's standard split
+    (:func:`tiled_config`)."""
+    return (cfg.stages, cfg.stages16) != _standard_stages(cfg.tile_m)
+
+
+def _standard_stages(tile_m: int) -> tuple[int, int]:
+    return _TALL_STAGES if tile_m == 192 else _TILED_STAGES

@@ -12,7 +12,6 @@ from pathlib import Path
 from helpers.ptx_hashes import config_fields
 
 from mxfp8_fusion.kernels.gemm_sm90 import buffers, search, select, table, workspace
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 from mxfp8_fusion.kernels.gemm_sm90.constants import WG_THREADS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "helpers" / "gemm_workspaces.json"
@@ -34,11 +33,8 @@ def produced_configs() -> list:
                     select.heuristic_config(tokens, n, k, num_sms),
                     search.main_heuristic(tokens, n, k, num_sms),
                 ]
-                configs += [
-                    gemm_names.config_from_spec(spec, tokens, num_sms)
-                    for spec in search.candidates(tokens, n, k, num_sms)
-                    if num_sms % 2 == 0
-                ]
+                if num_sms % 2 == 0:
+                    configs += search.candidates(tokens, n, k, num_sms)
                 for cfg in configs:
                     found.setdefault(json.dumps(config_fields(cfg), sort_keys=True), cfg)
     return list(found.values())
