@@ -187,11 +187,12 @@ def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
     )
 
 
-def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
-    """Median ms of each named config (kernels/gemm_sm90/names.py: e.g. ``"tiled 128x64 c1
-    stream-k"``) against the table's choice, checked bitwise against it first."""
+def bench_variants(tokens: int, n: int, k: int, schedules, rounds: int) -> dict:
+    """Median ms of the config of each schedule (a table entry: ``select.config_of``, e.g.
+    ``{"kernel": "tiled", "tile_m": 128, "tile_n": 64, "converters": 1, "stream_k": 1}``),
+    by its label, against the table's choice, checked bitwise against it first."""
     from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
-    from mxfp8_fusion.kernels.gemm_sm90.names import config_from_spec
+    from mxfp8_fusion.kernels.gemm_sm90.config import label
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
@@ -202,19 +203,20 @@ def bench_variants(tokens: int, n: int, k: int, names, rounds: int) -> dict:
     gemm_sm90.run(xv, xs, wv, ws, None, out, config=base)
     expected = out.clone()
     fns = {}
-    for name in names:
-        cfg = config_from_spec(name, tokens, num_sms)
+    for schedule in schedules:
+        cfg = gemm_select.config_of(schedule, tokens, num_sms)
+        name = label(cfg)
         fns[name] = lambda cfg=cfg: gemm_sm90.run(xv, xs, wv, ws, None, out, config=cfg)
         out.zero_()
         fns[name]()
         same = bool(torch.equal(out.view(torch.int16), expected.view(torch.int16)))
         print(f"variant {name}: bitwise equal to the default config: {same}", flush=True)
-    samples = {name: [] for name in names}
+    samples = {name: [] for name in fns}
     for _ in range(rounds):  # interleaved, so clock drift hits every variant alike
         for name, fn in fns.items():
             samples[name].append(_time(fn, 1, 3))
     result = {}
-    for name in names:
+    for name in fns:
         result[name] = ms = statistics.median(samples[name])
         print(
             f"variant {name:28s} tokens {tokens}: {ms:.3f} ms "
@@ -306,8 +308,8 @@ def bench_power(tokens: int, n: int, k: int, seconds: float, git_rev: str | None
 
 
 def bench_receipt(args) -> dict:
-    """The default receipt: :func:`bench` at each token count (and the named
-    ``--variants`` at the first one)."""
+    """The default receipt: :func:`bench` at each token count (and the ``--variants``
+    schedules at the first one)."""
     variants = {}
     if args.variants:
         variants = bench_variants(args.tokens[0], args.n, args.k, args.variants, args.rounds)
@@ -352,8 +354,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         nargs="*",
+        type=json.loads,
         default=[],
-        help="also time these named configs (ours only) at the first token count",
+        help="also time the configs of these schedules (ours only; each a table entry as JSON, "
+        'e.g. \'{"kernel": "tiled", "tile_m": 128, "tile_n": 64, "converters": 1, '
+        '"stream_k": 1}\') at the first token count',
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--sweep", action="store_true", help="every listed shape and token count")
@@ -371,7 +376,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline-s", type=float, default=420.0)
     p.add_argument("--no-stream-k", action="store_true", help="tune: leave stream-K out")
     p.add_argument("--lock", default=None, help="sweep/tune: GPU lock file shared with others")
-    p.add_argument("--gate", default=None, help="tune: leave out specs containing its words")
+    p.add_argument(
+        "--gate",
+        default=None,
+        help='tune: a JSON file listing partial schedules (e.g. [{"kernel": "swap-ab", '
+        '"cluster": 2}]) whose configs are left out',
+    )
     p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
     p.add_argument("--seconds", type=float, default=3.0, help="power: per contender")
     return p

@@ -86,7 +86,7 @@ def annotate(receipt: dict) -> None:
                 f"  {p['tokens']:4d} tokens: ours {c['ours'].get('ms', math.nan) * 1e3:7.1f} us "
                 f"({c['ours'].get('over_cublas_bf16', math.nan):.3f} of cuBLAS BF16 "
                 f"{c['cublas_bf16']['ms'] * 1e3:.1f} us, {c['ours']['over_floor']:.2f}x the floor)"
-                f"  {c['ours']['spec']}"
+                f"  {c['ours']['label']}"
             )
     for t in receipt["targets"]:
         state = "met" if t["met"] else "MISSED"

@@ -28,8 +28,8 @@ import statistics
 import time
 from pathlib import Path
 
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.config import label
 from mxfp8_fusion.kernels.gemm_sm90.search import candidates, main_heuristic
 
 # (N, K): the projection it is
@@ -102,7 +102,9 @@ def _device_name() -> str:
 
 
 def _configs(job, t, num_sms) -> dict:
-    """name -> (spec, config) of our contenders at ``t`` tokens (not cuBLAS)."""
+    """name -> config of our contenders at ``t`` tokens (not cuBLAS): the sweep's by role
+    (``ours``, ``before``), the tune's by their labels. A tune leaves out the configs whose
+    schedule hung in a worker (``job["hung_schedules"]``)."""
 
     n, k = job["n"], job["k"]
     if job["mode"] == "sweep":
@@ -110,21 +112,19 @@ def _configs(job, t, num_sms) -> dict:
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
-        specs = candidates(t, n, k, num_sms, job["leave_out"])
-        hung = set(job.get("hung_specs", ()))
+        hung = job.get("hung_schedules", ())
         found = {
-            spec: gemm_names.config_from_spec(spec, t, num_sms)
-            for spec in specs
-            if spec not in hung
+            label(cfg): cfg
+            for cfg in candidates(t, n, k, num_sms, job["leave_out"])
+            if gemm_select.schedule(cfg) not in hung
         }
-    return {
-        name: (gemm_names.spec_of(cfg), cfg) for name, cfg in found.items() if cfg not in _FAILED
-    }
+    return {name: cfg for name, cfg in found.items() if cfg not in _FAILED}
 
 
 def _contenders(job, data, t, num_sms) -> dict:
-    """name -> (launch i -> None, spec): ours through the configs of :func:`_configs`
-    (``mm_quantized_into`` for the sweep's own choice), and cuBLAS."""
+    """name -> (launch i -> None, what it is: its label and our configs' schedule): ours
+    through the configs of :func:`_configs` (``mm_quantized_into`` for the sweep's own
+    choice), and cuBLAS."""
     import torch
 
     from mxfp8_fusion import api
@@ -140,18 +140,19 @@ def _contenders(job, data, t, num_sms) -> dict:
         )  # fmt: skip
 
     found = {}
-    for name, (spec, cfg) in _configs(job, t, num_sms).items():
+    for name, cfg in _configs(job, t, num_sms).items():
+        what = {"label": label(cfg), "schedule": gemm_select.schedule(cfg)}
         if name == "ours":
             found[name] = (
                 lambda i: api.mm_quantized_into(data.inp, data.wq[i % data.copies], data.out, t),
-                spec,
+                what,
             )
         else:
-            found[name] = (run_cfg(cfg), spec)
+            found[name] = (run_cfg(cfg), what)
     x = data.x[:t]
     found["cublas_bf16"] = (
         lambda i: torch.mm(x, data.w[i % data.copies].t(), out=out),
-        "torch.mm BF16",
+        {"label": "torch.mm BF16"},
     )
     return found
 
@@ -160,7 +161,8 @@ _FAILED: dict = {}  # config -> why its compile failed (the tune leaves it out)
 
 
 def _compile(cfg, n, k, compile_s):
-    """Compile outside the GPU lock; records seconds per config spec (and failures)."""
+    """Compile outside the GPU lock; records seconds per config label and token tile (and
+    failures)."""
     import torch
 
     from mxfp8_fusion.kernels.gemm_sm90 import host as g
@@ -171,8 +173,8 @@ def _compile(cfg, n, k, compile_s):
         launcher.function(g.gemm_build(cfg, n, k, n, torch.bfloat16, None))
     except Exception as e:  # recorded in the receipt; the other configs go on
         _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
-    tile = f" t{cfg.tokens_tile}" if cfg.kernel == gemm_names.SWAP_AB else ""
-    compile_s.setdefault(gemm_names.spec_of(cfg) + tile, time.perf_counter() - t0)
+    tile = f" t{cfg.tokens_tile}" if cfg.kernel == "swap-ab" else ""
+    compile_s.setdefault(label(cfg) + tile, time.perf_counter() - t0)
 
 
 def worker(job: dict) -> None:
@@ -196,9 +198,9 @@ def worker(job: dict) -> None:
     # other workers and with whatever holds the GPU)
     launcher.function(buffers.refs_build(k))
     for t in job["tokens"]:
-        for _spec, cfg in _configs(job, t, num_sms).values():
+        for cfg in _configs(job, t, num_sms).values():
             _compile(cfg, n, k, state["compile_s"])
-    state["compile_failures"] = {gemm_names.spec_of(c): why for c, why in _FAILED.items()}
+    state["compile_failures"] = {label(c): why for c, why in _FAILED.items()}
     from mxfp8_fusion import api
 
     api.quantize(torch.zeros(1, k, device="cuda", dtype=torch.bfloat16))  # its compile
@@ -212,11 +214,11 @@ def worker(job: dict) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         gate = Path(job["gate"]) if job["gate"] else None
         if gate is not None and gate.exists():
-            # spec families whose GPU tests failed: time only the others
-            job["leave_out"] = [*job["leave_out"], *gate.read_text().split()]
+            # partial schedules whose GPU tests failed: time only the other configs
+            job["leave_out"] = [*job["leave_out"], *json.loads(gate.read_text())]
         hung = Path(job["hung"])
-        if hung.exists():  # specs another worker hung on (see runs._run_workers)
-            job["hung_specs"] = hung.read_text().splitlines()
+        if hung.exists():  # schedules another worker hung on (see runs._run_workers)
+            job["hung_schedules"] = [json.loads(s) for s in hung.read_text().splitlines()]
         try:
             state["status"], state["since"], state["point"] = "timing", time.time(), t
             save()
@@ -247,8 +249,9 @@ def worker(job: dict) -> None:
 
 
 def _point(job, data, t, num_sms, state, save) -> dict:
-    """One token count: each contender checked, then timed. ``state["checking"]`` names
-    the contender whose first launch is running, so a hang can be pinned on its spec."""
+    """One token count: each contender checked, then timed. ``state["checking"]`` holds
+    the label and schedule of the contender whose first launch is running, so a hang can be
+    pinned on its config."""
     import torch
     from common import capture_graph
 
@@ -259,15 +262,15 @@ def _point(job, data, t, num_sms, state, save) -> dict:
     contenders = _contenders(job, data, t, num_sms)
     result = {"tokens": t, "inner": inner, "weight_copies": data.copies, "contenders": {}}
     graphs = {}
-    for name, (fn, spec) in contenders.items():
+    for name, (fn, what) in contenders.items():
         data.out.fill_(float("nan"))
-        state["checking"] = spec
+        state["checking"] = what
         save()
         fn(0)
         got = data.out[:t].float()
         rel = ((got - ref.float()).norm() / ref.float().norm()).item()
         valid = math.isfinite(rel) and rel < CHECK_REL
-        result["contenders"][name] = {"spec": spec, "rel_err_vs_dequant_cublas": rel}
+        result["contenders"][name] = {**what, "rel_err_vs_dequant_cublas": rel}
         if valid or name == "cublas_bf16":
             graphs[name] = capture_graph([lambda i=i, fn=fn: fn(i) for i in range(inner)])
         else:

@@ -17,38 +17,40 @@ def summary(receipt: dict) -> None:
             c = p["contenders"]
             ours = c["ours"]
             line = f"  {p['tokens']:6d}  ours {ours.get('over_cublas_bf16', math.nan):.3f}"
-            line += f" ({ours['spec']}, rel err {ours['rel_err_vs_dequant_cublas']:.1e})"
+            line += f" ({ours['label']}, rel err {ours['rel_err_vs_dequant_cublas']:.1e})"
             if "before" in c:
                 line += f"  before {c['before'].get('over_cublas_bf16', math.nan):.3f}"
             print(line + f"  cuBLAS {c['cublas_bf16']['ms']:.4f} ms", flush=True)
 
 
-# A point keeps the previous point's spec while that one is within this factor of the
+# A point keeps the previous point's schedule while it is within this factor of the
 # fastest there: closer than the run-to-run spread, a switch would only follow noise.
 STICKY = 1.03
 
 
-def best_specs(shape: dict) -> list[tuple[int, str, float, float]]:
-    """(tokens, chosen valid spec, its ms, its ratio to cuBLAS) per measured point: the
-    fastest, or the previous point's spec within STICKY of it where both are specs of one
-    kernel."""
+def best_contenders(shape: dict) -> list[tuple[int, dict]]:
+    """(tokens, chosen contender) per measured point of a tune receipt's shape, of our timed
+    contenders (each with its ``schedule``, ``label``, ``ms`` and ``over_cublas_bf16``): the
+    fastest, or the one of the previous point's schedule within STICKY of it where both
+    are of one kernel."""
     rows = []
-    prev = None
+    prev = None  # the previous point's chosen schedule
     for p in shape["points"]:
-        timed = {
-            name: c
+        timed = [
+            c
             for name, c in p["contenders"].items()
             if name != "cublas_bf16" and math.isfinite(c.get("ms", float("nan")))
-        }
+        ]
         if timed:
-            name = min(timed, key=lambda s: timed[s]["ms"])
-            # a neighbour's spec sticks only within one kernel: the swap-AB kernel's time
+            best = min(timed, key=lambda c: c["ms"])
+            # a neighbour's schedule sticks only within one kernel: the swap-AB kernel's time
             # grows faster with tokens than the tiled one's
-            same_kernel = prev is not None and prev.split()[0] == name.split()[0]
-            if same_kernel and prev in timed and timed[prev]["ms"] <= STICKY * timed[name]["ms"]:
-                name = prev
-            rows.append((p["tokens"], name, timed[name]["ms"], timed[name]["over_cublas_bf16"]))
-            prev = name
+            kept = [c for c in timed if c["schedule"] == prev]
+            same_kernel = prev is not None and prev["kernel"] == best["schedule"]["kernel"]
+            if same_kernel and kept and kept[0]["ms"] <= STICKY * best["ms"]:
+                best = kept[0]
+            rows.append((p["tokens"], best))
+            prev = best["schedule"]
     return rows
 
 
@@ -89,19 +91,19 @@ def merge_base(by_shape: dict, base: dict) -> dict:
 
 def table_of(receipt: dict) -> dict:
     """The measured table of a tune receipt, as ``table.json`` holds it: the fastest valid
-    schedule per point (as data: the receipt names contenders; the table holds their
-    fields and what they measured), keyed by the receipt's device, SM count and toolchain."""
+    contender's schedule per point (:func:`best_contenders`) and what it measured, keyed by
+    the receipt's device, SM count and toolchain."""
     from mxfp8_fusion.kernels.gemm_sm90 import table
-    from mxfp8_fusion.kernels.gemm_sm90.names import schedule_of
 
     if "sms" not in receipt:
         raise ValueError("the receipt names no SM count: rerun the tune to write a table")
     shapes = []
     for shape in receipt["shapes"]:
         rows = [
-            {"tokens": t, "schedule": schedule_of(spec),
-             "measured": {"name": spec, "ms": round(ms, 4), "over_cublas_bf16": round(ratio, 2)}}
-            for t, spec, ms, ratio in best_specs(shape)
+            {"tokens": t, "schedule": c["schedule"],
+             "measured": {"label": c["label"], "ms": round(c["ms"], 4),
+                          "over_cublas_bf16": round(c["over_cublas_bf16"], 2)}}
+            for t, c in best_contenders(shape)
         ]  # fmt: skip
         if rows:
             shapes.append({"n": shape["n"], "k": shape["k"], "rows": rows})

@@ -21,6 +21,8 @@ from .report import merge_base, merge_states, plot, summary, write_table
 # the script whose ``--worker JSON`` runs one job (points.worker) in its own process
 GEMM_SCRIPT = Path(__file__).resolve().parents[1] / "gemm.py"
 POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed (a hang)
+# --no-stream-k: the tune leaves out the configs of these (partial) schedules
+STREAM_K_SCHEDULES = [{"kernel": "tiled", "stream_k": 1}, {"kernel": "tiled", "stream_k": 2}]
 LATE_KILL_S = 30.0  # workers still running this long past the deadline are killed
 
 
@@ -42,7 +44,7 @@ def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
                     "rounds": args.rounds,
                     "rest_s": 0.01 if args.tune else 0.02,
                     "before": args.before,
-                    "leave_out": ["stream-k"] if args.no_stream_k else [],
+                    "leave_out": STREAM_K_SCHEDULES if args.no_stream_k else [],
                     "out": str(tmp / f"{n}x{k}_{i}.json"),
                     "lock": args.lock or str(tmp / "gpu.lock"),
                     "gate": args.gate,
@@ -68,11 +70,12 @@ def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
                 state.get("status") == "timing"
                 and time.time() - state.get("since", time.time()) > POINT_TIMEOUT_S
             )
-            if hung and state.get("checking"):
-                # the first launch of this spec never returned: the other workers skip it
+            checking = state.get("checking", {})
+            if hung and "schedule" in checking:
+                # the first launch of this config never returned: the other workers skip it
                 with open(job["hung"], "a") as f:
-                    f.write(state["checking"] + "\n")
-                print(f"leaving out (hung): {state['checking']}", flush=True)
+                    f.write(json.dumps(checking["schedule"]) + "\n")
+                print(f"leaving out (hung): {checking['label']}", flush=True)
             if hung or time.time() > deadline + LATE_KILL_S:
                 print(f"killing worker {job['n']}x{job['k']} ({state.get('point')})", flush=True)
                 os.killpg(p.pid, signal.SIGKILL)
@@ -130,6 +133,7 @@ def run(args) -> None:
         states = _run_workers(jobs, deadline)
         hung_file = Path(tmp) / "hung.txt"
         hung = hung_file.read_text().splitlines() if hung_file.exists() else []
+        hung = [json.loads(schedule) for schedule in hung]
     by_shape = merge_states(states)
     mode = "tune" if args.tune else "sweep"
     base_note = {}
@@ -157,7 +161,7 @@ def run(args) -> None:
         "check": f"every contender's output against torch.mm of the dequantized operands "
         f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
         "wall_s": time.time() - t0,
-        "hung_specs": hung,
+        "hung_schedules": hung,
         **base_note,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown",
         **_sm_count(),

@@ -1,5 +1,5 @@
 """The GEMM tune's orchestration (benchmarks/gemm_tools) on the CPU: a worker whose contender
-never returns is killed, and its spec is left out by the other workers; every point's
+never returns is killed, and its schedule is left out by the other workers; every point's
 contenders resolve; the table writer's choice per point (gemm_tools/report.py)."""
 
 import argparse
@@ -11,13 +11,18 @@ from pathlib import Path
 
 from gemm_tools import points, report, runs
 
+from mxfp8_fusion.kernels.gemm_sm90 import config, select
+
+K_SPLIT = select.schedule(config.tiled_config(64, 128, 2, 1))  # tiled 64x128 c2 stream-k
+
 
 def test_a_hung_contender_is_killed_and_left_out(monkeypatch, tmp_path):
     hung_file = tmp_path / "hung.txt"
     job = {"n": 8, "k": 32, "out": str(tmp_path / "w.json"), "hung": str(hung_file)}
-    # the worker's state as it stands while the first launch of a spec never returns
+    # the worker's state as it stands while the first launch of a config never returns
+    deep = select.schedule(config.tiled_config(64, 128, 2, 1, stages=(7, 3)))
     state = {"status": "timing", "since": time.time() - 10, "point": 32,
-             "checking": "tiled 64x128 c2 stream-k s7+3"}  # fmt: skip
+             "checking": {"label": "tiled 64x128 c2 stream-k s7+3", "schedule": deep}}  # fmt: skip
     Path(job["out"]).write_text(json.dumps(state))
     monkeypatch.setattr(runs, "POINT_TIMEOUT_S", 1.0)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -26,15 +31,16 @@ def test_a_hung_contender_is_killed_and_left_out(monkeypatch, tmp_path):
     t0 = time.time()
     states = runs._run_workers([job], deadline=time.time() + 60)
     assert time.time() - t0 < 30 and states[0]["returncode"] != 0  # killed, not waited for
-    assert hung_file.read_text().splitlines() == ["tiled 64x128 c2 stream-k s7+3"]
+    assert [json.loads(line) for line in hung_file.read_text().splitlines()] == [deep]
 
 
-def test_workers_skip_specs_that_hung():
-    """A worker reads the hung specs before each point; the tune's configs leave them out."""
-    job = {"mode": "tune", "n": 7168, "k": 43008, "leave_out": [],
-           "hung_specs": ["tiled 128x128 c2 stream-k"]}  # fmt: skip
-    names = set(points._configs(job, 64, 132))
-    assert "tiled 128x128 c2 stream-k" not in names and "tiled 64x128 c2 stream-k" in names
+def test_workers_skip_schedules_that_hung():
+    """A worker reads the hung schedules before each point; the tune's configs leave them
+    out."""
+    stream_k = select.schedule(config.tiled_config(128, 128, 2, 1))
+    job = {"mode": "tune", "n": 7168, "k": 43008, "leave_out": [], "hung_schedules": [stream_k]}
+    schedules = [select.schedule(cfg) for cfg in points._configs(job, 64, 132).values()]
+    assert stream_k not in schedules and K_SPLIT in schedules
 
 
 def test_every_sweep_and_tune_point_names_its_configs():
@@ -44,19 +50,25 @@ def test_every_sweep_and_tune_point_names_its_configs():
         for t in points.TOKENS:
             for mode in ("sweep", "tune"):
                 job = {"mode": mode, "n": n, "k": k, "before": True, "leave_out": []}
-                names = points._configs(job, t, 132)
-                assert names and all(spec for spec, _cfg in names.values()), (mode, n, k, t)
+                found = points._configs(job, t, 132)
+                assert found and all(map(config.label, found.values())), (mode, n, k, t)
+                assert all(
+                    select.config_of(select.schedule(cfg), t, 132) == cfg for cfg in found.values()
+                ), (mode, n, k, t)
 
 
-def test_table_keeps_a_neighbours_spec_only_within_one_kernel():
-    """The table writer keeps the previous point's spec within 3% of the fastest (fewer
+def test_table_keeps_a_neighbours_schedule_only_within_one_kernel():
+    """The table writer keeps the previous point's schedule within 3% of the fastest (fewer
     switch points), but not across kernels: the swap-AB kernel's time grows faster with
     tokens than the tiled one's."""
-    names = ("swap-ab w128 bf16-tokens", "tiled 128x128 c2", "tiled 192x128 c1")
+    wide = config.swap_ab_config(64, consumers=2, bf16_tokens=True, tile_w=128)
+    configs = (wide, config.tiled_config(128, 128, 2), config.tiled_config(192, 128, 1))
+    schedules = [select.schedule(cfg) for cfg in configs]
 
     def point(tokens, *times):
         contenders = {
-            n: {"ms": t, "over_cublas_bf16": t} for n, t in zip(names, times, strict=True)
+            config.label(cfg): {"schedule": select.schedule(cfg), "ms": t, "over_cublas_bf16": t}
+            for cfg, t in zip(configs, times, strict=True)
         }
         return {"tokens": tokens, "contenders": contenders}
 
@@ -66,8 +78,8 @@ def test_table_keeps_a_neighbours_spec_only_within_one_kernel():
         point(128, 1.50, 1.02, 1.00),  # the tiled neighbour within 3%: it sticks
         point(192, 2.00, 1.10, 1.00),
     ]}  # fmt: skip
-    specs = [spec for _t, spec, _ms, _r in report.best_specs(shape)]
-    assert specs == [names[0], names[1], names[1], names[2]]
+    chosen = [c["schedule"] for _t, c in report.best_contenders(shape)]
+    assert chosen == [schedules[0], schedules[1], schedules[1], schedules[2]]
 
 
 def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ from ...format import padded_rows
 from ..capability import CUTE_GEMM_TARGET
 from ..runtime import launcher
 from ..runtime.launcher import int32, pointer, raw_stream
-from .constants import WG_THREADS
+from . import workspace
 
 if TYPE_CHECKING:
     from .config import GemmConfig
@@ -51,15 +51,11 @@ def refs_build(k: int) -> launcher.Build:
 
 
 # Buffers of the kernels per (device, stream), kept across calls: the stream-K workspaces
-# (FP32 partial sums, and zeroed flags that the kernel re-arms after use). The swap-AB
-# kernel's: per finishing consumer of a CTA (consumer 0; each with tile_w 128) two slots of
-# up to 32 values per thread (64 with a 128-token tile), and a flag. The tiled kernel's: two
-# slots per CTA and consumer warpgroup of 64 x tile N values, one flag per CTA and consumer
-# warpgroup. And the tiled kernel's per-row FP16 references
-# (rewritten by the scan launch before each GEMM).
-# Launches on one stream never overlap, so one set serves every later launch there. Under
-# CUDA Graph capture each launch gets its own from the graph's pool instead (zeroing too).
-WORKSPACE_FLOATS_PER_CTA = 2 * WG_THREADS * 32
+# (FP32 partial sums, and zeroed flags that the kernel re-arms after use; their geometry is
+# gemm_sm90.workspace's) and the tiled kernel's per-row FP16 references (rewritten by the
+# scan launch before each GEMM). Launches on one stream never overlap, so one set serves
+# every later launch there. Under CUDA Graph capture each launch gets its own from the
+# graph's pool instead (zeroing too).
 kept_buffers: dict[tuple, tuple[int, tuple[torch.Tensor, ...]]] = {}
 
 
@@ -79,36 +75,22 @@ def stream_buffers(name: str, device: torch.device, index: int, stream: int, siz
     return kept[1]
 
 
-def swap_ab_workspace_slots(cfg: GemmConfig) -> int:
-    """Workspace units of WORKSPACE_FLOATS_PER_CTA floats and one flag the swap-AB kernel
-    needs for ``cfg``: one per CTA, or per CTA and consumer with ``tile_w`` 128 (each finishes
-    its own rows); twice that with a 128-token tile."""
-    consumers = cfg.consumers if cfg.tile_w == 128 else 1
-    return cfg.num_ctas * consumers * max(1, cfg.tokens_tile // 64)
-
-
-def fresh_workspace(device: torch.device, slots: int):
-    partials = torch.empty(slots * WORKSPACE_FLOATS_PER_CTA, device=device)
-    return partials, torch.zeros(slots, dtype=torch.int32, device=device)
-
-
-# A consumer warpgroup's two slots hold 2 x 64 x tile N >= 8192 floats, so a workspace of F
-# floats has room for F / 8192 flags, whichever tile shape it was made for.
-_FLOATS_PER_TILED_FLAG = 2 * 64 * 64
-
-
-def tiled_workspace_floats(cfg: GemmConfig) -> int:
-    """FP32 partial sums of the tiled kernel's stream-K workspace for ``cfg``: per CTA two
-    slots per 64 rows; 64-row k-split tiles a second block for the hand-off between their
-    consumer warpgroups."""
-    blocks = 2 if cfg.tile_m == 64 else cfg.tile_m // 64
-    return cfg.num_ctas * blocks * 2 * 64 * cfg.tile_n
-
-
-def fresh_tiled_workspace(device: torch.device, floats: int):
+def fresh_workspace(device: torch.device, floats: int):
+    """A stream-K workspace of ``floats`` FP32 partial sums and its zeroed flags."""
     partials = torch.empty(floats, device=device)
-    flags = torch.zeros(floats // _FLOATS_PER_TILED_FLAG, dtype=torch.int32, device=device)
-    return partials, flags
+    return partials, torch.zeros(workspace.flags(floats), dtype=torch.int32, device=device)
+
+
+def stream_workspace(cfg: GemmConfig, device: torch.device, index: int, stream: int) -> tuple:
+    """(partial sums, flags) addresses of the stream-K workspace kept for ``cfg``'s kernel on
+    ``stream``; (None, None) where the launch has none (a tiled launch without stream-K)."""
+    floats = workspace.floats(cfg)
+    if floats is None:
+        return None, None
+    name = f"{cfg.kernel} stream-K"
+    make = lambda size: fresh_workspace(device, size)  # noqa: E731
+    partials, flags = stream_buffers(name, device, index, stream, floats, make)
+    return partials.data_ptr(), flags.data_ptr()
 
 
 def made_outside_graph_pools(make, device: torch.device):

@@ -59,6 +59,9 @@ class TiledConfig:
     stage's bytes), every tile on the BF16 path (``fp16_tiles`` False)."""
 
     kernel = "tiled"
+    schedule_fields = ("tile_m", "tile_n", "converters", "stream_k")
+    """The fields of its schedule (select.schedule: the measured table's form), besides
+    ``stages`` and ``fp16_tiles``, which it holds only where they are not the default."""
 
     def __post_init__(self):
         if self.stream_k not in (0, 1, 2) or (self.stream_k == 2 and self.tile_m == 64):
@@ -106,6 +109,9 @@ class SwapABConfig:
     as ``bf16_tokens`` reads converted ones (which it therefore requires)."""
 
     kernel = "swap-ab"
+    schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
+    """The fields of its schedule (select.schedule): the token tile and stages follow from
+    the token count."""
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -176,11 +182,8 @@ def tiled_config(
     standard (FP8, 16-bit) stage counts unless ``stages`` gives them. With ``activation``
     ``"bf16"`` (W8A16): BF16 A stages, every tile on the BF16 path."""
     if activation == "bf16":
-        standard = _W8A16_NARROW_STAGES if tile_n == 64 else _W8A16_STAGES[tile_m]
         fp16_tiles = False
-    else:
-        standard = _TALL_STAGES if tile_m == 192 else _TILED_STAGES
-    stages8, stages16 = stages or standard
+    stages8, stages16 = stages or _standard_stages(tile_m, tile_n, activation)
     return TiledConfig(
         tile_m=tile_m, tile_n=tile_n, converters=converters, stream_k=stream_k,
         stages=stages8, stages16=stages16, num_ctas=num_sms, fp16_tiles=fp16_tiles,
@@ -235,3 +238,36 @@ def swap_ab_config(
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
         activation=activation,
     )  # fmt: skip
+
+
+def label(cfg: GemmConfig) -> str:
+    """How ``cfg`` reads in the tools' printed tables and receipts, e.g. ``"tiled 128x128 c2
+    stream-k"`` or ``"swap-ab w128 bf16-tokens mc2"`` (stage counts only where not the
+    tile's standard split). Display only: nothing reads a config back from it (the tools and
+    the measured table hold configs and their schedule fields)."""
+    w8a16 = " w8a16" if cfg.activation == "bf16" else ""
+    if isinstance(cfg, SwapABConfig):
+        pairs = " mc2" if cfg.cluster == 2 else ""
+        if cfg.tile_w == 128:
+            return f"swap-ab w128 bf16-tokens{pairs}{w8a16}"
+        text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"
+        return text + (" bf16-tokens" if cfg.bf16_tokens else "") + pairs + w8a16
+    tail = ("", " stream-k", " stream-k-tail")[cfg.stream_k]
+    text = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{tail}"
+    if own_stages(cfg):
+        text += f" s{cfg.stages}+{cfg.stages16}"
+    if w8a16:  # every tile on the BF16 path, which the W8A8 label says with " bf16"
+        return text + w8a16
+    return text + ("" if cfg.fp16_tiles else " bf16")
+
+
+def own_stages(cfg: TiledConfig) -> bool:
+    """Whether ``cfg``'s (FP8, 16-bit) stage counts differ from its tile's standard split
+    (:func:`tiled_config`)."""
+    return (cfg.stages, cfg.stages16) != _standard_stages(cfg.tile_m, cfg.tile_n, cfg.activation)
+
+
+def _standard_stages(tile_m: int, tile_n: int, activation: str) -> tuple[int, int]:
+    if activation == "bf16":
+        return _W8A16_NARROW_STAGES if tile_n == 64 else _W8A16_STAGES[tile_m]
+    return _TALL_STAGES if tile_m == 192 else _TILED_STAGES

@@ -235,11 +235,6 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
                 plan.before, args[0], a_scales_ptr, m, k, device, dev, stream
             )
             args = (tokens.data_ptr(), *args[1:])
-        partials, flags = buffers.stream_buffers(
-            "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
-            lambda slots: buffers.fresh_workspace(device, slots),
-        )  # fmt: skip
-        args += (partials.data_ptr(), flags.data_ptr())
     else:
         if plan.before is not None:
             refs = buffers.launch_row_references(
@@ -249,12 +244,6 @@ def _run(m, n, k, a_values, a_scales, b_values, b_scales, bias, out, config) -> 
             refs = buffers.bf16_references(m, n, device, dev, stream)
         refs_ptr = refs.data_ptr()
         args += (refs_ptr, refs_ptr + 4 * padded_rows(m))
-        if cfg.stream_k:
-            partials, flags = buffers.stream_buffers(
-                "tiled stream-K", device, dev, stream, buffers.tiled_workspace_floats(cfg),
-                lambda size: buffers.fresh_tiled_workspace(device, size),
-            )  # fmt: skip
-            args += (partials.data_ptr(), flags.data_ptr())
-        else:
-            args += (None, None)  # a build without stream-K has no workspace
+    # None, None for a tiled build without stream-K, which has no workspace
+    args += buffers.stream_workspace(cfg, device, dev, stream)
     launcher.launch(plan.gemm, (*args, stream))

@@ -1,18 +1,26 @@
 """The GEMM tune's search space: the configs ``benchmarks/gemm.py --tune`` times at each
-point (:func:`candidates`, by name: ``names``), and the config choice from before the
-measured table (:func:`main_heuristic`, the sweep's ``--before``). Beside the validity
-rules (``config``), the choice (``select``) and the measured table (``table``) it shapes.
-No call takes this path; no torch, no cutlass.
+point (:func:`candidates`), and the config choice from before the measured table
+(:func:`main_heuristic`, the sweep's ``--before``). Beside the validity rules (``config``),
+the choice (``select``) and the measured table (``table``) it shapes. No call takes this
+path; no torch, no cutlass.
 """
 
 from __future__ import annotations
 
-from .config import SWAP_AB_MAX_TOKENS, SWAP_AB_WIDE_MAX_TOKENS, swap_ab_config
-from .names import config_from_spec, spec_of
-from .select import _busiest, _tile_costs
+from dataclasses import replace
+
+from .config import (
+    SWAP_AB_MAX_TOKENS,
+    SWAP_AB_WIDE_MAX_TOKENS,
+    GemmConfig,
+    own_stages,
+    swap_ab_config,
+    tiled_config,
+)
+from .select import _busiest, _tile_costs, schedule
 
 
-def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
+def main_heuristic(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
     """The config choice before the measured table existed: swap-AB up to 64
     tokens, else whole tiles per CTA, 128 x 64 below one round of 128 x 128 tiles, 192 x 128
     where the round-robin model favours it."""
@@ -20,56 +28,75 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int):
     if tokens <= SWAP_AB_MAX_TOKENS:
         return swap_ab_config(tokens, num_sms)
     if -(-tokens // 128) * -(-n // 128) < num_sms:
-        return config_from_spec("tiled 128x64 c1", tokens, num_sms)
+        return tiled_config(128, 64, 1, num_sms=num_sms)
     busiest = {m: _busiest(_tile_costs(tokens, n, m), num_sms) for m in (128, 192)}
     if busiest[192] < busiest[128]:
-        return config_from_spec("tiled 192x128 c1", tokens, num_sms)
-    return config_from_spec("tiled 128x128 c2", tokens, num_sms)
+        return tiled_config(192, 128, 1, num_sms=num_sms)
+    return tiled_config(128, 128, 2, num_sms=num_sms)
 
 
-def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[str]:
-    """Specs (config_from_spec) the tune times at one point: swap-AB up to 64
-    tokens (converting the tokens in every CTA or once before the GEMM) and with 128-row
-    weight stages from 9 to 128 tokens, the two with BF16 tokens also on CTA pairs (``mc2``)
-    from 9 tokens on; the pre-table heuristic's; the others where they won
-    anywhere in an earlier full tune (whole tiles of 128 or 192 rows from 256 tokens on,
-    stream-K up to 1024 with 192 rows, any count with 128; 64-row k-split tiles up to 128
-    tokens); whole waves with a stream-K tail from 192 tokens on (128 x 64 tiles up to
-    1024); and up to 256 tokens deeper FP8 pipelines and the stream-K specs without the
-    reference scan (``bf16``). Specs containing a string of ``leave_out`` are dropped."""
+def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[GemmConfig]:
+    """The configs the tune times at one point: swap-AB up to 64 tokens (converting the
+    tokens in every CTA or once before the GEMM) and with 128-row weight stages from 9 to 128
+    tokens, the two with BF16 tokens also on CTA pairs (``cluster`` 2) from 9 tokens on; the
+    pre-table heuristic's; the others where they won anywhere in an earlier full tune (whole
+    tiles of 128 or 192 rows from 256 tokens on, stream-K up to 1024 with 192 rows, any count
+    with 128; 64-row k-split tiles up to 128 tokens); whole waves with a stream-K tail from
+    192 tokens on (128 x 64 tiles up to 1024); and up to 256 tokens deeper FP8 pipelines and
+    the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
+    schedule (``select.schedule``) holds every field of one of the partial schedules in
+    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped."""
 
-    specs = ["swap-ab"] if tokens <= SWAP_AB_MAX_TOKENS else []
+    def tiled(tile_m, tile_n, converters, stream_k=0, stages=None):
+        return tiled_config(tile_m, tile_n, converters, stream_k, num_sms, stages)
+
+    found = []
     if tokens <= SWAP_AB_MAX_TOKENS:
-        specs.append("swap-ab bf16-tokens")  # tokens converted once, before the GEMM
-    if 8 < tokens <= SWAP_AB_MAX_TOKENS:
-        specs.append("swap-ab bf16-tokens mc2")  # multicast to CTA pairs
+        found.append(swap_ab_config(tokens, num_sms))
+        # the tokens converted once, before the GEMM
+        found.append(swap_ab_config(tokens, num_sms, bf16_tokens=True))
+    if 8 < tokens <= SWAP_AB_MAX_TOKENS:  # multicast to CTA pairs
+        found.append(swap_ab_config(tokens, num_sms, bf16_tokens=True, cluster=2))
     if 8 < tokens <= SWAP_AB_WIDE_MAX_TOKENS:
         # shared by two 64-row consumers, alone and on CTA pairs
-        specs += ["swap-ab w128 bf16-tokens", "swap-ab w128 bf16-tokens mc2"]
-    specs.append(spec_of(main_heuristic(tokens, n, k, num_sms)))
+        found += [
+            swap_ab_config(tokens, num_sms, 2, True, tile_w=128, cluster=pairs) for pairs in (1, 2)
+        ]
+    found.append(main_heuristic(tokens, n, k, num_sms))
     if tokens >= 256:
-        specs += ["tiled 128x128 c2", "tiled 192x128 c1"]
+        found += [tiled(128, 128, 2), tiled(192, 128, 1)]
     if 256 <= tokens <= 512:
-        specs.append("tiled 128x64 c1")
-    specs.append("tiled 128x128 c2 stream-k")
+        found.append(tiled(128, 64, 1))
+    found.append(tiled(128, 128, 2, 1))
     if tokens >= 192:
         # whole waves and a stream-K tail (below a wave of tiles the same as stream-K)
-        specs += ["tiled 128x128 c2 stream-k-tail", "tiled 192x128 c1 stream-k-tail"]
+        found += [tiled(128, 128, 2, 2), tiled(192, 128, 1, 2)]
     if 192 <= tokens <= 1024:
-        specs.append("tiled 128x64 c1 stream-k-tail")
+        found.append(tiled(128, 64, 1, 2))
     if SWAP_AB_MAX_TOKENS < tokens <= 1024:
-        specs.append("tiled 192x128 c1 stream-k")
+        found.append(tiled(192, 128, 1, 1))
     if tokens <= 256:
-        specs.append("tiled 128x64 c1 stream-k")
+        found.append(tiled(128, 64, 1, 1))
     if tokens <= 128:
-        specs.append("tiled 64x128 c2 stream-k")
+        found.append(tiled(64, 128, 2, 1))
     if tokens <= 256:
         # deeper FP8 pipelines (variant 36; these two won somewhere, 128 x 128 at 5 + 3 and
         # 192 x 128 at 4 + 3 nowhere)
-        specs.append("tiled 128x64 c1 stream-k s7+4")
+        found.append(tiled(128, 64, 1, 1, (7, 4)))
         if tokens <= 128:
-            specs.append("tiled 64x64 c1 stream-k s11+4")
-        # every tile on the BF16 path, no reference scan before the GEMM (variant 37)
-        specs += [s + " bf16" for s in specs if s.startswith("tiled") and s.endswith("stream-k")]
-    specs = [s for s in specs if not any(part in s for part in leave_out)]
-    return list(dict.fromkeys(specs))
+            found.append(tiled(64, 64, 1, 1, (11, 4)))
+        # every tile on the BF16 path, no reference scan before the GEMM (variant 37), for
+        # the stream-K configs with the tile's standard stages
+        found += [
+            replace(cfg, fp16_tiles=False)
+            for cfg in found
+            if cfg.kernel == "tiled" and cfg.stream_k == 1 and not own_stages(cfg)
+        ]
+    found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
+    return list(dict.fromkeys(found))
+
+
+def _holds(cfg: GemmConfig, part: dict) -> bool:
+    """Whether ``cfg``'s schedule holds every field of the partial schedule ``part``."""
+    entry = schedule(cfg)
+    return all(key in entry and entry[key] == value for key, value in part.items())

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 
-from ...format import ceil_div
+from ...format import ceil_div, fail
 from . import table
 from .config import (
     SWAP_AB_MAX_TOKENS,
     GemmConfig,
     SwapABConfig,
+    TiledConfig,
+    own_stages,
     swap_ab_config,
     swap_ab_token_limit,
     tiled_config,
@@ -54,24 +56,55 @@ _HEURISTIC_PAIRS_16_MIN_N = 4096
 _HEURISTIC_W128_MIN_N = 7168
 
 
+# the fields a tiled entry holds only where they are not the default
+_TILED_OPTIONAL = ("stages", "fp16_tiles")
+
+
 def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry gives ``tokens`` on ``num_sms`` SMs. An entry holds a
     schedule's fields: ``kernel`` ``"swap-ab"`` with ``consumers``, ``bf16_tokens``,
     ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``), or
     ``"tiled"`` with ``tile_m``, ``tile_n``, ``converters``, ``stream_k`` and optionally
-    ``stages`` (FP8, 16-bit) and ``fp16_tiles``.
+    ``stages`` (FP8, 16-bit) and ``fp16_tiles``; either optionally ``activation`` (``"bf16"``:
+    W8A16).
 
     Raises:
-        ValueError: where a swap-AB entry cannot hold ``tokens``.
+        ValueError: naming ``entry`` where it holds a field its kernel has not; naming the
+            field where the config refuses it (a swap-AB entry's ``tokens`` where it cannot
+            hold them).
     """
-    if entry["kernel"] == SwapABConfig.kernel:
-        fields = {k: entry[k] for k in ("consumers", "bf16_tokens", "tile_w", "cluster")}
-        return swap_ab_config(tokens, num_sms, **fields)
+    swap_ab = entry["kernel"] == SwapABConfig.kernel
+    fields = SwapABConfig.schedule_fields if swap_ab else TiledConfig.schedule_fields
+    known = {"kernel", "activation", *fields, *(() if swap_ab else _TILED_OPTIONAL)}
+    if not known.issuperset(entry):
+        fail(ValueError, "entry", f"only the fields {sorted(known)}", sorted(set(entry) - known))
+    activation = entry.get("activation", "mxfp8")
+    if swap_ab:
+        return swap_ab_config(
+            tokens, num_sms, **{k: entry[k] for k in fields}, activation=activation
+        )
     stages = entry.get("stages")
     return tiled_config(
         entry["tile_m"], entry["tile_n"], entry["converters"], entry["stream_k"], num_sms,
-        tuple(stages) if stages else None, entry.get("fp16_tiles", True),
+        tuple(stages) if stages else None, entry.get("fp16_tiles", True), activation,
     )  # fmt: skip
+
+
+def schedule(cfg: GemmConfig) -> dict:
+    """The table entry of ``cfg`` (:func:`config_of`'s inverse): its schedule fields, without
+    those the token count sets; a tiled entry holds ``stages`` only where they are not the
+    tile's standard split and ``fp16_tiles`` only where False. The tools' contenders carry
+    it in their receipts, and the table is written from it."""
+    entry: dict = {"kernel": cfg.kernel}
+    if cfg.activation != "mxfp8":
+        entry["activation"] = cfg.activation
+    if isinstance(cfg, SwapABConfig):
+        return {**entry, **{f: getattr(cfg, f) for f in cfg.schedule_fields}}
+    if not cfg.fp16_tiles and cfg.activation == "mxfp8":  # W8A16: always, said by activation
+        entry["fp16_tiles"] = False
+    if own_stages(cfg):
+        entry["stages"] = [cfg.stages, cfg.stages16]
+    return {**entry, **{f: getattr(cfg, f) for f in cfg.schedule_fields}}
 
 
 def token_limit(entry: dict) -> int | None:

@@ -2,7 +2,7 @@
 
 Each table holds what one tune measured on one device with one toolchain: per weight shape
 (N, K) and measured token count, the fastest schedule that matched the reference (its
-fields, as ``select.config_of`` reads them) and what it measured (its name in the receipt,
+fields, as ``select.config_of`` reads them) and what it measured (its label in the receipt,
 its time, its ratio to cuBLAS BF16's time). It is keyed by the device's name, its SM count
 and the toolchain that measured it: a call on another device (an H100 SXM has the H200's
 132 SMs) finds no table and takes the heuristic. On the measured device, a table measured

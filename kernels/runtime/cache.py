@@ -101,7 +101,6 @@ HOST_ONLY = (
     "capability.py",
     "dispatch.py",
     "gemm_cublas.py",
-    "gemm_sm90/names.py",
     "gemm_sm90/search.py",
     "gemm_sm90/select.py",
     "gemm_sm90/table.py",

@@ -36,6 +36,41 @@ def _is_sm90() -> bool:
 requires_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU")
 
 
+def tiled(tile_m, tile_n, converters, stream_k=0, stages=None, fp16_tiles=True) -> dict:
+    """The schedule (a measured-table entry: gemm_sm90.select) of the tiled config of that
+    tile, B converters and ``stream_k`` (0 whole tiles, 1 stream-K, 2 a stream-K tail), with
+    the (FP8, 16-bit) ``stages`` where not the tile's standard split."""
+    from mxfp8_fusion.kernels.gemm_sm90 import config, select
+
+    cfg = config.tiled_config(tile_m, tile_n, converters, stream_k, 132, stages, fp16_tiles)
+    return select.schedule(cfg)
+
+
+def swap_ab(consumers=3, bf16_tokens=False, tile_w=64, cluster=1) -> dict:
+    """The schedule of a swap-AB config (its token tile and stages follow from the tokens)."""
+    from mxfp8_fusion.kernels.gemm_sm90 import config, select
+
+    return select.schedule(config.swap_ab_config(8, 132, consumers, bf16_tokens, tile_w, cluster))
+
+
+W128 = dict(consumers=2, bf16_tokens=True, tile_w=128)
+"""swap_ab's arguments for 128-row weight stages shared by two consumers."""
+
+
+def config_of(schedule: dict, tokens: int, num_sms: int = 132):
+    """The config ``schedule`` gives ``tokens`` on ``num_sms`` SMs (select.config_of)."""
+    from mxfp8_fusion.kernels.gemm_sm90 import select
+
+    return select.config_of(schedule, tokens, num_sms)
+
+
+def schedule_id(value) -> str | None:
+    """A pytest id: a schedule's config's label; None (pytest's own) for other values."""
+    from mxfp8_fusion.kernels.gemm_sm90.config import label
+
+    return label(config_of(value, 1)) if isinstance(value, dict) else None
+
+
 def random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, device="cuda"):
     """Random E4M3 values (no NaN encodings) and blocked scales, bytes in center +- spread."""
     gen = torch.Generator(device="cpu").manual_seed(seed)

@@ -10,16 +10,18 @@ import torch
 from helpers.gemm import (
     check_close,
     check_run,
+    config_of,
     random_operand,
     requires_cutlass,
     requires_sm90,
     run_kernel,
+    schedule_id,
+    tiled,
 )
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP, scale_bytes, scale_offset
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 
 SHAPES = [  # (tokens, N, K)
     (1, 128, 128),
@@ -163,12 +165,12 @@ def test_tile_configs_agree(tokens):
 @requires_cutlass
 @requires_sm90
 @pytest.mark.parametrize(
-    "spec", ["tiled 128x64 c1", "tiled 192x128 c1", "tiled 128x128 c2 stream-k",
-             "tiled 64x128 c2 stream-k"],
+    "schedule", [tiled(128, 64, 1), tiled(192, 128, 1), tiled(128, 128, 2, 1), tiled(64, 128, 2, 1)],
+    ids=schedule_id,
 )  # fmt: skip
 @pytest.mark.parametrize("n", [200, 203])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_tiled_epilogue_column_edges(spec, n, out_dtype):
+def test_tiled_epilogue_column_edges(schedule, n, out_dtype):
     """The epilogue stores 8 columns of a row at once where they lie inside M and N: N 200
     ends a column tile mid-way on a group of 8, N 203 inside one (stored one by one), into an
     ``out`` whose rows are 208 wide; with a bias. Rows past M and the padding columns stay
@@ -184,7 +186,7 @@ def test_tiled_epilogue_column_edges(spec, n, out_dtype):
     full = torch.full((tokens + 5, 208), 1234.0, device="cuda", dtype=out_dtype)
     poison = full.clone()
     out = full[:, :n]
-    g.run(a, sa, b, sb, bias, out, config=gemm_names.config_from_spec(spec, tokens))
+    g.run(a, sa, b, sb, bias, out, config=config_of(schedule, tokens))
     ref = torch.empty(tokens, n, device="cuda", dtype=out_dtype)
     reference.mm_into(a, sa, b, sb, bias, ref)
     torch.cuda.synchronize()
@@ -289,7 +291,7 @@ def test_staged_and_one_shot_inputs_give_equal_bytes():
         reference.quantize_slice_(s, st_values, st_scales, i * width)
     w_values, w_scales = reference.quantize(torch.randn(n, k, device="cuda"))
     # the heuristic's choice here (stream-K) and whole tiles per CTA
-    for cfg in (None, gemm_names.config_from_spec("tiled 128x128 c2", tokens)):
+    for cfg in (None, config_of(tiled(128, 128, 2), tokens)):
         out_one = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         out_st = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         g.run(one_values, one_scales, w_values, w_scales, None, out_one, config=cfg)

@@ -14,13 +14,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers.gemm import (
-    requires_cutlass,
-)
+from helpers.gemm import config_of, requires_cutlass, schedule_id, tiled
 
 from mxfp8_fusion.format import scale_bytes
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
 
@@ -37,7 +34,7 @@ def test_compiles_for_sm90a_without_gpu():
         warnings.filterwarnings("error", message="This static loop has")
         from mxfp8_fusion.kernels.gemm_sm90 import host as g
         from mxfp8_fusion.kernels.gemm_sm90.config import TiledConfig, swap_ab_config
-        from mxfp8_fusion.kernels.gemm_sm90.names import config_from_spec as named
+        from mxfp8_fusion.kernels.gemm_sm90.config import tiled_config as tiled
         from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
         assert "cutlass" not in sys.modules  # importing the modules must not import cutlass
         bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
@@ -50,12 +47,12 @@ def test_compiles_for_sm90a_without_gpu():
             (swap_ab_config(64), 7168, 43008, bf16, bf16),
             (swap_ab_config(40, bf16_tokens=True), 200, 4160, fp16, fp32),
             # stream-K: every tile shape
-            (named("tiled 128x128 c2 stream-k", 300), 640, 4160, bf16, None),
-            (named("tiled 192x128 c1 stream-k", 300), 7168, 43008, fp16, fp32),
-            (named("tiled 128x64 c1 stream-k", 300), 200, 512, bf16, bf16),
-            (named("tiled 64x128 c2 stream-k", 64), 640, 4160, bf16, None),
+            (tiled(128, 128, 2, stream_k=1), 640, 4160, bf16, None),
+            (tiled(192, 128, 1, stream_k=1), 7168, 43008, fp16, fp32),
+            (tiled(128, 64, 1, stream_k=1), 200, 512, bf16, bf16),
+            (tiled(64, 128, 2, stream_k=1), 640, 4160, bf16, None),
             # whole waves and a stream-K tail
-            (named("tiled 192x128 c1 stream-k-tail", 300), 640, 4160, fp16, fp32),
+            (tiled(192, 128, 1, stream_k=2), 640, 4160, fp16, fp32),
         ]:
             g.compile_gemm(cfg, n, k, n, out, bias)
         from mxfp8_fusion.kernels.gemm_sm90 import buffers
@@ -205,29 +202,28 @@ def test_k_split_tiles_need_stream_k():
     from mxfp8_fusion.kernels.gemm_sm90.tiled.kernel import MXFP8TiledGemmSm90
 
     with pytest.raises(ValueError, match="stream_k"):
-        MXFP8TiledGemmSm90(
-            gemm_names.config_from_spec("tiled 64x128 c2", 64), 256, 512, 256, None, None
-        )
+        MXFP8TiledGemmSm90(gemm_config.tiled_config(64, 128, 2), 256, 512, 256, None, None)
 
 
 @requires_cutlass
 @pytest.mark.parametrize(
-    "spec,ok",
+    "schedule,ok",
     [
-        ("tiled 128x128 c2 s4+2", False),  # two 16-bit stages: a measured hang
-        ("tiled 128x128 c2 stream-k s5+3", True),
-        ("tiled 64x128 c2 stream-k s7+3", False),  # k-split: three measured a hang
-        ("tiled 64x128 c2 stream-k s6+4", True),
+        (tiled(128, 128, 2, stages=(4, 2)), False),  # two 16-bit stages: a measured hang
+        (tiled(128, 128, 2, 1, (5, 3)), True),
+        (tiled(64, 128, 2, 1, (7, 3)), False),  # k-split: three measured a hang
+        (tiled(64, 128, 2, 1, (6, 4)), True),
     ],
+    ids=schedule_id,
 )
-def test_kernel_refuses_16_bit_stage_counts_that_deadlock(spec, ok):
+def test_kernel_refuses_16_bit_stage_counts_that_deadlock(schedule, ok):
     """The converter commits an FP8 stage's two halves together, and consumers free a half
     only once they hold the next one they read: the tiled kernel needs three 16-bit stages,
     four with k-split consumers (every other half each), and refuses fewer before any
     compile."""
     from mxfp8_fusion.kernels.gemm_sm90.tiled.kernel import MXFP8TiledGemmSm90
 
-    cfg = gemm_names.config_from_spec(spec, 64)
+    cfg = config_of(schedule, 64)
     if ok:
         MXFP8TiledGemmSm90(cfg, 7168, 43008, 7168, None, None)
     else:

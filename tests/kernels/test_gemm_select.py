@@ -1,7 +1,7 @@
 """The SM90 GEMM's configs and their selection on a CPU: each config class checks its
 fields, the constructors fit shared memory, the heuristic's rules and model hold against the
-tune receipt, the measured table is well formed and looked up as documented, and the
-tooling names (kernels/gemm_sm90/names.py) round-trip."""
+tune receipt, the measured table is well formed and looked up as documented, and a config's
+schedule (the table's form of it, which the tools hold) gives it back."""
 
 from __future__ import annotations
 
@@ -10,21 +10,24 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers.gemm import W128, config_of, swap_ab, tiled
 
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.config import label
+
+SWAP_AB, TILED = gemm_config.SwapABConfig.kernel, gemm_config.TiledConfig.kernel
 
 
 def test_swap_ab_configs_fit_shared_memory():
 
     for tokens, tile in [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (33, 64), (64, 64)]:
         cfg = gemm_config.swap_ab_config(tokens)
-        assert cfg.kernel == gemm_names.SWAP_AB and cfg.tokens_tile == tile
+        assert cfg.kernel == SWAP_AB and cfg.tokens_tile == tile
         per_stage = (64 + tile) * 128 + 1024
         assert 2 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
     for tokens, tile in [(9, 16), (64, 64), (65, 128), (128, 128)]:
-        cfg = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        cfg = config_of(swap_ab(**W128), tokens)
         per_stage = 128 * 128 + tile * 128 * 2 + 512
         # each consumer holds a stage until it has its next: three at least
         assert 3 <= cfg.stages <= 16 and cfg.stages * per_stage < 227 * 1024
@@ -34,26 +37,26 @@ def test_swap_ab_workspace_holds_every_finishing_consumers_parts():
     """The stream-K workspace the host keeps has room for the kernel's layout: two slots of
     64 x tokens_tile partial sums per finishing consumer and CTA (one consumer, or both with
     tile_w 128), and a flag each."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90 import workspace
 
-    for spec, tokens, finishing in [
-        ("swap-ab", 64, 1),
-        ("swap-ab bf16-tokens", 32, 1),
-        ("swap-ab w128 bf16-tokens", 64, 2),
-        ("swap-ab w128 bf16-tokens", 128, 2),
+    for schedule, tokens, finishing in [
+        (swap_ab(), 64, 1),
+        (swap_ab(bf16_tokens=True), 32, 1),
+        (swap_ab(**W128), 64, 2),
+        (swap_ab(**W128), 128, 2),
     ]:
-        cfg = gemm_names.config_from_spec(spec, tokens)
-        slots = buffers.swap_ab_workspace_slots(cfg)
+        cfg = config_of(schedule, tokens)
+        floats = workspace.floats(cfg)
         needed = cfg.num_ctas * finishing * 2 * 64 * cfg.tokens_tile
-        assert slots * buffers.WORKSPACE_FLOATS_PER_CTA >= needed
-        assert slots >= cfg.num_ctas * finishing
+        assert floats >= needed
+        assert workspace.flags(floats) >= cfg.num_ctas * finishing
 
 
 def test_config_names_its_kernel():
     """A config's class is its kernel (TiledConfig, SwapABConfig); a swap-AB token tile the
     kernel has no form for is refused naming the field."""
     tiled, swap = gemm_config.TiledConfig(), gemm_config.SwapABConfig(tokens_tile=16, stages=8)
-    assert tiled.kernel == gemm_names.TILED and gemm_names.spec_of(swap) == "swap-ab"
+    assert tiled.kernel == TILED and label(swap) == "swap-ab"
     for tokens_tile in (24, 0, 128):
         with pytest.raises(ValueError, match="^tokens_tile:"):
             gemm_config.SwapABConfig(tokens_tile=tokens_tile, stages=8)
@@ -84,10 +87,10 @@ def test_heuristic_swaps_operands_for_few_tokens():
         # pairs need an even CTA count
         assert gemm_select.heuristic_config(tokens, 7168, 43008, 131).cluster == 1
     for tokens in (33, 64):  # weights of 7168 rows or more: 128-row stages, two consumers
-        want = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        want = config_of(swap_ab(**W128), tokens)
         assert gemm_select.heuristic_config(tokens, 7168, 43008) == want
-        assert gemm_select.heuristic_config(tokens, 4096, 12288).kernel == gemm_names.TILED
-    assert gemm_select.heuristic_config(65, 7168, 43008).kernel == gemm_names.TILED
+        assert gemm_select.heuristic_config(tokens, 4096, 12288).kernel == TILED
+    assert gemm_select.heuristic_config(65, 7168, 43008).kernel == TILED
     assert gemm_select.heuristic_config(4096, 7168, 43008).tile_n == 128
 
 
@@ -98,23 +101,21 @@ def test_heuristic_splits_few_tiles_over_k():
     narrow weights up to 256 tokens. Whole tiles where the rounds come out nearly even
     (1024 tokens at N 2048 took 1.22x as long split, 128 tiles)."""
 
-    for tokens, n, spec in [
-        (33, 4096, "tiled 128x128 c2 stream-k"),
-        (65, 7168, "tiled 128x128 c2 stream-k"),
-        (192, 7168, "tiled 192x128 c1 stream-k"),
-        (192, 18432, "tiled 192x128 c1 stream-k"),
-        (384, 7168, "tiled 192x128 c1 stream-k"),  # 112 tiles of 192 rows
-        (256, 7168, "tiled 128x128 c2 stream-k"),  # 112 tiles: one round
-        (100, 2048, "tiled 128x64 c1 stream-k"),
-        (256, 256, "tiled 128x64 c1 stream-k"),
-        (1024, 2048, "tiled 128x128 c2"),  # 128 tiles
-        (1024, 4096, "tiled 128x128 c2"),  # 256 tiles
-        (4096, 512, "tiled 128x128 c2"),
+    for tokens, n, schedule in [
+        (33, 4096, tiled(128, 128, 2, 1)),
+        (65, 7168, tiled(128, 128, 2, 1)),
+        (192, 7168, tiled(192, 128, 1, 1)),
+        (192, 18432, tiled(192, 128, 1, 1)),
+        (384, 7168, tiled(192, 128, 1, 1)),  # 112 tiles of 192 rows
+        (256, 7168, tiled(128, 128, 2, 1)),  # 112 tiles: one round
+        (100, 2048, tiled(128, 64, 1, 1)),
+        (256, 256, tiled(128, 64, 1, 1)),
+        (1024, 2048, tiled(128, 128, 2)),  # 128 tiles
+        (1024, 4096, tiled(128, 128, 2)),  # 256 tiles
+        (4096, 512, tiled(128, 128, 2)),
     ]:
-        assert gemm_names.spec_of(gemm_select.heuristic_config(tokens, n, 43008)) == spec, (
-            tokens,
-            n,
-        )
+        cfg = gemm_select.heuristic_config(tokens, n, 43008)
+        assert gemm_select.schedule(cfg) == schedule, (tokens, n)
 
 
 def test_heuristic_takes_whole_waves_and_a_stream_k_tail_past_a_wave():
@@ -146,14 +147,13 @@ def test_heuristic_tiled_choices_against_the_tune_receipt():
         for point in shape["points"]:
             tokens = point["tokens"]
             cfg = gemm_select.heuristic_config(tokens, n, k, 132)
-            if cfg.kernel != gemm_names.TILED or gemm_select._narrow(tokens, n):
+            if cfg.kernel != TILED or gemm_select._narrow(tokens, n):
                 continue
-            times = {
-                c["spec"]: c["ms"]
-                for name, c in point["contenders"].items()
-                if name != "cublas_bf16" and "ms" in c
-            }
-            ratios.append(times[gemm_names.spec_of(cfg)] / min(times.values()))
+            timed = [
+                c for name, c in point["contenders"].items() if name != "cublas_bf16" and "ms" in c
+            ]
+            (ms,) = [c["ms"] for c in timed if c["schedule"] == gemm_select.schedule(cfg)]
+            ratios.append(ms / min(c["ms"] for c in timed))
     assert len(ratios) >= 60
     assert max(ratios) < 1.07
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 1.01
@@ -173,91 +173,88 @@ def test_heuristic_takes_192_row_tiles_where_the_rounds_favour_them():
     assert gemm_select.heuristic_config(4096, 7168, 43008).tile_m == 192
 
 
-def test_config_names_round_trip():
+def test_config_schedules_round_trip():
+    """A config's schedule (select.schedule, the form the table and the tools hold) gives it
+    back (select.config_of) with the standard stages unless it names its own; its label
+    reads as the receipts print it."""
     from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
-    for spec in (
-        "tiled 128x128 c2",
-        "tiled 64x128 c2 stream-k",
-        "tiled 128x64 c1 stream-k",
-        "tiled 192x128 c1",
-        "tiled 192x128 c1 stream-k",
-        "tiled 128x128 c2 stream-k-tail",
-        "tiled 192x128 c1 stream-k-tail s3+5 bf16",
+    for schedule, text in (
+        (tiled(128, 128, 2), "tiled 128x128 c2"),
+        (tiled(64, 128, 2, 1), "tiled 64x128 c2 stream-k"),
+        (tiled(128, 64, 1, 1), "tiled 128x64 c1 stream-k"),
+        (tiled(192, 128, 1), "tiled 192x128 c1"),
+        (tiled(192, 128, 1, 1), "tiled 192x128 c1 stream-k"),
+        (tiled(128, 128, 2, 2), "tiled 128x128 c2 stream-k-tail"),
+        (tiled(192, 128, 1, 2, (3, 5), False), "tiled 192x128 c1 stream-k-tail s3+5 bf16"),
     ):
-        cfg = gemm_names.config_from_spec(spec, 300)
+        cfg = config_of(schedule, 300)
         assert (
-            gemm_names.spec_of(cfg) == spec
-            and cfg.kernel == gemm_names.TILED
+            gemm_select.schedule(cfg) == schedule
+            and label(cfg) == text
+            and cfg.kernel == TILED
             and cfg.num_ctas == 132
         )
-    assert gemm_names.config_from_spec("tiled 192x128 c1", 300).stages == 3  # 4 + 4 overflow smem
-    assert gemm_names.config_from_spec("swap-ab", 20, 100) == gemm_config.swap_ab_config(20, 100)
-    assert gemm_names.config_from_spec("tiled 64x128 c2 stream-k s7+3", 64).stages == 7
-    for spec in ("swap-ab c4", "swap-ab bf16-tokens", "swap-ab c2 bf16-tokens"):
-        assert gemm_names.spec_of(gemm_names.config_from_spec(spec, 20)) == spec
-    assert gemm_names.config_from_spec("swap-ab bf16-tokens", 20).bf16_tokens == 1
+    assert config_of(tiled(192, 128, 1), 300).stages == 3  # 4 + 4 overflow smem
+    assert config_of(swap_ab(), 20, 100) == gemm_config.swap_ab_config(20, 100)
+    assert config_of(tiled(64, 128, 2, 1, (7, 3)), 64).stages == 7
+    for schedule, text in (
+        (swap_ab(4), "swap-ab c4"),
+        (swap_ab(bf16_tokens=True), "swap-ab bf16-tokens"),
+        (swap_ab(2, True), "swap-ab c2 bf16-tokens"),
+    ):
+        cfg = config_of(schedule, 20)
+        assert gemm_select.schedule(cfg) == schedule and label(cfg) == text
+    assert config_of(swap_ab(bf16_tokens=True), 20).bf16_tokens == 1
     for tokens, tile in ((9, 16), (64, 64), (65, 128), (128, 128)):
-        wide = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+        wide = config_of(swap_ab(**W128), tokens)
         assert (wide.tile_w, wide.consumers, wide.bf16_tokens, wide.tokens_tile) == (
             128, 2, 1, tile,
         )  # fmt: skip
-        assert gemm_names.spec_of(wide) == "swap-ab w128 bf16-tokens"
-        assert gemm_names.swap_ab_limit(gemm_names.spec_of(wide)) == 128
-    for spec, tokens, limit in [
-        ("swap-ab bf16-tokens mc2", 64, 64),
-        ("swap-ab c2 bf16-tokens mc2", 20, 64),
-        ("swap-ab w128 bf16-tokens mc2", 128, 128),
+        assert label(wide) == "swap-ab w128 bf16-tokens"
+        assert gemm_select.token_limit(gemm_select.schedule(wide)) == 128
+    for schedule, tokens, limit, text in [
+        (swap_ab(bf16_tokens=True, cluster=2), 64, 64, "swap-ab bf16-tokens mc2"),
+        (swap_ab(2, True, cluster=2), 20, 64, "swap-ab c2 bf16-tokens mc2"),
+        (swap_ab(**W128, cluster=2), 128, 128, "swap-ab w128 bf16-tokens mc2"),
     ]:
-        paired = gemm_names.config_from_spec(spec, tokens)
-        assert (paired.cluster, paired.bf16_tokens, gemm_names.spec_of(paired)) == (2, 1, spec)
-        assert gemm_names.swap_ab_limit(spec) == limit
+        paired = config_of(schedule, tokens)
+        assert (paired.cluster, paired.bf16_tokens, label(paired)) == (2, 1, text)
+        assert gemm_select.token_limit(schedule) == limit
         # the same tile and stages as without pairs: each CTA holds the whole token tile
-        alone = gemm_names.config_from_spec(spec.removesuffix(" mc2"), tokens)
+        alone = config_of({**schedule, "cluster": 1}, tokens)
         assert alone.cluster == 1 and replace(paired, cluster=1) == alone
-    bf16 = gemm_names.config_from_spec("tiled 64x64 c1 stream-k s11+4 bf16", 64)
-    assert (bf16.fp16_tiles, bf16.stages, gemm_names.spec_of(bf16)) == (
+    bf16 = config_of(tiled(64, 64, 1, 1, (11, 4), fp16_tiles=False), 64)
+    assert (bf16.fp16_tiles, bf16.stages, label(bf16)) == (
         False,
         11,
         "tiled 64x64 c1 stream-k s11+4 bf16",
     )
     # fp16_tiles decides only what runs before the launch: one compile serves both
-    assert g.compiled_config(bf16) == gemm_names.config_from_spec(
-        "tiled 64x64 c1 stream-k s11+4", 64
-    )
-    assert (
-        gemm_names.spec_of(gemm_names.config_from_spec("tiled 128x128 c2 s4+4", 64))
-        == "tiled 128x128 c2"
-    )
+    assert g.compiled_config(bf16) == config_of(tiled(64, 64, 1, 1, (11, 4)), 64)
+    standard = config_of({**tiled(128, 128, 2), "stages": [4, 4]}, 64)
+    assert label(standard) == "tiled 128x128 c2"
+    assert gemm_select.schedule(standard) == tiled(128, 128, 2)  # no stages: the standard
 
 
-def test_config_names_reject_others():
-    """A malformed name, or a swap-AB name past its token limit, raises naming the name."""
-    for bad in (
-        "tiled",
-        "tiled 128 c2",
-        "tiled 128x128 2",
-        "tiled 128x128 c2 split",
-        "swap-ab stream-k",
-        "tiled 64x128 c2 stream-k s7",
-        "swap-ab c5",
-        "swap-ab bf16",
-        "swap-ab bf16-tokens c2",
-        "tiled 128x128 bf16",
-        "swap-ab w128",  # the 128-row stages read the tokens converted once
-        "swap-ab w128 c2 bf16-tokens",
-        "swap-ab mc2",  # the pairs multicast the tokens converted once
-        "swap-ab w128 mc2 bf16-tokens",
-        "tiled 128x128 c2 mc2",
-        "tiled 128x128 c2 stream-k stream-k-tail",
-        "tiled 128x128 c2 tail",
-    ):
-        with pytest.raises(ValueError, match="name"):
-            gemm_names.config_from_spec(bad, 300)
-    with pytest.raises(ValueError, match="name"):
-        gemm_names.config_from_spec("swap-ab", 65)
-    with pytest.raises(ValueError, match="name"):
-        gemm_names.config_from_spec("swap-ab w128 bf16-tokens", 129)
+def test_schedules_that_do_not_go_together_are_refused():
+    """A schedule whose fields its kernel has not, or do not go together, or a swap-AB
+    schedule past its token limit, raises naming the entry or the field."""
+    for bad, field in [
+        ({**tiled(128, 128, 2), "stream_k": 3}, "stream_k"),
+        ({**tiled(128, 128, 2), "cluster": 2}, "entry"),  # pairs are the swap-AB kernel's
+        ({**swap_ab(), "stream_k": 1}, "entry"),  # swap-AB always splits over K
+        ({**swap_ab(), "consumers": 5}, "consumers"),
+        # the 128-row stages read the tokens converted once
+        ({**swap_ab(**W128), "bf16_tokens": False}, "tile_w"),
+        ({**swap_ab(), "cluster": 2}, "cluster"),  # the pairs multicast the converted tokens
+    ]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            config_of(bad, 300 if bad["kernel"] == TILED else 20)
+    with pytest.raises(ValueError, match="^tokens:"):
+        config_of(swap_ab(), 65)
+    with pytest.raises(ValueError, match="^tokens:"):
+        config_of(swap_ab(**W128), 129)
 
 
 def test_config_fields_are_validated():
@@ -297,20 +294,20 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     heuristic."""
     from mxfp8_fusion.kernels.gemm_sm90 import table
 
-    names = ("swap-ab", "tiled 128x64 c1 stream-k", "swap-ab", "tiled 192x128 c1")
-    rows = tuple(zip((1, 16, 48, 96), map(gemm_names.schedule_of, names), strict=True))
+    schedules = (swap_ab(), tiled(128, 64, 1, 1), swap_ab(), tiled(192, 128, 1))
+    rows = tuple(zip((1, 16, 48, 96), schedules, strict=True))
     monkeypatch.setattr(
         table, "shapes", lambda device, sms: {(1024, 2048): rows} if sms == 132 else {}
     )
     gemm_select.choose_config.cache_clear()
     try:
-        spec = lambda t: gemm_names.spec_of(gemm_select.choose_config(t, 1024, 2048))  # noqa: E731
-        assert spec(1) == "swap-ab" and gemm_select.choose_config(1, 1024, 2048).tokens_tile == 8
-        assert [spec(t) for t in (2, 16)] == ["tiled 128x64 c1 stream-k"] * 2
+        chosen = lambda t: gemm_select.schedule(gemm_select.choose_config(t, 1024, 2048))  # noqa: E731
+        assert chosen(1) == swap_ab() and gemm_select.choose_config(1, 1024, 2048).tokens_tile == 8
+        assert [chosen(t) for t in (2, 16)] == [tiled(128, 64, 1, 1)] * 2
         assert gemm_select.choose_config(40, 1024, 2048) == gemm_config.swap_ab_config(
             40
         )  # tile 64
-        assert spec(49) == spec(96) == spec(5000) == "tiled 192x128 c1"
+        assert chosen(49) == chosen(96) == chosen(5000) == tiled(192, 128, 1)
         assert gemm_select.choose_config(300, 1024, 4096) == gemm_select.heuristic_config(
             300, 1024, 4096
         )
@@ -323,8 +320,8 @@ def test_choose_config_looks_up_the_table(monkeypatch):
 
 def test_measured_table_is_well_formed():
     """Every row of the committed table holds a valid config's schedule for its token
-    count, rows ascend, swap-AB rows stay within the kernel's token range, and the table is
-    the one its receipt's names give (the tuner writes both)."""
+    count (the config's own schedule: nothing it would not write), rows ascend, swap-AB
+    rows stay within the kernel's token range, and the table's choice is the config's."""
     from mxfp8_fusion.kernels.gemm_sm90 import table
 
     shapes = table.shapes(table.MEASURED_DEVICE, 132)
@@ -335,7 +332,7 @@ def test_measured_table_is_well_formed():
         assert buckets == sorted(set(buckets)), (n, k)
         for t, entry in rows:
             cfg = gemm_select.config_of(entry, t)
-            assert gemm_names.schedule_of(gemm_names.spec_of(cfg)) == entry
+            assert gemm_select.schedule(cfg) == entry
             assert gemm_select.choose_config(t, n, k) == cfg
 
 

@@ -13,21 +13,23 @@ from helpers.gemm import (
     check_close,
     check_config_run,
     check_two_streams,
+    config_of,
     random_operand,
     requires_cutlass,
     requires_sm90,
+    schedule_id,
+    tiled,
 )
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 
-STREAM_K_SPECS = [
-    "tiled 128x128 c2 stream-k",
-    "tiled 192x128 c1 stream-k",
-    "tiled 128x64 c1 stream-k",
-    "tiled 64x128 c2 stream-k",  # k-split: two consumer warpgroups on alternate K halves
+STREAM_K_SCHEDULES = [
+    tiled(128, 128, 2, 1),
+    tiled(192, 128, 1, 1),
+    tiled(128, 64, 1, 1),
+    tiled(64, 128, 2, 1),  # k-split: two consumer warpgroups on alternate K halves
 ]
 OUTPUT_CASES = [  # (output dtype, scale spread, scale center, bias dtype)
     (torch.bfloat16, 10, 127, None),  # the FP16 path
@@ -36,45 +38,41 @@ OUTPUT_CASES = [  # (output dtype, scale spread, scale center, bias dtype)
 ]
 
 
-def _check_spec(spec, tokens, num_sms, out_dtype, spread, center, bias_dtype):
-    """``spec`` on ``num_sms`` CTAs at N 640, K 4160 (33 stages, the last one partial)
-    against the reference."""
+def _check_schedule(schedule, tokens, num_sms, out_dtype, spread, center, bias_dtype):
+    """``schedule``'s config on ``num_sms`` CTAs at N 640, K 4160 (33 stages, the last one
+    partial) against the reference."""
 
     n, k = 640, 4160
     bias = None
     if bias_dtype is not None:
         bias = (torch.randn(n, device="cuda") * 4).to(bias_dtype)
-    cfg = gemm_names.config_from_spec(spec, tokens, num_sms)
+    cfg = config_of(schedule, tokens, num_sms)
     check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, (tokens, 7))
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", STREAM_K_SPECS)
+@pytest.mark.parametrize("schedule", STREAM_K_SCHEDULES, ids=schedule_id)
 # one token; one row tile's worth (one live consumer warpgroup of 64 rows); just past it;
 # partial row tiles of 128 and 192 rows; each tile split over up to ~9 CTAs (495 units)
 @pytest.mark.parametrize("tokens", [1, 64, 65, 200, 300])
 @pytest.mark.parametrize("out_dtype,spread,center,bias_dtype", OUTPUT_CASES)
-def test_stream_k_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
+def test_stream_k_matches_reference(schedule, tokens, out_dtype, spread, center, bias_dtype):
     """The tiled kernel's stream-K schedule: K 4160 (33 stages, the last one partial), N 640
     (5 or 10 column tiles), tiles split across CTAs as heads, middles and tails; 64-row
     tiles start at row 64 of a scale chunk every other tile."""
-    _check_spec(spec, tokens, 132, out_dtype, spread, center, bias_dtype)
+    _check_schedule(schedule, tokens, 132, out_dtype, spread, center, bias_dtype)
 
 
 # stream_k 2: whole tiles for the full waves, stream-K over the rest
-TAIL_SPECS = [
-    "tiled 128x128 c2 stream-k-tail",
-    "tiled 192x128 c1 stream-k-tail",
-    "tiled 128x64 c1 stream-k-tail",
-]
+TAIL_SCHEDULES = [tiled(128, 128, 2, 2), tiled(192, 128, 1, 2), tiled(128, 64, 1, 2)]
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", TAIL_SPECS)
+@pytest.mark.parametrize("schedule", TAIL_SCHEDULES, ids=schedule_id)
 # on 8 CTAs, N 640: 5 (10 at tile N 64) column tiles per row tile. 128 x 128 tiles: 1 token
 # is under one wave (all stream-K); 200 one wave and 2 tiles (a partial row tile); 300 one
 # wave and 7; 640 three waves and one tile split over all 8 CTAs; 1024 five whole waves, of
@@ -82,10 +80,10 @@ TAIL_SPECS = [
 # into other waves and rests, partial row tiles among them
 @pytest.mark.parametrize("tokens", [1, 200, 300, 640, 1024])
 @pytest.mark.parametrize("out_dtype,spread,center,bias_dtype", OUTPUT_CASES)
-def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center, bias_dtype):
+def test_stream_k_tail_matches_reference(schedule, tokens, out_dtype, spread, center, bias_dtype):
     """The schedule of whole waves and a stream-K tail, on few CTAs so that small launches
     run several waves: K 4160 (33 stages, the last one partial), N 640."""
-    _check_spec(spec, tokens, 8, out_dtype, spread, center, bias_dtype)
+    _check_schedule(schedule, tokens, 8, out_dtype, spread, center, bias_dtype)
 
 
 @pytest.mark.gpu
@@ -98,34 +96,34 @@ def test_stream_k_tail_matches_reference(spec, tokens, out_dtype, spread, center
 @pytest.mark.parametrize("tokens,k", [(640, 256), (1024, 256), (300, 128), (1, 128)])
 def test_stream_k_tail_with_few_k_stages(tokens, k):
 
-    cfg = gemm_names.config_from_spec("tiled 128x128 c2 stream-k-tail", tokens, 8)
+    cfg = config_of(tiled(128, 128, 2, 2), tokens, 8)
     check_config_run(cfg, tokens, 640, k, torch.bfloat16, None, 10, 127, (tokens, 13))
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", TAIL_SPECS)
+@pytest.mark.parametrize("schedule", TAIL_SCHEDULES, ids=schedule_id)
 # N 4096 on all 132 SMs: 600 tokens are 160 tiles of 128 x 128 (one wave and 28), 1100 are
 # 288 (two waves and 24); in 192-row tiles 520 and 600 tokens are under one wave, 1100 one
 # wave and 60; in 128 x 64 tiles 520 tokens are two waves and 56
 @pytest.mark.parametrize("tokens", [1, 520, 600, 1100])
-def test_stream_k_tail_on_every_sm(spec, tokens):
+def test_stream_k_tail_on_every_sm(schedule, tokens):
 
-    cfg = gemm_names.config_from_spec(spec, tokens)
+    cfg = config_of(schedule, tokens)
     check_config_run(cfg, tokens, 4096, 4160, torch.bfloat16, None, 10, 127, (tokens, 11))
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec", ["tiled 64x128 c1 stream-k"])
+@pytest.mark.parametrize("schedule", [tiled(64, 128, 1, 1)], ids=schedule_id)
 @pytest.mark.parametrize("tokens", [1, 64, 200])
-def test_k_split_tiles_match_reference(spec, tokens):
+def test_k_split_tiles_match_reference(schedule, tokens):
     """64-row tiles whose two consumer warpgroups split K, with one converter warpgroup
     (test_stream_k_matches_reference covers two)."""
 
-    cfg = gemm_names.config_from_spec(spec, tokens)
+    cfg = config_of(schedule, tokens)
     check_config_run(cfg, tokens, 640, 4160, torch.bfloat16, None, 20, 127, (tokens, 17))
 
 
@@ -135,8 +133,8 @@ def test_k_split_tiles_match_reference(spec, tokens):
 def test_stream_k_with_fewer_units_than_ctas():
     """Two (tile, stage) units: two CTAs, one head and one tail."""
 
-    for spec in ("tiled 128x128 c2 stream-k", "tiled 64x128 c2 stream-k"):
-        cfg = gemm_names.config_from_spec(spec, 1)
+    for schedule in (tiled(128, 128, 2, 1), tiled(64, 128, 2, 1)):
+        cfg = config_of(schedule, 1)
         check_config_run(cfg, 1, 128, 256, torch.bfloat16, None, 20, 127, (3, 4))
         check_config_run(cfg, 100, 128, 256, torch.bfloat16, None, 20, 127, (5, 6))
 
@@ -145,19 +143,20 @@ def test_stream_k_with_fewer_units_than_ctas():
 @requires_cutlass
 @requires_sm90
 @pytest.mark.parametrize(
-    "spec,num_sms",
+    "schedule,num_sms",
     [
-        ("tiled 128x128 c2 stream-k", 132),
-        ("tiled 64x128 c2 stream-k", 132),
-        ("tiled 128x128 c2 stream-k-tail", 8),  # one whole wave, 7 tiles split over 8 CTAs
+        (tiled(128, 128, 2, 1), 132),
+        (tiled(64, 128, 2, 1), 132),
+        (tiled(128, 128, 2, 2), 8),  # one whole wave, 7 tiles split over 8 CTAs
     ],
+    ids=schedule_id,
 )
-def test_stream_k_repeats_bitwise_and_graph_replays(spec, num_sms):
+def test_stream_k_repeats_bitwise_and_graph_replays(schedule, num_sms):
     """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
     the next launch; a captured launch (its own workspace) replays with new tokens."""
     from mxfp8_fusion.kernels.gemm_sm90 import host as g
 
-    cfg = gemm_names.config_from_spec(spec, 300, num_sms)
+    cfg = config_of(schedule, 300, num_sms)
     tokens, n, k = 300, 640, 4160
     a, sa, b, sb, out = check_config_run(cfg, tokens, n, k, torch.bfloat16, None, 10, 127, (8, 9))
     first = out[:tokens].clone()
@@ -191,7 +190,7 @@ def test_stream_k_on_two_streams_at_once():
     """The tiled stream-K workspace is per stream: overlapping launches on two streams do
     not share partial sums or flags."""
 
-    cfg = gemm_names.config_from_spec("tiled 128x128 c2 stream-k", 300)
+    cfg = config_of(tiled(128, 128, 2, 1), 300)
     tokens, n, k = 300, 640, 4160
     check_two_streams(cfg, tokens, n, k, seed=40)
 
@@ -205,7 +204,7 @@ def _table_points():
     for (n, k), rows in table.shapes(table.MEASURED_DEVICE, 132).items():
         tokens = {1}
         for i in range(1, len(rows)):
-            if rows[i][1] != rows[i - 1][1]:  # t0 takes the one spec, t0 + 1 the other
+            if rows[i][1] != rows[i - 1][1]:  # t0 takes the one schedule, t0 + 1 the other
                 t0 = rows[i - 1][0]
                 tokens |= {t0 - 1, t0, t0 + 1}
         points += [(t, n, k) for t in sorted(tokens) if t > 0]

@@ -8,12 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import gemm as checks
-from helpers.gemm import random_operand, requires_cutlass, requires_sm90
+from helpers.gemm import (
+    W128,
+    config_of,
+    random_operand,
+    requires_cutlass,
+    requires_sm90,
+    schedule_id,
+    swap_ab,
+)
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_offset
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
 
 
 def check_swap_ab_run(cfg, tokens, n, k, out_dtype, seeds):
@@ -73,7 +80,7 @@ def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
     """128-row weight stages shared by two consumers (``tile_w`` 128), up to 128 tokens:
     scale bytes 97-157, bias, rows past the tokens untouched."""
 
-    cfg = gemm_names.config_from_spec("swap-ab w128 bf16-tokens", tokens)
+    cfg = config_of(swap_ab(**W128), tokens)
     check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + k, n + 3))
 
 
@@ -81,15 +88,16 @@ def test_swap_ab_w128_matches_reference(tokens, n, k, out_dtype):
 @requires_cutlass
 @requires_sm90
 @pytest.mark.parametrize(
-    "spec,tiles,seed,stream_tokens",
+    "schedule,tiles,seed,stream_tokens",
     [
-        ("swap-ab w128 bf16-tokens", (8, 16, 32, 64, 128, 128), 41, 100),
-        ("swap-ab bf16-tokens mc2", (8, 16, 32, 64, 64), 51, 60),
-        ("swap-ab w128 bf16-tokens mc2", (8, 16, 32, 64, 64, 128), 51, 60),
+        (swap_ab(**W128), (8, 16, 32, 64, 128, 128), 41, 100),
+        (swap_ab(bf16_tokens=True, cluster=2), (8, 16, 32, 64, 64), 51, 60),
+        (swap_ab(**W128, cluster=2), (8, 16, 32, 64, 64, 128), 51, 60),
     ],
+    ids=schedule_id,
 )
 def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
-    spec, tiles, seed, stream_tokens
+    schedule, tiles, seed, stream_tokens
 ):
     """Schedules that share a stage's token tile (two consumers of a 128-row stage
     ``tile_w`` 128, CTA pairs ``cluster`` 2): every token tile gives the same bytes (the same
@@ -103,12 +111,12 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     outs = []
     for tile in tiles:
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-        g.run(a, sa, b, sb, None, out, config=gemm_names.config_from_spec(spec, tile))
+        g.run(a, sa, b, sb, None, out, config=config_of(schedule, tile))
         outs.append(out)
     for other in outs[1:]:
         assert torch.equal(outs[0].view(torch.int16), other.view(torch.int16))
     out = outs[0]
-    cfg = gemm_names.config_from_spec(spec, tokens)
+    cfg = config_of(schedule, tokens)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -122,35 +130,37 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     torch.cuda.synchronize()
     checks.check_close(out, ref, a, sa, b, sb)
     checks.check_two_streams(
-        gemm_names.config_from_spec(spec, stream_tokens), stream_tokens, 2048, 8192, seed + 3
+        config_of(schedule, stream_tokens), stream_tokens, 2048, 8192, seed + 3
     )
 
 
-MULTICAST_SHAPES = [  # (spec, tokens, N, K): a lone CTA pair (one unit, one tile past N),
+PAIRS = swap_ab(bf16_tokens=True, cluster=2)
+W128_PAIRS = swap_ab(**W128, cluster=2)
+MULTICAST_SHAPES = [  # (schedule, tokens, N, K): a lone CTA pair (one unit, one tile past N),
     # odd tile counts (the second CTA of the last pair past N), N past a tile, every token tile
-    ("swap-ab bf16-tokens mc2", 1, 64, 128),
-    ("swap-ab bf16-tokens mc2", 9, 192, 384),
-    ("swap-ab bf16-tokens mc2", 17, 200, 4160),
-    ("swap-ab bf16-tokens mc2", 33, 7168, 4096),
-    ("swap-ab bf16-tokens mc2", 64, 7168, 43008),
-    ("swap-ab w128 bf16-tokens mc2", 1, 128, 128),
-    ("swap-ab w128 bf16-tokens mc2", 16, 640, 1056),
-    ("swap-ab w128 bf16-tokens mc2", 48, 7168, 14336),
-    ("swap-ab w128 bf16-tokens mc2", 65, 200, 4160),
-    ("swap-ab w128 bf16-tokens mc2", 128, 18432, 7168),
+    (PAIRS, 1, 64, 128),
+    (PAIRS, 9, 192, 384),
+    (PAIRS, 17, 200, 4160),
+    (PAIRS, 33, 7168, 4096),
+    (PAIRS, 64, 7168, 43008),
+    (W128_PAIRS, 1, 128, 128),
+    (W128_PAIRS, 16, 640, 1056),
+    (W128_PAIRS, 48, 7168, 14336),
+    (W128_PAIRS, 65, 200, 4160),
+    (W128_PAIRS, 128, 18432, 7168),
 ]
 
 
 @pytest.mark.gpu
 @requires_cutlass
 @requires_sm90
-@pytest.mark.parametrize("spec,tokens,n,k", MULTICAST_SHAPES)
+@pytest.mark.parametrize("schedule,tokens,n,k", MULTICAST_SHAPES, ids=schedule_id)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_swap_ab_multicast_matches_reference(spec, tokens, n, k, out_dtype):
+def test_swap_ab_multicast_matches_reference(schedule, tokens, n, k, out_dtype):
     """CTA pairs sharing each stage's token tile by TMA multicast (``cluster`` 2), 64- and
     128-row weight stages: scale bytes 97-157, bias, rows past the tokens untouched."""
 
-    cfg = gemm_names.config_from_spec(spec, tokens)
+    cfg = config_of(schedule, tokens)
     check_swap_ab_run(cfg, tokens, n, k, out_dtype, (tokens + 3 * k, n + 5))
 
 

@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 import torch
+from helpers.gemm import config_of, schedule_id, swap_ab, tiled
 
 requires_cutlass = pytest.mark.skipif(
     importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
@@ -52,21 +53,23 @@ def test_quantizer_entries_take_the_hosts_arguments(monkeypatch):
 
 @requires_cutlass
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["swap-ab", "tiled 128x128 c2 stream-k", "tiled 128x64 c1"])
-def test_gemm_entries_take_the_hosts_arguments(monkeypatch, spec):
+@pytest.mark.parametrize(
+    "schedule", [swap_ab(), tiled(128, 128, 2, 1), tiled(128, 64, 1)], ids=schedule_id
+)
+def test_gemm_entries_take_the_hosts_arguments(monkeypatch, schedule):
     """Both kernels and both tiled schedules: the bias and a tiled build's workspace are
     absent (None) where the build has none."""
     _target(monkeypatch)
     from mxfp8_fusion.kernels.gemm_sm90 import host as g
-    from mxfp8_fusion.kernels.gemm_sm90 import names as gemm_names
+    from mxfp8_fusion.kernels.gemm_sm90 import workspace
     from mxfp8_fusion.kernels.runtime import launcher
 
-    cfg = gemm_names.config_from_spec(spec, 300 if "tiled" in spec else 16)
+    is_tiled = schedule["kernel"] == "tiled"
+    cfg = config_of(schedule, 300 if is_tiled else 16)
     fn = launcher.function(g.gemm_build(cfg, 256, 512, 256, torch.bfloat16, None))
     operands = (1 << 40, 1 << 41, 1 << 42, 1 << 43, None, 1 << 44, 16, 3)
-    tiled = "tiled" in spec
-    extra = ((1 << 45, 1 << 46) if tiled else ()) + (
-        (None, None) if "c1" in spec else (1 << 47, 1 << 48)
+    extra = ((1 << 45, 1 << 46) if is_tiled else ()) + (
+        (None, None) if workspace.floats(cfg) is None else (1 << 47, 1 << 48)
     )
     assert _accepts(fn, (*operands, *extra, STREAM))
     with_bias = (*operands[:4], 1 << 49, *operands[5:])

@@ -93,6 +93,7 @@ from ..slices import (
     slice_tma,
     slice_views,
 )
+from ..workspace import PARTS_PER_SLOT
 from .parts import (
     K_STEPS,
     L2_EVICT_FIRST,
@@ -197,15 +198,14 @@ class MXFP8SwapABGemmSm90(SwapABParts):
 
     @cute.jit
     def _workspace(self, partials_addr, flags_addr):
-        """The stream-K workspace tensors: per CTA, slot 0 holds its published head or middle
-        partial sum, slot 1 its own tail partial; one flag per slot."""
+        """The stream-K workspace tensors (gemm_sm90.workspace): per CTA ``ws_slots`` slots,
+        each of its published head or middle part and its own tail part, and a flag each."""
         gmem = cute.AddressSpace.gmem
         partials_ptr = cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16)
         flags_ptr = cute.make_ptr(cutlass.Int32, flags_addr, gmem, assumed_align=16)
-        frag_size = TILE_W * self.tn // WG_THREADS
         slots = self.num_ctas * self.ws_slots
         mPartials = cute.make_tensor(
-            partials_ptr, cute.make_layout((frag_size, WG_THREADS, 2, slots))
+            partials_ptr, cute.make_layout((self.ws_frag, WG_THREADS, PARTS_PER_SLOT, slots))
         )
         mFlags = cute.make_tensor(flags_ptr, cute.make_layout((slots,)))
         return mPartials, mFlags
@@ -249,9 +249,8 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 for atom in (tma_w, tma_a, tma_sw, tma_sa):
                     cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
-        # each stage is consumed by one consumer warpgroup (by all of them: row split)
         load_pipe = fp8_load_pipe(
-            st.load_bar.data_ptr(), self.stages, WG_THREADS * self.ws_slots, self.tx_bytes,
+            st.load_bar.data_ptr(), self.stages, WG_THREADS * self.stage_consumers, self.tx_bytes,
             self.cluster,
         )  # fmt: skip
         cute.arch.mbarrier_init_fence()

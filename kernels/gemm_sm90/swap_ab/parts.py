@@ -12,6 +12,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
 from ....format import CHUNK_BYTES, ceil_div, row_blocks
+from .. import workspace
 from ..common import (
     Sm90Gemm,
     add_parts,
@@ -69,8 +70,11 @@ class SwapABParts(Sm90Gemm):
         self.row_split = self.tile_w != TILE_W
         if self.row_split and (not self.bf16_tokens or self.tile_w != TILE_W * self.consumers):
             raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
-        # stream-K workspace slots (and flags) per CTA: one per consumer that finishes tiles
-        self.ws_slots = self.consumers if self.row_split else 1
+        # consumer warpgroups that read each stage: all of them with the row split
+        self.stage_consumers = self.consumers if self.row_split else 1
+        # the stream-K workspace's slots (and flags) per CTA and a part's values per thread
+        self.ws_slots = workspace.slots_per_cta(cfg)
+        self.ws_frag = workspace.frag(cfg)
         # CTA clusters (cfg.cluster 2): the two CTAs of a pair take adjacent weight tiles over
         # the same K stages, so each loads one K half of the stage's token tile for both
         self.cluster = cfg.cluster

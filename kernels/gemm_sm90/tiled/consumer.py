@@ -158,9 +158,10 @@ class ConsumerRole(TiledSchedule):
     @cute.jit
     def _add_halves(self, cwg, ct, cta, acc, mPartials):
         """k-split: the second consumer's sums join the first's, in a fixed order (first +
-        second) so that every call sums alike. They pass through this CTA's own workspace
-        block (L2), which leaves the shared memory to deeper pipelines; a named barrier
-        orders the two warpgroups' global accesses (CTA scope)."""
+        second) so that every call sums alike. They pass through this CTA's second workspace
+        slot (L2; gemm_sm90.workspace gives k-split tiles two), which leaves the shared
+        memory to deeper pipelines; a named barrier orders the two warpgroups' global
+        accesses (CTA scope)."""
         both = 2 * WG_THREADS
         if cwg == 1:
             for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
@@ -187,7 +188,7 @@ class ConsumerRole(TiledSchedule):
             if mode == 0:
                 self._unscale(acc, thr, buf, row0)
         if cutlass.const_expr(self.stream_k):
-            if k0 == 0 and k1 == self.k_tiles:
+            if k0 == 0 and k1 == self.k_tiles:  # the whole tile: no other CTA holds a part
                 self._epilogue(acc, thr, mD, mBias, m, row_base, tn)
             elif k1 == self.k_tiles:
                 # the tile's tail: the fixup adds the lower CTAs' parts at the end
@@ -225,7 +226,9 @@ class ConsumerRole(TiledSchedule):
         first = Int32(((cutlass.Int64(unit0) + 1) * grid - 1) // units)
         flags = mFlags.iterator + cwg
         # the lower parts' flags awaited together (a thread each), then the parts loaded
-        # several at a time (parts_in_flight) and added in order
+        # several at a time (add_parts) and added in K order: awaited and loaded one at a
+        # time, each part was an L2 round trip of its own behind the last one (common's
+        # FIXUP_FLOATS)
         for c in range(first + ct, cta, WG_THREADS):
             wait_flag(flags + self.row_blocks * c)
         cute.arch.barrier(barrier_id=1 + cwg, number_of_threads=WG_THREADS)
@@ -277,7 +280,9 @@ class ConsumerRole(TiledSchedule):
                         a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
                         sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
                     )  # fmt: skip
-                # the previous half's wgmmas have read the fragment and their B stage
+                # the fragment is overwritten next: wait for the previous half's wgmmas, which
+                # read it (and their B stage), only now, so that this half's shared-memory
+                # loads overlap them
                 warpgroup.wait_group(0)
                 if rel.count < rs.count:
                     conv_pipe.consumer_release(rel)
@@ -323,12 +328,13 @@ class ConsumerRole(TiledSchedule):
         """Bias in FP32, round once, stores of rows < M and columns < N (64-row sub-tile).
 
         The accumulator gives a thread two adjacent columns per row and n8 block: stored as
-        they lie, a warp's store touches eight rows at 4-byte steps, and a 192 x 128 tile's
-        epilogue took as long as five K stages (in-kernel clock stamps, docs/gemm_log.md). So the rounded pairs
-        are transposed across each quad first (quad_transpose): a thread then holds 8
-        consecutive columns of a row and stores them as 16 bytes (gemm_sm90 serves only
-        outputs whose address and row stride are 16-byte aligned). Where a row or its 8
-        columns pass M or N, they are stored one by one."""
+        they lie, a warp's store touches eight rows at 4-byte steps, and a tile's epilogue
+        cost as much as several of its K stages (docs/gemm_log.md, 'Numbers behind the
+        kernel sources'). So the rounded pairs are transposed across each quad first
+        (quad_transpose): a thread then holds 8 consecutive columns of a row and stores them
+        as 16 bytes, which every output allows (gemm_sm90.host refuses one whose address or
+        row stride is not 16-byte aligned). Where a row or its 8 columns pass M or N, they
+        are stored one by one."""
         coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))
         size = cute.size(acc)
         # the m64 x tile_n accumulator's register order: (column pair, row half, n8 block)

@@ -68,6 +68,7 @@ from ..common import (
 )
 from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
 from ..slices import load_stage_from_slices, slice_tma, slice_views
+from ..workspace import PARTS_PER_SLOT
 from .consumer import ConsumerRole
 from .convert import WeightConverterRole
 from .schedule import CONVERT_WG0, REF_STAGES, REGS, SCAN_THREADS
@@ -172,16 +173,18 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
 
     @cute.jit
     def _workspace(self, partials_addr, flags_addr):
-        """The stream-K workspace tensors: per CTA and consumer warpgroup two partial-sum
-        slots and a flag (unread by a build without stream-K)."""
+        """The stream-K workspace tensors (gemm_sm90.workspace): per CTA ``ws_blocks`` slots,
+        each of a published head or middle part and a tail part, and a flag each (unread by a
+        build without stream-K)."""
         gmem = cute.AddressSpace.gmem
         cap, cons, frag = self.num_ctas_cap, self.ws_blocks, self.frag
+        parts = PARTS_PER_SLOT
         mPartials = cute.make_tensor(
             cute.make_ptr(cutlass.Float32, partials_addr, gmem, assumed_align=16),
             cute.make_layout(
-                (frag, WG_THREADS, 2, cons, cap),
-                stride=(WG_THREADS, 1, frag * WG_THREADS, 2 * frag * WG_THREADS,
-                        cons * 2 * frag * WG_THREADS),
+                (frag, WG_THREADS, parts, cons, cap),
+                stride=(WG_THREADS, 1, frag * WG_THREADS, parts * frag * WG_THREADS,
+                        cons * parts * frag * WG_THREADS),
             ),
         )  # fmt: skip
         mFlags = cute.make_tensor(

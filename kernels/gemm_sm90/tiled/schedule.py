@@ -12,6 +12,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from ....format import ROW_BLOCK, ceil_div, row_blocks
+from .. import workspace
 from ..common import Sm90Gemm
 from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
@@ -72,9 +73,9 @@ class TiledSchedule(Sm90Gemm):
             raise ValueError(f"64-row tiles need stream_k, got {cfg}")
         self.row_blocks = self.tile_m // 64
         self.consumers = 2 if self.k_split else self.row_blocks
-        # workspace blocks per CTA: one per 64 rows; k-split adds one for the hand-off of the
-        # second consumer's sums (gemm_sm90.py sizes the workspace alike)
-        self.ws_blocks = 2 if self.k_split else self.row_blocks
+        # the stream-K workspace's slots (and flags) per CTA: gemm_sm90.workspace, by which the
+        # host sizes it
+        self.ws_blocks = workspace.slots_per_cta(cfg)
         self.convert_wgs = cfg.converters
         if (self.convert_wgs, self.consumers, False) not in REGS or (
             2 * self.tile_n < self.convert_wgs * WG_THREADS
@@ -104,10 +105,8 @@ class TiledSchedule(Sm90Gemm):
         # with k-split tiles (TiledConfig refuses it)
         self.sk_tail = cfg.stream_k == 2
         self.num_ctas_cap = cfg.num_ctas
-        # stream-K workspace: per CTA and consumer warpgroup, slot 0 its published head or
-        # middle part, slot 1 its own tail part (FP32, one value per thread and accumulator
-        # register, threads fastest so that a warp's stores are contiguous)
-        self.frag = 64 * self.tile_n // WG_THREADS
+        # a stream-K workspace part's values per thread (gemm_sm90.workspace)
+        self.frag = workspace.frag(cfg)
         # W8A16 builds: the slices' widths (A read straight from them, BF16 through TMA;
         # gemm_sm90.slices), and each one's K stages
         self.slices = ()
