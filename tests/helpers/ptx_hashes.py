@@ -1,8 +1,9 @@
 """SHA-256 of the PTX of every shipped kernel build, compiled on a CPU (CUTE_DSL_ARCH).
 
 A refactor of the kernels must leave their PTX byte-for-byte the same. This script compiles
-every GEMM config the measured table and the heuristic can choose, the launches that run
-before a GEMM, and the slice quantizer for every arch it ships, and compares the hashes
+every GEMM config the measured table and the heuristic can choose (W8A8, and W8A16 from one
+or several slices), the launches that run before a GEMM, and the slice quantizer for every
+arch it ships, and compares the hashes
 with ``ptx_hashes.json`` beside it:
 
     python tests/helpers/ptx_hashes.py            # check (exit 1 naming what changed)
@@ -38,7 +39,9 @@ def config_fields(cfg) -> dict:
     from mxfp8_fusion.kernels.gemm_sm90.config import SwapABConfig
 
     swap_ab = isinstance(cfg, SwapABConfig)
+    w8a16 = {"activation": "bf16"} if cfg.activation == "bf16" else {}  # new since the list began
     return dict(
+        **w8a16,
         kernel=cfg.kernel,
         tile_n=128 if swap_ab else cfg.tile_n,
         stages=cfg.stages,
@@ -49,7 +52,8 @@ def config_fields(cfg) -> dict:
         converters=1 if swap_ab else cfg.converters,
         tile_m=128 if swap_ab else cfg.tile_m,
         stream_k=0 if swap_ab else cfg.stream_k,
-        f16=1,  # one compile serves both paths (gemm_sm90.compiled_config)
+        # one compile serves both paths (gemm_sm90.compiled_config); W8A16: the BF16 path only
+        f16=0 if w8a16 and not swap_ab else 1,
         bf16_tokens=int(cfg.bf16_tokens) if swap_ab else 0,
         tile_w=cfg.tile_w if swap_ab else 64,
         cluster=cfg.cluster if swap_ab else 1,
@@ -60,16 +64,18 @@ def config_from_fields(fields: dict):
     """The config a hash-list build names."""
     from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
 
+    activation = fields.get("activation", "mxfp8")
     if fields["kernel"] == "swap-ab":
         return gemm_config.SwapABConfig(
             tokens_tile=fields["tokens_tile"], stages=fields["stages"],
             consumers=fields["consumers"], bf16_tokens=bool(fields["bf16_tokens"]),
             tile_w=fields["tile_w"], cluster=fields["cluster"], num_ctas=fields["num_ctas"],
+            activation=activation,
         )  # fmt: skip
     return gemm_config.TiledConfig(
         tile_m=fields["tile_m"], tile_n=fields["tile_n"], converters=fields["converters"],
         stream_k=fields["stream_k"], stages=fields["stages"], stages16=fields["stages16"],
-        num_ctas=fields["num_ctas"], fp16_tiles=bool(fields["f16"]),
+        num_ctas=fields["num_ctas"], fp16_tiles=bool(fields["f16"]), activation=activation,
     )  # fmt: skip
 
 
@@ -96,6 +102,33 @@ def gemm_builds() -> list[dict]:
     for fields in firsts.values():
         builds.append(dict(fields=fields, n=200, k=4160, out="float16", bias="float32"))
         builds.append(dict(fields=fields, n=384, k=1056, out="bfloat16", bias=None))
+    return builds + w8a16_builds(shapes)
+
+
+def w8a16_builds(shapes) -> list[dict]:
+    """Every distinct W8A16 build the choice makes on ``shapes`` (one slice), each kernel and
+    schedule's first also from three (or two) slices, FP16 out and FP32 bias."""
+    from mxfp8_fusion.kernels.gemm_sm90 import select
+
+    builds, seen = [], set()
+    for n, k in shapes:
+        for tokens in _TOKENS:
+            fields = config_fields(select.choose_config(tokens, n, k, activation="bf16"))
+            key = json.dumps(fields, sort_keys=True)
+            if key not in seen and k % 128 == 0:
+                seen.add(key)
+                builds.append(dict(fields=fields, n=n, widths=[k], out="bfloat16", bias=None))
+    firsts = {}
+    for b in builds:
+        f = b["fields"]
+        firsts.setdefault((f["kernel"], f["cluster"], f["tile_w"], f["stream_k"]), b)
+    for b in firsts.values():
+        k = b["widths"][0]
+        parts = 3 if k % 384 == 0 else 2 if k % 256 == 0 else 1
+        widths = [k // parts] * parts
+        builds.append(
+            dict(fields=b["fields"], n=b["n"], widths=widths, out="float16", bias="float32")
+        )
     return builds
 
 
@@ -107,12 +140,19 @@ def _gemm_ptx(build: dict) -> str:
     cfg = config_from_fields(build["fields"])
     bias = getattr(torch, build["bias"]) if build["bias"] else None
     out = getattr(torch, build["out"])
+    if "widths" in build:  # W8A16
+        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+
+        return w8a16.compile_gemm(
+            cfg, build["n"], tuple(build["widths"]), build["n"], out, bias
+        ).__ptx__
     return g.compile_gemm(cfg, build["n"], build["k"], build["n"], out, bias).__ptx__
 
 
 def _name(build: dict) -> str:
     fields = " ".join(f"{k}={v}" for k, v in sorted(build["fields"].items()))
-    return f"gemm {fields} | n={build['n']} k={build['k']} out={build['out']} bias={build['bias']}"
+    k = f"widths={'+'.join(map(str, build['widths']))}" if "widths" in build else f"k={build['k']}"
+    return f"gemm {fields} | n={build['n']} {k} out={build['out']} bias={build['bias']}"
 
 
 def without_entry_names(ptx: str) -> str:
