@@ -25,6 +25,11 @@ sweep's PNG:
     python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90/table.json \
         [--out benchmarks/results/gemm_tune.json]
 
+``--activation bf16`` does either for the W8A16 kernels (the BF16 tokens read as they are;
+receipts ``*_w8a16.json``, a table of their own beside the W8A8 one):
+
+    python benchmarks/gemm.py --tune --activation bf16 --write-table kernels/gemm_sm90/table.json
+
 ``--power``: sustained SM clock and board power at one token count, ours against cuBLAS
 BF16. Each contender runs back to back for ``--seconds`` while ``nvidia-smi`` samples the SM
 clock, the power draw and the active clock-event reasons every 50 ms (the first quarter of
@@ -383,6 +388,10 @@ def _parser() -> argparse.ArgumentParser:
         '"cluster": 2}]) whose configs are left out',
     )
     p.add_argument("--tune-base", default=None, help="tune: earlier receipt for other points")
+    p.add_argument(
+        "--activation", choices=["mxfp8", "bf16"], default="mxfp8",
+        help="sweep/tune: mxfp8 (W8A8) or bf16 (W8A16: the BF16 tokens read as they are)",
+    )  # fmt: skip
     p.add_argument("--seconds", type=float, default=3.0, help="power: per contender")
     return p
 
@@ -391,7 +400,8 @@ def main() -> None:
     parser = _parser()
     args = parser.parse_args()
     mode = next((m for m in ("sweep", "tune", "power", "decode") if getattr(args, m)), "gemm")
-    args.out = args.out or OUT[mode]
+    suffix = "_w8a16" if args.activation == "bf16" and mode in ("sweep", "tune") else ""
+    args.out = args.out or OUT[mode].replace(".json", f"{suffix}.json")
     if args.sweep or args.tune or args.plot or args.decode:
         from gemm_tools import runs
 

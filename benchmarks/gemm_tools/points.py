@@ -10,7 +10,8 @@ cuBLAS likewise, so neither side reads its weight from L2 as no served model wou
 * sweep: ``mm_quantized_into`` with the config ``choose_config`` picks (the measured table),
   and with ``--before`` also the pre-table heuristic (``main_heuristic``) through
   ``gemm_sm90.run``;
-* tune: the candidate configs of each point (``candidates``) through ``gemm_sm90.run``.
+* tune: the candidate configs of each point (``candidates``) through ``gemm_sm90.run``
+  (``gemm_sm90.w8a16.run`` on the BF16 tokens with ``--activation bf16``).
 
 Every (config, N, K) is its own compile (5-20 s of CPU), so a worker compiles all of its
 configs first, in parallel with the other workers, and takes the GPU only under a file lock
@@ -107,15 +108,17 @@ def _configs(job, t, num_sms) -> dict:
     schedule hung in a worker (``job["hung_schedules"]``)."""
 
     n, k = job["n"], job["k"]
+    activation = job.get("activation", "mxfp8")
     if job["mode"] == "sweep":
-        found = {"ours": gemm_select.choose_config(t, n, k, num_sms, _device_name())}
+        ours = gemm_select.choose_config(t, n, k, num_sms, _device_name(), activation)
+        found = {"ours": ours}
         if job["before"]:
             found["before"] = main_heuristic(t, n, k, num_sms)
     else:
         hung = job.get("hung_schedules", ())
         found = {
             label(cfg): cfg
-            for cfg in candidates(t, n, k, num_sms, job["leave_out"])
+            for cfg in candidates(t, n, k, num_sms, job["leave_out"], activation)
             if gemm_select.schedule(cfg) not in hung
         }
     return {name: cfg for name, cfg in found.items() if cfg not in _FAILED}
@@ -129,20 +132,27 @@ def _contenders(job, data, t, num_sms) -> dict:
 
     from mxfp8_fusion import api
     from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90 import w8a16
 
     out = data.out[:t]
     a_values = data.inp.values[:t]
 
     def run_cfg(cfg):
+        weight = data.wq
+        if cfg.activation == "bf16":  # W8A16: the BF16 tokens as one slice
+            return lambda i: w8a16.run(
+                [data.x[:t]], weight[i % data.copies].values, weight[i % data.copies].scales,
+                None, out, config=cfg,
+            )  # fmt: skip
         return lambda i: g.run(
-            a_values, data.inp.scales, data.wq[i % data.copies].values,
-            data.wq[i % data.copies].scales, None, out, config=cfg,
+            a_values, data.inp.scales, weight[i % data.copies].values,
+            weight[i % data.copies].scales, None, out, config=cfg,
         )  # fmt: skip
 
     found = {}
     for name, cfg in _configs(job, t, num_sms).items():
         what = {"label": label(cfg), "schedule": gemm_select.schedule(cfg)}
-        if name == "ours":
+        if name == "ours" and cfg.activation != "bf16":
             found[name] = (
                 lambda i: api.mm_quantized_into(data.inp, data.wq[i % data.copies], data.out, t),
                 what,
@@ -169,8 +179,14 @@ def _compile(cfg, n, k, compile_s):
     from mxfp8_fusion.kernels.runtime import launcher
 
     t0 = time.perf_counter()
+    if cfg.activation == "bf16":  # W8A16, the tokens as one slice
+        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+
+        build = w8a16.gemm_build(cfg, n, (k,), n, torch.bfloat16, None)
+    else:
+        build = g.gemm_build(cfg, n, k, n, torch.bfloat16, None)
     try:  # made ready in this process (compiled, or read from the kernel cache)
-        launcher.function(g.gemm_build(cfg, n, k, n, torch.bfloat16, None))
+        launcher.function(build)
     except Exception as e:  # recorded in the receipt; the other configs go on
         _FAILED[cfg] = f"{type(e).__name__}: {e}"[:300]
     tile = f" t{cfg.tokens_tile}" if cfg.kernel == "swap-ab" else ""
@@ -258,7 +274,9 @@ def _point(job, data, t, num_sms, state, save) -> dict:
     n, k = job["n"], job["k"]
     flops = 2.0 * t * n * k
     inner = min(MAX_INNER, max(data.copies, int(2e13 // flops), 1))
-    ref = torch.mm(data.xd[:t], data.wd.t())
+    # W8A16 multiplies the BF16 tokens themselves, W8A8 their MXFP8 values
+    tokens = data.x if job.get("activation", "mxfp8") == "bf16" else data.xd
+    ref = torch.mm(tokens[:t], data.wd.t())
     contenders = _contenders(job, data, t, num_sms)
     result = {"tokens": t, "inner": inner, "weight_copies": data.copies, "contenders": {}}
     graphs = {}

@@ -109,23 +109,28 @@ def table_of(receipt: dict) -> dict:
             shapes.append({"n": shape["n"], "k": shape["k"], "rows": rows})
     toolchain = {table.TOOLCHAIN_PACKAGE: receipt["nvidia_cutlass_dsl"]}
     toolchain.update(torch=receipt["torch"], driver=receipt["driver"])
+    activation = receipt.get("activation", "mxfp8")
     return {
         "device": receipt["gpu"], "sms": receipt["sms"], "toolchain": toolchain,
-        "revision": receipt.get("git_revision", "unknown"), "receipt": RECEIPT,
-        "shapes": shapes,
+        **({"activation": activation} if activation != "mxfp8" else {}),
+        "revision": receipt.get("git_revision", "unknown"),
+        "receipt": RECEIPT if activation == "mxfp8" else RECEIPT_W8A16, "shapes": shapes,
     }  # fmt: skip
 
 
 def write_table(receipt: dict, path: str) -> None:
     """Put the table of a tune receipt (:func:`table_of`) into the ``table.json`` at
-    ``path``: it replaces the table of the same device, SM count and toolchain, and is
-    written last (the device's latest)."""
+    ``path``: it replaces the table of the same device, SM count, toolchain and activation,
+    and is written last (the device's latest)."""
     from mxfp8_fusion.kernels.gemm_sm90 import table
 
     new = table_of(receipt)
-    key = ("device", "sms", "toolchain")
+
+    def key(t):  # a W8A16 tune's table stands beside the W8A8 one of its device
+        return t["device"], t["sms"], t["toolchain"], t.get("activation", "mxfp8")
+
     document = json.loads(Path(path).read_text()) if Path(path).exists() else {"tables": []}
-    kept = [t for t in document["tables"] if [t[k] for k in key] != [new[k] for k in key]]
+    kept = [t for t in document["tables"] if key(t) != key(new)]
     document = {"about": ABOUT, "tables": [*kept, new]}
     Path(path).write_text(table.dumps(document))
     print("wrote", path)
@@ -137,6 +142,7 @@ ABOUT = (
     "(gemm_sm90/table.py reads it)."
 )
 RECEIPT = "benchmarks/results/gemm_tune.json"
+RECEIPT_W8A16 = "benchmarks/results/gemm_tune_w8a16.json"
 
 
 # The ratios to cuBLAS BF16 the GEMM aims for, drawn dotted: (largest tokens of the band,

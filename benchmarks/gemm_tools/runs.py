@@ -50,6 +50,7 @@ def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
                     "gate": args.gate,
                     "hung": str(tmp / "hung.txt"),
                     "deadline": deadline,
+                    "activation": args.activation,
                 }
             )
     return jobs
@@ -160,6 +161,7 @@ def run(args) -> None:
         "faster",
         "check": f"every contender's output against torch.mm of the dequantized operands "
         f"(relative Frobenius error < {CHECK_REL}); failing contenders are not timed",
+        "activation": args.activation,
         "wall_s": time.time() - t0,
         "hung_schedules": hung,
         **base_note,

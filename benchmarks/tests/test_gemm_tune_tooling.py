@@ -101,7 +101,7 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(monkeypatch, tmp_pat
         plot=None, tune=True, sweep=False, before=False, shapes="2048,7168", sweep_tokens=[1],
         deadline_s=60.0, rounds=1, out=str(out), git_rev="def5678", write_table=None,
         tune_base=str(tmp_path / "base.json"), workers=1, lock=None, gate=None,
-        no_stream_k=False, decode=False,
+        no_stream_k=False, decode=False, activation="mxfp8",
     )  # fmt: skip
     runs.run(args)
     shapes = {(s["n"], s["k"]): s["points"] for s in json.loads(out.read_text())["shapes"]}
@@ -133,7 +133,8 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
     assert rows["MTP eh_proj, 1-32 tokens"]["worst"] == 0.5
     assert abs(decode.floor_us(4096, 12288) - 12.98) < 0.01  # 52 MB at 4 TB/s
     args = argparse.Namespace(tune=False, before=False, rounds=1, no_stream_k=False,
-                              lock=None, gate=None, workers=12, decode=True)  # fmt: skip
+                              lock=None, gate=None, workers=12, decode=True,
+                              activation="mxfp8")  # fmt: skip
     jobs = runs._jobs(args, list(decode.POINTS), lambda n, k: decode.POINTS[(n, k)][1],
                       Path("/tmp"), 0.0)  # fmt: skip
     by_shape = {}
@@ -155,3 +156,50 @@ def test_the_committed_table_is_the_one_its_receipt_gives():
     (committed,) = table.tables()
     receipt = json.loads((Path(__file__).parents[2] / committed["receipt"]).read_text())
     assert report.table_of({"sms": 132, **receipt}) == committed
+
+
+def test_w8a16_points_name_bf16_activation_configs_that_round_trip():
+    """``--activation bf16``: every sweep and tune point's contenders are W8A16 configs, and
+    each survives the table's round trip (schedule -> config_of)."""
+    for n, k in points.SHAPES:
+        for t in points.TOKENS:
+            for mode in ("sweep", "tune"):
+                job = {"mode": mode, "n": n, "k": k, "before": False, "leave_out": [],
+                       "activation": "bf16"}  # fmt: skip
+                found = points._configs(job, t, 132)
+                assert found and all(c.activation == "bf16" for c in found.values())
+                assert all(
+                    select.config_of(select.schedule(cfg), t, 132) == cfg for cfg in found.values()
+                ), (mode, n, k, t)
+
+
+def test_a_w8a16_table_stands_beside_the_w8a8_one_and_is_chosen(tmp_path, monkeypatch):
+    """A W8A16 tune's table is written beside its device's W8A8 table (keyed by activation)
+    and the W8A16 choice takes it; the W8A8 choice is unchanged."""
+    from mxfp8_fusion.kernels.gemm_sm90 import table
+
+    cfg = config.tiled_config(128, 64, 1, 1, activation="bf16")
+    receipt = {
+        "gpu": "NVIDIA H200", "sms": 132, "activation": "bf16", "nvidia_cutlass_dsl": "4.8.1",
+        "torch": "2.11", "driver": "580", "git_revision": "test",
+        "shapes": [{"n": 4096, "k": 12288, "points": [{"tokens": 512, "contenders": {
+            "cublas_bf16": {"label": "torch.mm BF16", "ms": 1.0, "over_cublas_bf16": 1.0},
+            config.label(cfg): {"label": config.label(cfg), "schedule": select.schedule(cfg),
+                                "ms": 0.5, "over_cublas_bf16": 0.5, "rel_err_vs_dequant_cublas": 0.0},
+        }}]}],
+    }  # fmt: skip
+    path = tmp_path / "table.json"
+    path.write_text(table.PATH.read_text())
+    report.write_table(receipt, str(path))
+    written = json.loads(path.read_text())["tables"]
+    assert [t.get("activation", "mxfp8") for t in written] == ["mxfp8", "bf16"]
+    monkeypatch.setattr(table, "PATH", path)
+    for cache in (table.tables, table.shapes, select.choose_config):
+        cache.cache_clear()
+    try:
+        assert select.choose_config(512, 4096, 12288, activation="bf16") == cfg
+        assert select.choose_config(512, 4096, 12288).activation == "mxfp8"
+    finally:
+        monkeypatch.undo()
+        for cache in (table.tables, table.shapes, select.choose_config):
+            cache.cache_clear()

@@ -35,7 +35,9 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
     return tiled_config(128, 128, 2, num_sms=num_sms)
 
 
-def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[GemmConfig]:
+def candidates(
+    tokens: int, n: int, k: int, num_sms: int, leave_out=(), activation: str = "mxfp8"
+) -> list[GemmConfig]:
     """The configs the tune times at one point: swap-AB up to 64 tokens (converting the
     tokens in every CTA or once before the GEMM) and with 128-row weight stages from 9 to 128
     tokens, the two with BF16 tokens also on CTA pairs (``cluster`` 2) from 9 tokens on; the
@@ -45,7 +47,10 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
     192 tokens on (128 x 64 tiles up to 1024); and up to 256 tokens deeper FP8 pipelines and
     the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
     schedule (``select.schedule``) holds every field of one of the partial schedules in
-    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped."""
+    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped.
+
+    ``activation`` ``"bf16"`` (W8A16): the same schedules with BF16 activations (every tile on
+    the BF16 path, the stage counts that fit BF16 A stages; :func:`bf16_activations`)."""
 
     def tiled(tile_m, tile_n, converters, stream_k=0, stages=None):
         return tiled_config(tile_m, tile_n, converters, stream_k, num_sms, stages)
@@ -92,8 +97,23 @@ def candidates(tokens: int, n: int, k: int, num_sms: int, leave_out=()) -> list[
             for cfg in found
             if cfg.kernel == "tiled" and cfg.stream_k == 1 and not own_stages(cfg)
         ]
+    if activation == "bf16":
+        found = [bf16_activations(cfg, tokens) for cfg in found]
     found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
     return list(dict.fromkeys(found))
+
+
+def bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:
+    """``cfg``'s schedule with BF16 activations, its tile kept (the choice's own mapping,
+    ``select.with_bf16_activations``, also trades 192-row tiles for 128-row ones): swap-AB
+    with its tokens through TMA, tiled with the standard W8A16 stage counts."""
+    if cfg.kernel == "swap-ab":
+        return swap_ab_config(
+            tokens, cfg.num_ctas, cfg.consumers, True, cfg.tile_w, cfg.cluster, "bf16"
+        )
+    return tiled_config(
+        cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k, cfg.num_ctas, activation="bf16"
+    )
 
 
 def _holds(cfg: GemmConfig, part: dict) -> bool:

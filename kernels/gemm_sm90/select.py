@@ -115,13 +115,18 @@ def token_limit(entry: dict) -> int | None:
 
 
 def table_entry(
-    tokens: int, n: int, k: int, num_sms: int = 132, device: str | None = table.MEASURED_DEVICE
+    tokens: int,
+    n: int,
+    k: int,
+    num_sms: int = 132,
+    device: str | None = table.MEASURED_DEVICE,
+    activation: str = "mxfp8",
 ) -> dict | None:
     """The measured table's entry for ``tokens`` at (N, K) on ``device`` (its name as CUDA
-    reports it) with ``num_sms`` SMs, or None where no table of that device holds the shape.
-    The entry is that of the smallest measured token count at or above ``tokens`` (the
-    largest one past the end)."""
-    rows = table.shapes(device, num_sms).get((n, k))
+    reports it) with ``num_sms`` SMs and ``activation``, or None where no such table holds
+    the shape. The entry is that of the smallest measured token count at or above ``tokens``
+    (the largest one past the end)."""
+    rows = table.shapes(device, num_sms, activation).get((n, k))
     if not rows:
         return None
     for bucket, entry in rows:
@@ -143,15 +148,18 @@ def choose_config(
     H200 the table was measured on): the measured table where it has the shape (and the
     entry's kernel holds ``tokens``), else :func:`heuristic_config`.
 
-    ``activation`` ``"bf16"`` (W8A16, the A operand read as BF16 from its slices): no W8A16
-    tune has been measured yet, so it takes the schedule the W8A8 choice makes, with BF16
-    activations (:func:`with_bf16_activations`)."""
+    ``activation`` ``"bf16"`` (W8A16, the A operand read as BF16 from its slices): the
+    measured W8A16 table where it has the shape, else the schedule the W8A8 choice makes,
+    with BF16 activations (:func:`with_bf16_activations`)."""
+    if activation == "bf16":
+        entry = table_entry(tokens, n, k, num_sms, device, activation)
+        if entry is not None and tokens <= (token_limit(entry) or tokens):
+            return config_of(entry, tokens, num_sms)
+        return with_bf16_activations(choose_config(tokens, n, k, num_sms, device), tokens)
     entry = table_entry(tokens, n, k, num_sms, device)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
-        cfg = config_of(entry, tokens, num_sms)
-    else:
-        cfg = heuristic_config(tokens, n, k, num_sms)
-    return with_bf16_activations(cfg, tokens) if activation == "bf16" else cfg
+        return config_of(entry, tokens, num_sms)
+    return heuristic_config(tokens, n, k, num_sms)
 
 
 def with_bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:

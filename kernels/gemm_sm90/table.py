@@ -1,6 +1,7 @@
 """The measured GEMM table (``table.json`` beside this file): data the tuner writes, read here.
 
-Each table holds what one tune measured on one device with one toolchain: per weight shape
+Each table holds what one tune measured on one device with one toolchain and one activation
+(W8A8 tables have no ``activation`` key; a W8A16 tune's table says ``"bf16"``): per weight shape
 (N, K) and measured token count, the fastest schedule that matched the reference (its
 fields, as ``select.config_of`` reads them) and what it measured (its label in the receipt,
 its time, its ratio to cuBLAS BF16's time). It is keyed by the device's name, its SM count
@@ -43,10 +44,19 @@ def _toolchain() -> str | None:
 
 
 @functools.cache
-def shapes(device: str | None, num_sms: int) -> dict[tuple[int, int], tuple]:
+def shapes(
+    device: str | None, num_sms: int, activation: str = "mxfp8"
+) -> dict[tuple[int, int], tuple]:
     """``{(N, K): ((measured tokens, schedule fields), ...)}`` of the table for ``device``
-    (its name as CUDA reports it) with ``num_sms`` SMs; empty where none was measured."""
-    found = [t for t in tables() if t["device"] == device and t["sms"] == num_sms]
+    (its name as CUDA reports it) with ``num_sms`` SMs, measured with ``activation`` (a
+    table without the key: ``"mxfp8"``, W8A8); empty where none was measured."""
+    found = [
+        t
+        for t in tables()
+        if t["device"] == device
+        and t["sms"] == num_sms
+        and t.get("activation", "mxfp8") == activation
+    ]
     same = [t for t in found if t["toolchain"].get(TOOLCHAIN_PACKAGE) == _toolchain()]
     if not (same or found):
         return {}
