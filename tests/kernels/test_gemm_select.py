@@ -297,7 +297,9 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     schedules = (swap_ab(), tiled(128, 64, 1, 1), swap_ab(), tiled(192, 128, 1))
     rows = tuple(zip((1, 16, 48, 96), schedules, strict=True))
     monkeypatch.setattr(
-        table, "shapes", lambda device, sms: {(1024, 2048): rows} if sms == 132 else {}
+        table,
+        "shapes",
+        lambda device, sms, activation="mxfp8": {(1024, 2048): rows} if sms == 132 else {},
     )
     gemm_select.choose_config.cache_clear()
     try:
