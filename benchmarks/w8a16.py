@@ -35,7 +35,13 @@ from pathlib import Path
 
 import torch
 from common import capture_graph, environment, transient_peak, write_receipt
-from vllm_linear import calls_per_graph, dequantize, replay_us, vllm_style_layer, weight_copies
+from vllm_linear import (
+    calls_per_graph,
+    dequantize,
+    median_replays,
+    vllm_style_layer,
+    weight_copies,
+)
 
 SHAPES = {  # name -> (N, slice widths)
     "drafter_fc_3x4096_to_4096": (4096, (4096,) * 3),
@@ -260,12 +266,7 @@ def time_point(ops: Operands, slices, x, out, calls: int, rounds: int) -> dict:
         name: capture_graph([ops.call(name, i % copies, slices, x, out) for i in range(calls)])
         for name in CONTENDERS
     }
-    samples = {name: [] for name in CONTENDERS}
-    names = list(CONTENDERS)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            samples[name].append(replay_us(graphs[name], calls))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return median_replays(graphs, calls, rounds)
 
 
 def bench_shape(shape: str, tokens: list[int], rounds: int) -> tuple[list[Row], dict]:

@@ -151,14 +151,11 @@ def choose_config(
     ``activation`` ``"bf16"`` (W8A16, the A operand read as BF16 from its slices): the
     measured W8A16 table where it has the shape, else the schedule the W8A8 choice makes,
     with BF16 activations (:func:`with_bf16_activations`)."""
-    if activation == "bf16":
-        entry = table_entry(tokens, n, k, num_sms, device, activation)
-        if entry is not None and tokens <= (token_limit(entry) or tokens):
-            return config_of(entry, tokens, num_sms)
-        return with_bf16_activations(choose_config(tokens, n, k, num_sms, device), tokens)
-    entry = table_entry(tokens, n, k, num_sms, device)
+    entry = table_entry(tokens, n, k, num_sms, device, activation)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
         return config_of(entry, tokens, num_sms)
+    if activation == "bf16":
+        return with_bf16_activations(choose_config(tokens, n, k, num_sms, device), tokens)
     return heuristic_config(tokens, n, k, num_sms)
 
 

@@ -199,6 +199,16 @@ def convert_fragment_natural(words, scale_words, selector, frag_words):
                     frag_words[idx] = mul_bf16x2(frag_words[idx], rests[4 * rr + kb // 2])
 
 
+class SlicesEntry:
+    """What a W8A16 build adds to its kernel class (mixed in before it): the slices' widths
+    (multiples of 128; K is their sum) and each one's K stages."""
+
+    def __init__(self, cfg, n: int, widths: tuple[int, ...], ld_out: int, bias_dtype, out_dtype):
+        super().__init__(cfg, n, sum(widths), ld_out, bias_dtype, out_dtype)
+        self.slices = tuple(widths)
+        self.slice_stages = slice_stages(self.slices)
+
+
 def slice_operands(kernel, slices, strides, b, sb, bias, out, m, weight_chunks: int):
     """Inside a W8A16 ``@cute.jit`` entry: the slices' BF16 tensors (the first
     ``len(kernel.slices)`` of the entry's ``slices`` pointers and row ``strides``; the rest

@@ -175,21 +175,9 @@ def _run(m, n, widths, strides, slices, b_values, b_scales, bias, out, config) -
         bias.data_ptr() if bias is not None else None, out.data_ptr(), m,
     )  # fmt: skip
     stream = raw_stream(dev)
-    if isinstance(cfg, SwapABConfig):
-        partials, flags = buffers.stream_buffers(
-            "stream-K", device, dev, stream, buffers.swap_ab_workspace_slots(cfg),
-            lambda slots: buffers.fresh_workspace(device, slots),
-        )  # fmt: skip
-        args += (partials.data_ptr(), flags.data_ptr())
-    else:
+    if not isinstance(cfg, SwapABConfig):  # every row on the BF16 path
         refs = buffers.bf16_references(m, n, device, dev, stream).data_ptr()
         args += (refs, refs + 4 * padded_rows(m))
-        if cfg.stream_k:
-            partials, flags = buffers.stream_buffers(
-                "tiled stream-K", device, dev, stream, buffers.tiled_workspace_floats(cfg),
-                lambda size: buffers.fresh_tiled_workspace(device, size),
-            )  # fmt: skip
-            args += (partials.data_ptr(), flags.data_ptr())
-        else:
-            args += (None, None)
+    # None, None for a tiled build without stream-K, which has no workspace
+    args += buffers.stream_workspace(cfg, device, dev, stream)
     launcher.launch(plan.gemm, (*args, stream))

@@ -102,3 +102,37 @@ def test_builds_are_named_by_data():
     assert a != qs.build_of(qs.config_of(False, 256, 1, "sm_120a"))
     assert "width=256" in a.describe() and a.describe().endswith("for sm_90a")
     assert isinstance(a, launcher.Build) and hash(a) == hash(tuple(a))
+
+
+@requires_cutlass
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [16, 300])
+def test_w8a16_entries_take_the_hosts_arguments(monkeypatch, tokens):
+    """The W8A16 host (gemm_sm90.w8a16) assembles what its swap-AB (16 tokens) and tiled
+    (300) entries take from three slices: the slots past them absent, the workspace as the
+    build has it."""
+    _target(monkeypatch)
+    from mxfp8_fusion.kernels.gemm_sm90 import buffers, w8a16
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    launched = []
+    monkeypatch.setattr(w8a16, "gpu_of", lambda index: (132, "NVIDIA H200"))
+    monkeypatch.setattr(w8a16, "raw_stream", lambda index: STREAM)
+    monkeypatch.setattr(
+        w8a16.launcher, "launch", lambda build, args: launched.append((build, args))
+    )
+    monkeypatch.setattr(
+        buffers, "bf16_references", lambda m, n, *rest: torch.empty(m + n, dtype=torch.int32)
+    )
+    monkeypatch.setattr(buffers, "stream_workspace", lambda cfg, *rest: (1 << 45, 1 << 46))
+    slices = [torch.empty(tokens, 256, dtype=torch.bfloat16) for _ in range(3)]
+    values = torch.empty(256, 768, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(256 * 24, dtype=torch.uint8)
+    out = torch.empty(tokens, 256, dtype=torch.bfloat16)
+    assert w8a16.refusal(slices, values, scales, None, out) is None
+    w8a16.run(slices, values, scales, None, out)
+    ((build, args),) = launched
+    assert build.kind == "gemm w8a16" and build.facts[2] == (256, 256, 256)
+    fn = launcher.function(build)
+    assert _accepts(fn, args)
+    assert not _accepts(fn, (*args[:-1], 1 << 47, args[-1]))  # one argument too many

@@ -9,20 +9,18 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..slices import slice_operands, slice_stages
+from ..slices import SlicesEntry, slice_operands
 from .kernel import MXFP8SwapABGemmSm90
 
 
-class W8A16SwapABGemmSm90(MXFP8SwapABGemmSm90):
+class W8A16SwapABGemmSm90(SlicesEntry, MXFP8SwapABGemmSm90):
     """The swap-AB kernel on BF16 slices of widths ``widths`` (multiples of 128, K their sum);
     ``cfg`` has ``bf16_tokens`` (the tokens arrive BF16 through TMA)."""
 
     def __init__(self, cfg, n: int, widths: tuple[int, ...], ld_out: int, bias_dtype, out_dtype):
-        super().__init__(cfg, n, sum(widths), ld_out, bias_dtype, out_dtype)
+        super().__init__(cfg, n, widths, ld_out, bias_dtype, out_dtype)
         if not self.bf16_tokens:
             raise ValueError(f"W8A16 reads BF16 tokens through TMA: bf16_tokens, got {cfg}")
-        self.slices = tuple(widths)
-        self.slice_stages = slice_stages(self.slices)
 
     @cute.jit
     def __call__(

@@ -10,17 +10,12 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..slices import slice_operands, slice_stages
+from ..slices import SlicesEntry, slice_operands
 from .kernel import MXFP8TiledGemmSm90
 
 
-class W8A16TiledGemmSm90(MXFP8TiledGemmSm90):
+class W8A16TiledGemmSm90(SlicesEntry, MXFP8TiledGemmSm90):
     """The tiled kernel on BF16 slices of widths ``widths`` (multiples of 128, K their sum)."""
-
-    def __init__(self, cfg, n: int, widths: tuple[int, ...], ld_out: int, bias_dtype, out_dtype):
-        super().__init__(cfg, n, sum(widths), ld_out, bias_dtype, out_dtype)
-        self.slices = tuple(widths)
-        self.slice_stages = slice_stages(self.slices)
 
     @cute.jit
     def __call__(
