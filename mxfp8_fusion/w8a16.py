@@ -74,8 +74,8 @@ def mm_slices(
     MXFP8 weight. ``slices`` are BF16 or FP16 ``[tokens, width]`` tensors of one dtype and
     row count, on the weight's device (views are fine); each width a positive multiple of
     128, the widths adding up to ``weight.in_features``. On sm_90 the CuTe DSL kernels read
-    up to 8 slices as they are; elsewhere (and for more slices) the plain-torch reference
-    runs, with a one-time warning on CUDA.
+    up to 8 BF16 slices as they are; elsewhere (FP16 slices, more slices, other GPUs) the
+    plain-torch reference runs, with a one-time warning on CUDA.
 
     Raises:
         TypeError, ValueError: naming ``slices[i]``, ``weight`` or ``bias``.
