@@ -22,8 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import api, ops
-from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, fail
-from ..nn import check_activation
+from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, check_activation, fail
 
 PACKED_ATTRIBUTE = "mxfp8_fusion_packed"
 """Set to ``True`` on a layer whose weight :func:`process_weights` packed."""
