@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from . import proven
 from .config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
@@ -47,7 +48,8 @@ def candidates(
     192 tokens on (128 x 64 tiles up to 1024); and up to 256 tokens deeper FP8 pipelines and
     the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
     schedule (``select.schedule``) holds every field of one of the partial schedules in
-    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped.
+    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped, and so is one
+    not proven on a GPU (gemm_sm90.proven).
 
     ``activation`` ``"bf16"`` (W8A16): the same schedules with BF16 activations (every tile on
     the BF16 path, the stage counts that fit BF16 A stages; :func:`bf16_activations`)."""
@@ -100,7 +102,7 @@ def candidates(
     if activation == "bf16":
         found = [bf16_activations(cfg, tokens) for cfg in found]
     found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
-    return list(dict.fromkeys(found))
+    return [cfg for cfg in dict.fromkeys(found) if proven.holds(schedule(cfg))]
 
 
 def bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:
