@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -52,6 +53,13 @@ class SiteReport:
             source=source,
             w8a16=site.w8a16_gemms,
         )
+
+    def at(self, trace: str | None) -> SiteReport:
+        """This report, its ``source`` read from ``trace`` (an FX ``stack_trace``) when that
+        names a user line: a report replayed for another program with the same graph points
+        at that program's line."""
+        source = _user_line(trace or "")
+        return dataclasses.replace(self, source=source) if source else self
 
     @property
     def how(self) -> str:
