@@ -174,7 +174,8 @@ class FusionPass(CustomGraphPass):
     (:meth:`replay`), which are in the other counters too.
 
     The pass never fails a compile: an unexpected error while analyzing or rewriting a site
-    leaves that site exactly as it was, is logged as a warning and is reported as the reason.
+    leaves that site exactly as it was, is logged as a warning and is reported as the reason,
+    with a :class:`FusionSkippedWarning` like any other site left unchanged.
 
     Args:
         options: :class:`FusionOptions`, or a dict of them (see :func:`as_options`).
@@ -234,7 +235,7 @@ class FusionPass(CustomGraphPass):
         else:
             self.skipped += 1
             counters["sites_skipped"] += 1
-            if self.options.warn_skipped and self.options.enabled and not report.internal:
+            if self.options.warn_skipped and self.options.enabled:
                 warn_skipped(report)
         self.reports.append(report)
         log.debug("mxfp8_fusion pass: %s", report)
@@ -280,7 +281,7 @@ class FusionPass(CustomGraphPass):
             reason=reason,
             internal=True,
             w8a16=None,
-        )
+        ).at(cat.meta.get("stack_trace"))
 
     def uuid(self) -> bytes:
         fields = dataclasses.asdict(self.options)

@@ -25,7 +25,8 @@ class SiteReport:
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
         internal: the site was left unchanged by an unexpected error in the pass (logged as a
-            warning when it happened).
+            warning when it happened, and a :class:`FusionSkippedWarning` as any site left
+            unchanged).
     """
 
     graph: int

@@ -188,3 +188,39 @@ def test_cache_hit_replays_the_report_when_only_names_differ(tmp_path, monkeypat
         assert (skipped[0].filename, skipped[0].lineno) == (__file__, line)
     assert seen[0] == (0, {"sites_skipped": 1})
     assert seen[1] == (1, {"graphs_from_cache": 1, "sites_skipped": 1})
+
+
+class Wide(torch.nn.Module):
+    """Two 128-wide slices: a site the pass rewrites."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = linear(256)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+@pytest.mark.parametrize("stage", ["analyzing", "rewriting"])
+def test_an_internal_error_warns_at_the_users_line(monkeypatch, stage):
+    """An error inside the pass leaves the site as it was, and the user sees that the fusion
+    did not happen: a FusionSkippedWarning at the cat's line, naming the error."""
+    from mxfp8_fusion.passes import pattern, rewrite
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    if stage == "analyzing":
+        monkeypatch.setattr(pattern, "_consumers", boom)
+    else:
+        monkeypatch.setattr(rewrite, "rewrite", boom)
+    xs = [randn(8, 128, seed=i) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(NO_CACHE):
+            torch.compile(Wide(), backend="mxfp8_fusion")(*xs)
+    (warning,) = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+    assert str(warning.message).endswith(f"internal error while {stage} (RuntimeError: boom)")
+    line = inspect.getsourcelines(Wide.forward)[1] + 1
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert torch._dynamo.utils.counters["mxfp8_fusion"]["internal_errors"] == 1
