@@ -121,6 +121,15 @@ def test_process_weights_refuses_an_unknown_activation_before_packing():
     assert layer.weight_scale.shape == (128, 8) and linear.activation_of(layer) is None
 
 
+def test_process_weights_refuses_an_unknown_activation_on_a_packed_layer_too():
+    values, scales = _checkpoint(128, 256, "cpu")
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer)
+    with pytest.raises(ValueError, match="activation"):
+        linear.process_weights(layer, activation="typo")
+    assert linear.activation_of(layer) == "mxfp8"
+
+
 def test_process_weights_twice_changes_nothing():
     values, scales = _checkpoint(128, 256, "cpu")
     layer = _vllm_layer(values, scales, bias=False)
