@@ -254,7 +254,8 @@ def warmup(
         bias_dtype: the bias dtype of the pairs (None: no bias); a model's layers say theirs.
         activation: ``"mxfp8"`` (W8A8: the slices are quantized) or ``"bf16"`` (W8A16: the
             GEMM reads them as they are) for the pairs; a model's layers say theirs.
-        device: the CUDA device the kernels will run on (default: the current one).
+        device: the device the model runs on (default: the current CUDA device); another
+            device than CUDA (``"cpu"``) has nothing to compile, as below.
         workers: parallel compiles, this process's included (default: the CPU count, at
             most 16; 1 compiles everything in this process).
         progress: show a progress bar on stderr.
@@ -312,7 +313,11 @@ def _plan(
         items = [_projection(p, dtype, bias_dtype, activation) for p in projections]
     else:
         raise TypeError(f"projections: expected a model or (out, in) pairs, got {projections!r}")
-    device = _cuda_device(device)
+    device = _checked_device(device)
+    if device is not None and device.type != "cuda":
+        notice(f"warm-up has nothing to compile for device {device} (every call there runs "
+               "the plain-torch reference)", once=f"warmup on {device.type}")  # fmt: skip
+        return []
     if not torch.cuda.is_available() or not dispatch.cute_dsl_installed():
         why = "no CUDA device" if not torch.cuda.is_available() else "no nvidia-cutlass-dsl"
         notice(f"warm-up has nothing to compile ({why}: every call runs the plain-torch "
@@ -328,17 +333,17 @@ def _plan(
     return list(plan)
 
 
-def _cuda_device(device) -> torch.device | None:
-    """``device`` checked (a CUDA device, or None for the current one), on any machine."""
+def _checked_device(device) -> torch.device | None:
+    """``device`` checked, on any machine: None (the current CUDA device), an int (a CUDA
+    index), or anything ``torch.device`` takes. A device of another type (``"cpu"``, where
+    a model on a CPU-only machine is) is valid: its calls run the reference, so there is
+    nothing to compile for it."""
     if device is None:
         return None
     try:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device: {error}") from None
-    if device.type != "cuda":
-        raise ValueError(f"device: expected a CUDA device, got {device}")
-    return device
 
 
 def _device_index(device: torch.device | None) -> int:

@@ -63,7 +63,6 @@ def test_unequal_slices_and_other_gpus():
         (dict(projections=[(4096, 100)]), ValueError, "^projections: in_features 100"),
         (dict(projections=[(0, 4096)]), ValueError, "^projections: sizes"),
         (dict(projections=[(4096, True)]), ValueError, "^projections: sizes"),
-        (dict(projections=[(4096, 4096)], device="cpu"), ValueError, "^device:"),
         (dict(projections=[(4096, 4096)], device="gpu0"), ValueError, "^device:"),
     ],
 )
@@ -115,6 +114,17 @@ def test_without_a_gpu_it_compiles_nothing_and_says_so(monkeypatch, caplog):
     assert [m for m in caplog.messages if "nothing to compile (no CUDA device" in m]
     run = _command_line("4096x4096+4096")
     assert run.returncode == 0 and "nothing to compile" in run.stderr
+
+
+def test_a_cpu_device_has_nothing_to_compile(monkeypatch, caplog):
+    """Start-up code that passes the model's device needs no guard: on "cpu" every call runs
+    the reference, on any machine, so warm-up compiles nothing and says so."""
+    monkeypatch.setattr(progress, "_said", set())
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        for device in ("cpu", torch.device("cpu")):
+            assert mf.warmup([(4096, 4096)], device=device).builds == 0
+    said = [m for m in caplog.messages if "nothing to compile for device cpu" in m]
+    assert len(said) == 1
 
 
 def test_command_line_names_a_bad_projection():
