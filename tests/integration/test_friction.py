@@ -128,3 +128,16 @@ def test_version_names_what_it_runs_with_and_a_bare_call_prints_the_help():
     bare = _cli()
     assert bare.returncode == 0 and bare.stdout.startswith("usage: python -m mxfp8_fusion")
     assert "demo" in bare.stdout and "warmup" in bare.stdout
+
+
+def test_the_pass_names_still_import_from_mxfp8_fusion_passes():
+    """``mxfp8_fusion.passes`` has no ``__init__.py``: the names it once exported are served
+    from their modules; an unknown one says where the public names are."""
+    import mxfp8_fusion.passes as passes
+    from mxfp8_fusion.passes import FusionPass, FusionSkippedWarning, install
+    from mxfp8_fusion.passes import fusion as fusion_module
+
+    assert FusionPass is mf.FusionPass and FusionSkippedWarning is mf.FusionSkippedWarning
+    assert install is fusion_module.install
+    with pytest.raises(AttributeError, match=r"mxfp8_fusion\.FusionPass.*passes\.fusion"):
+        passes.NoSuchName  # noqa: B018
