@@ -62,9 +62,9 @@ class Projection:
     ``"bf16"`` (W8A16) the GEMM reads them as they are.
 
     Raises ``ValueError`` / ``TypeError`` for a projection the calls would refuse: sizes
-    that are not positive ints, ``in_features`` not a multiple of 32 (an MXFP8 weight's
-    rule), several slices whose widths are not multiples of 128 (a staged slice's rule), an
-    activation that is neither.
+    that are not positive ints, several slices whose widths are not multiples of 128 (the
+    rule of staged and W8A16 slices), ``in_features`` not a multiple of 32 (an MXFP8
+    weight's rule), an activation that is neither.
     """
 
     out_features: int
@@ -80,14 +80,26 @@ class Projection:
             raise ValueError("sizes must be positive ints, with at least one slice")
         if sum(self.slices) != self.in_features:
             raise ValueError(f"the slice widths {list(self.slices)} must sum to in_features")
+        check_activation(self.activation)
+        # the width rule first: it is the one a wrong slice breaks (widths that keep it sum
+        # to a multiple of 32)
+        if len(self.slices) > 1:
+            self._check_widths()
         if self.in_features % GROUP:
             raise ValueError(f"in_features {self.in_features} must be a multiple of {GROUP}")
-        if len(self.slices) > 1 and any(w % _STAGED_WIDTH for w in self.slices):
-            raise ValueError(
-                f"staged slice widths must be multiples of {_STAGED_WIDTH}, got {list(self.slices)}"
-            )
         _check_dtypes(self.dtype, self.bias_dtype)
-        check_activation(self.activation)
+
+    def _check_widths(self) -> None:
+        for i, width in enumerate(self.slices):
+            if width % _STAGED_WIDTH:
+                how = (
+                    "W8A16 slices (the GEMM reads each where it is)"
+                    if self.activation == "bf16"
+                    else "staged slices (W8A8: each is quantized into its columns)"
+                )
+                raise ValueError(
+                    f"slice {i} has width {width}: {how} must be multiples of {_STAGED_WIDTH} wide"
+                )
 
 
 def _check_dtypes(dtype, bias_dtype) -> None:
