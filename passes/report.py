@@ -187,7 +187,8 @@ def _user_line(trace: str) -> str | None:
 
 
 class FusionSkippedWarning(UserWarning):
-    """A candidate site was left unchanged: the BF16 concatenation is still materialized.
+    """A candidate site was left unchanged: its BF16 (FP16) concatenation is still
+    materialized.
 
     Issued once per site and reason in a process, at the user's line that made the cat.
     Silence it with ``warnings.filterwarnings("ignore", category=FusionSkippedWarning)``, or
@@ -204,10 +205,15 @@ def warn_skipped(report: SiteReport) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    message = (
-        f"mxfp8_fusion: a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s) was not "
-        f"rewritten, so its BF16 concatenation is still materialized: {report.reason}"
-    )
+    cat = f"a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s)"
+    sixteen = {"bfloat16": "BF16", "float16": "FP16"}.get(report.dtype)
+    if sixteen is not None:
+        message = (
+            f"mxfp8_fusion: {cat} was not rewritten, so its {sixteen} concatenation is still "
+            f"materialized: {report.reason}"
+        )
+    else:  # a cat of another dtype (FP32) is no fusion lost; one not analyzed says why
+        message = f"mxfp8_fusion: {cat} was left as written: {report.reason}"
     filename, lineno = "<unknown>", 0
     if report.source:  # shown at the user's line, which the warning prints beneath it
         where = report.source.partition(": ")[0]

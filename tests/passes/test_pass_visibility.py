@@ -224,3 +224,18 @@ def test_an_internal_error_warns_at_the_users_line(monkeypatch, stage):
     line = inspect.getsourcelines(Wide.forward)[1] + 1
     assert (warning.filename, warning.lineno) == (__file__, line)
     assert torch._dynamo.utils.counters["mxfp8_fusion"]["internal_errors"] == 1
+
+
+def test_an_fp32_cat_is_plainly_not_a_candidate():
+    """No "BF16 concatenation" for an FP32 one, and no dtype check's wording: what the pass
+    takes, in words."""
+    xs = [randn(8, 128, dtype=torch.float32, seed=i) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(NO_CACHE):
+            torch.compile(Wide(), backend="mxfp8_fusion")(*xs)
+    (warning,) = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+    assert str(warning.message) == (
+        "mxfp8_fusion: a torch.cat feeding 1 MXFP8 GEMM(s) was left as written: a float32 cat "
+        "is not a candidate: the pass stages bfloat16 and float16 slices only"
+    )
