@@ -119,6 +119,9 @@ def mxfp8_fusion_backend(
     settings = repr((options_text, chain.uuid()))
     digest = report_store.key(gm, example_inputs, settings)
     graphs, reports = fusion.graphs, len(fusion.reports)
+    fusion.traced_cats += sum(1 for n in gm.graph.nodes if n.target in _CATS)
+    mxfp8_ops = sum(1 for n in gm.graph.nodes if _is_mxfp8_op(n.target))
+    fusion.traced_mxfp8_ops += mxfp8_ops
     if not _compiled[0]:  # an INFO record, as torch's own: shown where logging asks for it
         _compiled[0] = True
         log.info(
@@ -127,7 +130,7 @@ def mxfp8_fusion_backend(
         )
     inner = _ReportingInnerCompile(fusion, settings)
     compiled = compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
-    _say_if_nothing_to_rewrite(fusion, fusion.contents[graphs:])
+    _say_if_nothing_to_rewrite(fusion, fusion.contents[graphs:], mxfp8_ops)
     if inner.calls:  # Inductor compiled, or served from its FX graph cache: reported there
         report_store.store(digest, *_since(fusion, graphs, reports))
     else:  # served from AOTAutograd's cache, keyed on this Dynamo graph: no inner compile
@@ -184,15 +187,23 @@ def _replay(fusion: FusionPass, digest: str, traces: Mapping[str, Any] | None = 
         )
 
 
+_CATS = (torch.cat, torch.concat, torch.concatenate, torch.ops.aten.cat.default)
 _compiled: list[bool] = [False]  # whether this process has compiled with the backend
 _saw_mxfp8: list[bool] = [False]  # whether a graph compiled here held an MXFP8 op
 
 
-def _say_if_nothing_to_rewrite(fusion: FusionPass, contents: list[tuple[int, int]]) -> None:
-    """Once per process: the graphs just compiled hold no MXFP8 quantize or linear, and no
-    earlier one did (the model was most likely not converted). Silenced with the skipped-site
-    warnings (``warn_skipped``), as explain silences it: its report says the same."""
-    _saw_mxfp8[0] = _saw_mxfp8[0] or any(mxfp8 for _, mxfp8 in contents)
+def _is_mxfp8_op(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.namespace == "mxfp8"
+
+
+def _say_if_nothing_to_rewrite(
+    fusion: FusionPass, contents: list[tuple[int, int]], mxfp8_ops: int
+) -> None:
+    """Once per process: the graphs just compiled hold no MXFP8 op at all (no quantize or
+    linear, and no eager-API op such as ``mm_slices_into``), and no earlier one did (the
+    model was most likely not converted). Silenced with the skipped-site warnings
+    (``warn_skipped``), as explain silences it: its report says the same."""
+    _saw_mxfp8[0] = _saw_mxfp8[0] or mxfp8_ops > 0 or any(mxfp8 for _, mxfp8 in contents)
     if contents and not _saw_mxfp8[0] and fusion.options.warn_skipped:
         notice(
             "the graph compiled with backend='mxfp8_fusion' holds no MXFP8 linear, so the "

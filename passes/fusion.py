@@ -198,6 +198,12 @@ class FusionPass(CustomGraphPass):
         """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes, W8A16 ones
         too (for the hints of a report without candidate sites)."""
         self.cached_graphs = 0
+        self.traced_cats = 0
+        """``torch.cat`` calls in the graphs Dynamo traced for the backend (before Inductor's
+        decompositions, which may rewrite a cat into other ops)."""
+        self.traced_mxfp8_ops = 0
+        """``mxfp8::`` ops in the graphs Dynamo traced for the backend (the eager API's,
+        such as ``mm_slices_into``, too)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs += 1

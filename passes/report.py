@@ -108,12 +108,17 @@ class FusionReport:
         contents: per graph, its ``torch.cat`` nodes and its MXFP8 quantize/linear nodes;
             they say why, when no site was found.
         model: why the explained module holds no MXFP8 layer, when it holds none.
+        traced_cats: the ``torch.cat`` calls Dynamo traced, before Inductor's decompositions
+            (which rewrite some, so that the pass never sees them).
+        traced_mxfp8_ops: the ``mxfp8::`` ops Dynamo traced (the eager API's too).
     """
 
     sites: list[SiteReport] = field(default_factory=list)
     graphs: int = 0
     contents: list[tuple[int, int]] = field(default_factory=list)
     model: str | None = None
+    traced_cats: int = 0
+    traced_mxfp8_ops: int = 0
 
     @property
     def rewritten(self) -> list[SiteReport]:
@@ -143,6 +148,12 @@ class FusionReport:
                 "no graph was compiled: Dynamo found no tensor operations to compile, or "
                 "skipped the function"
             ]
+        if not any(mxfp8 for _, mxfp8 in self.contents) and self.traced_mxfp8_ops:
+            return [
+                "the compiled graph(s) call the eager API's MXFP8 ops (such as "
+                "mxfp8_fusion.mm_slices_into or mm_quantized_into), which already read the "
+                "slices or staged storage: there is no cat -> MXFP8 linear left to rewrite"
+            ]
         hints = []
         if self.model is not None:
             hints.append(self.model)
@@ -153,10 +164,7 @@ class FusionReport:
                 "leaves alone)"
             )
         if not any(cats for cats, _ in self.contents):
-            hints.append(
-                "no torch.cat in the compiled graph(s): the pass rewrites torch.cat(slices, "
-                "dim=-1) feeding an MXFP8 linear"
-            )
+            hints.append(self._no_cat())
         if hints:
             return hints
         if not any(cats and mxfp8 for cats, mxfp8 in self.contents):
@@ -170,6 +178,19 @@ class FusionReport:
             "linear directly: an op other than a reshape between them (a dtype cast, "
             "arithmetic, a transpose) hides the site"
         ]
+
+    def _no_cat(self) -> str:
+        if self.traced_cats:  # Dynamo traced one: Inductor's decompositions took it apart
+            return (
+                f"the {self.traced_cats} torch.cat(s) traced are gone from the graph(s) the "
+                "pass sees: Inductor rewrote them first (a cat of one tensor repeated, "
+                "torch.cat([x, x, x], -1), becomes expand + clone, with no concatenation left "
+                "to stage); the pass rewrites a cat of distinct slices"
+            )
+        return (
+            "no torch.cat in the compiled graph(s): the pass rewrites torch.cat(slices, "
+            "dim=-1) feeding an MXFP8 linear"
+        )
 
 
 def _user_line(trace: str) -> str | None:
