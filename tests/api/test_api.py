@@ -54,7 +54,7 @@ def test_staged_equals_concatenated(n_slices, tokens, with_bias, dtype):
     live = fmt.scale_bytes(tokens, x.shape[1])  # whole 128-row blocks, padding included
     assert torch.equal(bits(staged.scales[:live]), bits(one_shot.scales))
 
-    expected = mf.mm(x, weight, bias)
+    expected = mf.mm(x, weight, bias=bias)
     assert expected.dtype == dtype
     got = mf.mm_quantized(staged, weight, tokens=tokens, bias=bias)
     assert torch.equal(bits(got), bits(expected))

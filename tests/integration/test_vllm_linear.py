@@ -60,8 +60,8 @@ def _expected(activation: str, x, values, scales, bias=None) -> torch.Tensor:
     (W8A16, ``x`` one slice)."""
     weight = mf.pack_weight(values, scales)
     if activation == "bf16":
-        return mf.mm_slices([x], weight, bias)
-    return mf.mm(x, weight, bias)
+        return mf.mm_slices([x], weight, bias=bias)
+    return mf.mm(x, weight, bias=bias)
 
 
 @pytest.mark.parametrize("device", DEVICES)
