@@ -201,7 +201,7 @@ def test_weight_shape_and_dequantize_as_torchao_users_expect():
     exact E4M3 x E8M0 values, a NaN block reading back as NaN."""
     from mxfp8_fusion import reference
 
-    w = torch.randn(64, 96, dtype=torch.bfloat16)
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     w[3, 40] = float("nan")
     weight = mf.pack_weight(w)
     assert weight.shape == torch.Size([64, 96])
@@ -215,7 +215,8 @@ def test_weight_shape_and_dequantize_as_torchao_users_expect():
         exact.to(torch.bfloat16).view(torch.int16),
     )
     finite = torch.isfinite(exact)
-    assert torch.allclose(exact[finite], w.float()[finite], rtol=0.07, atol=0)
+    error = (exact[finite] - w.float()[finite]).norm() / w.float()[finite].norm()
+    assert error < 2**-4  # E4M3: 3 mantissa bits
     with pytest.raises(TypeError, match="^dtype:"):
         weight.dequantize(torch.int8)
     assert mf.empty_input(16, 128, "cpu").shape == (16, 128)
