@@ -23,6 +23,13 @@ from mxfp8_fusion.demo import Drafter, run_staged  # noqa: F401  (the fixture's 
 # --- receipts ------------------------------------------------------------------------------
 
 
+def require_cuda(script: str) -> None:
+    """Exit with one line, not a traceback, where no CUDA device is: ``script`` (its
+    ``__file__``) measures on one."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{Path(script).name} measures on a CUDA device (sm_90); none is here")
+
+
 def git_revision(given: str | None = None) -> str:
     """``given``, else ``$MXFP8_GIT_REV``, else ``git rev-parse HEAD`` (``-dirty`` when the
     tree has changes), else ``"unknown"`` (a copy of the tree without .git)."""

@@ -39,6 +39,7 @@ from common import (
     isolated_timeline,
     kernel_breakdown,
     make_drafter,
+    require_cuda,
     run_staged,
     time_interleaved,
     transient_peak,
@@ -355,6 +356,7 @@ def main() -> None:
         if args.readme_table:
             print_readme_table(json.loads(Path(args.readme_table).read_text()))
         return
+    require_cuda(__file__)
     receipt = {
         "benchmark": "end_to_end",
         "environment": environment(args.git_rev),

@@ -60,6 +60,7 @@ from common import (
     capture_graph,
     environment,
     kernel_breakdown,
+    require_cuda,
     time_interleaved,
     transient_peak,
     write_receipt,
@@ -394,6 +395,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--git-rev", default=None)
     args = parser.parse_args()
+    require_cuda(__file__)
     if args.bitwise:
         write_receipt(args.out or BITWISE_RECEIPT, bench_bitwise(args.git_rev))
         return

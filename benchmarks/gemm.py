@@ -58,7 +58,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from common import capture_graph, environment, write_receipt
+from common import capture_graph, environment, require_cuda, write_receipt
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
@@ -399,6 +399,8 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
+    if not args.plot:  # a plot only reads its receipt
+        require_cuda(__file__)
     mode = next((m for m in ("sweep", "tune", "power", "decode") if getattr(args, m)), "gemm")
     suffix = "_w8a16" if args.activation == "bf16" and mode in ("sweep", "tune") else ""
     args.out = args.out or OUT[mode].replace(".json", f"{suffix}.json")

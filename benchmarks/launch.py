@@ -25,7 +25,7 @@ import argparse
 import statistics
 
 import torch
-from common import environment, host_us_per_call, write_receipt
+from common import environment, host_us_per_call, require_cuda, write_receipt
 
 from mxfp8_fusion.api import empty_input
 from mxfp8_fusion.format import GROUP, group_blocks
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/results/launch.json")
     args = parser.parse_args()
-
+    require_cuda(__file__)
     device = torch.cuda.current_device()
     source = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
     dest = empty_input(16, 7168, "cuda")

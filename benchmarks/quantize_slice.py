@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 import torch
-from common import cutlass_dsl_version, git_revision, host_us_per_call
+from common import cutlass_dsl_version, git_revision, host_us_per_call, require_cuda
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import scale_bytes
@@ -407,6 +407,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/quantize_slice.json")
     parser.add_argument("--tiles", default="32,64,128", help="tile_rows values to sweep")
     args = parser.parse_args()
+    require_cuda(__file__)
     torch.manual_seed(0)
     slices = [torch.randn(TOKENS, WIDTH, dtype=torch.bfloat16, device="cuda") for _ in range(6)]
     values, scales = _storage(TOKENS, SLICES * WIDTH)

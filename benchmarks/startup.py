@@ -30,7 +30,7 @@ import tempfile
 import time
 
 import torch
-from common import environment, write_receipt
+from common import environment, require_cuda, write_receipt
 
 import mxfp8_fusion as mf
 from mxfp8_fusion.kernel_warmup import capture_sizes
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="default: results/startup.json (W8A8), "
                         "results/startup_w8a16.json (--activation bf16)")  # fmt: skip
     args = parser.parse_args()
+    require_cuda(__file__)
     suffix = "_w8a16" if args.activation == "bf16" else ""
     args.out = args.out or f"benchmarks/results/startup{suffix}.json"
     sweep = [int(w) for w in args.workers_sweep.split(",") if w]

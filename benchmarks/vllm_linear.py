@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from common import capture_graph, environment, write_receipt
+from common import capture_graph, environment, require_cuda, write_receipt
 from torch import nn
 
 from mxfp8_fusion.vllm import linear
@@ -455,8 +455,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--out", default="benchmarks/results/vllm_linear.json")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("vllm_linear.py measures on a CUDA device (sm_90); none is here")
+    require_cuda(__file__)
     tokens = list(TRIMMED_TOKENS) if args.trimmed else args.tokens
     machine, humming = _machine(), _humming_facts()
     rows, shapes = [], {name: {"error": "not reached"} for name in args.shapes}

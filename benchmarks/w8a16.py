@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import capture_graph, environment, transient_peak, write_receipt
+from common import capture_graph, environment, require_cuda, transient_peak, write_receipt
 from vllm_linear import (
     calls_per_graph,
     dequantize,
@@ -342,8 +342,7 @@ def main() -> int:
     parser.add_argument("--startup", default="benchmarks/results/startup_w8a16.json")
     parser.add_argument("--out", default="benchmarks/results/w8a16.json")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("w8a16.py measures on a CUDA device (sm_90); none is here")
+    require_cuda(__file__)
     machine = {**environment(), "sms": torch.cuda.get_device_properties(0).multi_processor_count}
     startup = startup_seconds(Path(args.startup))
     rows, shapes = [], {name: {"error": "not reached"} for name in args.shapes}

@@ -70,9 +70,9 @@ def token_dims(cfg: DFlashConfig) -> tuple[int, ...]:
 
 
 def main() -> None:
-    device, tokens, cfg = command_line(__doc__, DFlashConfig)
+    device, tokens, cfg, activation = command_line(__doc__, DFlashConfig)
     inputs = [make_inputs(cfg, t, device) for t in tokens]
-    convert_and_check(build(cfg, device), inputs, token_dims(cfg))
+    convert_and_check(build(cfg, device), inputs, token_dims(cfg), activation)
 
 
 if __name__ == "__main__":

@@ -116,9 +116,9 @@ TOKEN_DIMS = (1, 1, 1)
 
 
 def main() -> None:
-    device, tokens, cfg = command_line(__doc__, MTPConfig)
+    device, tokens, cfg, activation = command_line(__doc__, MTPConfig)
     inputs = [make_inputs(cfg, t, device) for t in tokens]
-    convert_and_check(build(cfg, device), inputs, TOKEN_DIMS)
+    convert_and_check(build(cfg, device), inputs, TOKEN_DIMS, activation)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,25 @@ import mxfp8_fusion as mf
 
 
 def command_line(doc: str, config_type):
-    """The examples' command line (``--tokens``, described by ``doc``'s first paragraph):
-    ``(device, tokens, config)``: CUDA where there is a GPU, with the real geometry
-    (``config_type.real()``) and 4096 and 1000 tokens by default; else the CPU, the small
-    geometry (``config_type()``) and 48 and 37 tokens."""
+    """The examples' command line (``--tokens``, ``--activation``, described by ``doc``'s
+    first paragraph): ``(device, tokens, config, activation)``: CUDA where there is a GPU,
+    with the real geometry (``config_type.real()``) and 4096 and 1000 tokens by default;
+    else the CPU, the small geometry (``config_type()``) and 48 and 37 tokens; the
+    activation ``convert`` gives the layers, W8A8 (``"mxfp8"``) by default."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--activation",
+        choices=["mxfp8", "bf16"],
+        default="mxfp8",
+        help="mxfp8: W8A8, the slices quantized into MXFP8 storage (default); bf16: W8A16, "
+        "the GEMM reads the BF16 slices as they are (vLLM's numerics on Hopper)",
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = config_type.real() if device.type == "cuda" else config_type()
     tokens = args.tokens or ([4096, 1000] if device.type == "cuda" else [48, 37])
-    return device, tokens, cfg
+    return device, tokens, cfg, args.activation
 
 
 def random_bf16(model: nn.Module, device: torch.device | str) -> nn.Module:
@@ -53,11 +61,13 @@ def sequence_inputs(count: int, hidden: int, tokens: int, device, seed: int) -> 
     return (*states, torch.arange(tokens, device=device).unsqueeze(0))
 
 
-def convert_and_check(model: nn.Module, inputs_per_call, token_dims) -> None:
-    """:func:`mxfp8_fusion.convert` ``model`` and print how many linears it converted, then
-    what :func:`check` finds."""
+def convert_and_check(
+    model: nn.Module, inputs_per_call, token_dims, activation: str = "mxfp8"
+) -> None:
+    """:func:`mxfp8_fusion.convert` ``model`` (its layers running ``activation``) and print
+    how many linears it converted, then what :func:`check` finds."""
     report: dict[str, str] = {}
-    mf.convert(model, report=report)
+    mf.convert(model, report=report, activation=activation)
     print(f"converted {sum(v == 'converted' for v in report.values())} of {len(report)} linears")
     print(check(model, inputs_per_call, token_dims))
 

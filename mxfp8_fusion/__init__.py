@@ -75,3 +75,36 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(f".passes.{_PASS_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module 'mxfp8_fusion' has no attribute {name!r}")
+
+
+# mxfp8_fusion.passes has no __init__.py (docs/architecture.md says why), so nothing would
+# answer `from mxfp8_fusion.passes import FusionPass`, which its __init__ once served. The
+# namespace package gets a module __getattr__ (PEP 562) serving those names from their
+# modules, loaded on first use; its submodules (explain, report, ...) stay modules.
+_PASSES_NAMES = {
+    **{n: "fusion" for n in ("ComposedPass", "FusionOptions", "FusionPass", "compose", "install")},
+    **{n: "report" for n in ("FusionReport", "FusionSkippedWarning", "SiteReport")},
+    "mxfp8_fusion_backend": "backend",
+}
+
+
+def _passes_getattr(name: str):
+    import importlib
+
+    if name in _PASSES_NAMES:
+        module = importlib.import_module(f"{__name__}.passes.{_PASSES_NAMES[name]}")
+        return getattr(module, name)
+    raise AttributeError(
+        f"module 'mxfp8_fusion.passes' has no attribute {name!r}; the pass's public names are "
+        "mxfp8_fusion.FusionPass, FusionOptions, FusionSkippedWarning and explain, and "
+        "ComposedPass, compose and install are in mxfp8_fusion.passes.fusion"
+    )
+
+
+def _trail_to_the_pass_names() -> None:
+    import importlib
+
+    importlib.import_module(f"{__name__}.passes").__getattr__ = _passes_getattr
+
+
+_trail_to_the_pass_names()

@@ -293,13 +293,18 @@ def _check_slice(source, argument: str, dest: MXFP8Input, column: int) -> None:
 def mm_quantized(
     inp: MXFP8Input,
     weight: MXFP8Weight,
+    *,
     tokens: int | None = None,
     bias: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """``inp[:tokens] @ weight.T (+ bias)`` into a new ``[tokens, out_features]`` tensor.
 
-    ``tokens`` defaults to ``inp.capacity``; ``out_dtype`` to ``inp.dtype``.
+    The optional arguments are keyword-only. ``tokens``: the rows of ``inp`` to multiply,
+    the ones quantized into; ``None`` (the default) means all ``inp.capacity`` rows, which is
+    right only when every row was written (rows of :func:`empty_input` that nothing wrote
+    hold arbitrary bytes, and so do their products). ``out_dtype`` defaults to
+    ``inp.dtype``.
 
     Raises:
         TypeError, ValueError: on mismatched operands, tokens above capacity or a bad bias.
@@ -324,15 +329,22 @@ def mm_quantized_into(
     inp: MXFP8Input,
     weight: MXFP8Weight,
     out: Tensor,
+    *,
     tokens: int | None = None,
     bias: Tensor | None = None,
 ) -> Tensor:
     """Write ``inp[:tokens] @ weight.T (+ bias)`` into ``out[:tokens]`` and return that view
     (``out`` itself when it has ``tokens`` rows).
 
+    The optional arguments are keyword-only. ``tokens``: the rows of ``inp`` to multiply,
+    the ones quantized into; ``None`` (the default) means all ``inp.capacity`` rows, which is
+    right only when every row was written (rows of :func:`empty_input` that nothing wrote
+    hold arbitrary bytes, and so do their products): pass the count a step staged.
+
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the operands'
     device, with no two elements in the same memory (not expanded) and none in ``bias``'s;
-    its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be captured in a CUDA Graph.
+    its rows past ``tokens`` are not touched. Nothing is allocated, so the call can be
+    captured in a CUDA Graph.
 
     Raises:
         TypeError, ValueError: on a bad ``out``, mismatched operands, tokens above capacity,
@@ -374,9 +386,9 @@ def quantize(x: Tensor) -> MXFP8Input:
     return MXFP8Input._of(values, scales.view(torch.uint8), x.dtype)
 
 
-def mm(x: Tensor, weight: MXFP8Weight, bias: Tensor | None = None) -> Tensor:
+def mm(x: Tensor, weight: MXFP8Weight, *, bias: Tensor | None = None) -> Tensor:
     """One-shot MXFP8 linear: quantize ``x`` ``[tokens, K]`` and return ``x_q @ weight.T
-    (+ bias)`` in ``x.dtype``.
+    (+ bias)`` in ``x.dtype``. ``bias`` is keyword-only, as in every GEMM of the eager API.
 
     Raises:
         TypeError, ValueError: on a wrong type, dtype, shape or device.

@@ -81,7 +81,7 @@ def run_staged(model: Drafter, hidden: list[Tensor]) -> Tensor:
 
 def run_w8a16(model: Drafter, hidden: list[Tensor]) -> Tensor:
     """W8A16 straight from the slices (``mm_slices``): nothing concatenated or quantized."""
-    return mm_slices(hidden, model.fc.weight, model.fc.bias)
+    return mm_slices(hidden, model.fc.weight, bias=model.fc.bias)
 
 
 def transient_bytes(fn, *args) -> int | None:
@@ -202,7 +202,7 @@ def main(device: str | torch.device | None = None) -> int:
         del compiled_out
         w8a16 = run_w8a16(model, hidden)
         # the same weight as a W8A16 layer on the concatenation
-        w8a16_cat = mm_slices([torch.cat(hidden, -1)], model.fc.weight, model.fc.bias)
+        w8a16_cat = mm_slices([torch.cat(hidden, -1)], model.fc.weight, bias=model.fc.bias)
         w8a16_equal = torch.equal(w8a16.view(torch.int16), w8a16_cat.view(torch.int16))
         del w8a16, w8a16_cat
         rows = [

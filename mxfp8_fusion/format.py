@@ -2,7 +2,9 @@
 
 Values are ``torch.float8_e4m3fn``, row-major ``[rows, K]``. Every 32 consecutive elements
 of a row share one E8M0 scale (``torch.float8_e8m0fnu``, byte = exponent + 127) chosen by
-the RCEIL rule, bit for bit as torchao's ``to_mx(..., ScaleCalculationMode.RCEIL)``.
+the RCEIL rule, bit for bit as torchao's ``to_mx(..., ScaleCalculationMode.RCEIL)`` from
+torchao 0.18 on (a block holding a NaN is NaN throughout; torchao 0.17 scaled its other values
+by 2**-128): docs/quantize_log.md, "The RCEIL contract".
 
 GEMM operands keep their scales in the 128x4 blocked layout of cuBLAS / CUTLASS / torchao
 ``to_blocked``: one 512-byte chunk per 128-row x 4-group tile, stored as a flat byte buffer.
@@ -81,6 +83,29 @@ def group_blocks(groups: int) -> int:
 def padded_groups(groups: int) -> int:
     """Groups of the scale layout: ``groups`` rounded up to a multiple of 4."""
     return group_blocks(groups) * GROUP_BLOCK
+
+
+def blocked_view(flat: torch.Tensor, groups: int) -> torch.Tensor:
+    """View a flat blocked buffer as ``[row_block, group_block, r%32, (r//32)%4, g%4]``."""
+    return flat.view(torch.uint8).view(-1, group_blocks(groups), 32, 4, 4)
+
+
+def from_blocked(flat: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """Flat blocked scale buffer -> row-major ``[rows, groups]`` ``uint8`` scale bytes."""
+    view = blocked_view(flat, groups)
+    row_major = view.permute(0, 3, 2, 1, 4).reshape(view.shape[0] * ROW_BLOCK, -1)
+    return row_major[:rows, :groups]
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP8 ``[rows, K]`` values and their blocked scales -> FP32 ``[rows, K]``.
+
+    A scale byte of 0xFF (a NaN block) reads back as NaN.
+    """
+    rows, k = values.shape
+    factors = from_blocked(scales, rows, k // GROUP).view(SCALE_DTYPE).float()
+    grouped = values.float().view(rows, k // GROUP, GROUP) * factors.unsqueeze(-1)
+    return grouped.view(rows, k)
 
 
 def row_block_bytes(k: int) -> int:
@@ -205,6 +230,24 @@ class _Operand:
     def device(self) -> torch.device:
         """The device of ``values`` (and of the scales)."""
         return self.values.device
+
+    @property
+    def shape(self) -> torch.Size:
+        """``values``' shape: ``[N, K]`` for a weight, ``[capacity, K]`` for storage."""
+        return self.values.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values times their E8M0 scales, ``[rows, K]`` in ``dtype``: a new tensor.
+
+        In FP32 (the default) every product of an E4M3 value and an E8M0 scale is exact
+        unless it passes FP32's range; a block with the NaN scale byte reads back as NaN.
+
+        Raises:
+            TypeError: ``dtype`` is not a floating-point dtype.
+        """
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype: expected a floating-point torch.dtype, got {dtype!r}")
+        return dequantize(self.values, self.raw_scales).to(dtype)
 
 
 @dataclass(frozen=True, init=False)

@@ -62,9 +62,9 @@ class Projection:
     ``"bf16"`` (W8A16) the GEMM reads them as they are.
 
     Raises ``ValueError`` / ``TypeError`` for a projection the calls would refuse: sizes
-    that are not positive ints, ``in_features`` not a multiple of 32 (an MXFP8 weight's
-    rule), several slices whose widths are not multiples of 128 (a staged slice's rule), an
-    activation that is neither.
+    that are not positive ints, several slices whose widths are not multiples of 128 (the
+    rule of staged and W8A16 slices), ``in_features`` not a multiple of 32 (an MXFP8
+    weight's rule), an activation that is neither.
     """
 
     out_features: int
@@ -80,14 +80,26 @@ class Projection:
             raise ValueError("sizes must be positive ints, with at least one slice")
         if sum(self.slices) != self.in_features:
             raise ValueError(f"the slice widths {list(self.slices)} must sum to in_features")
+        check_activation(self.activation)
+        # the width rule first: it is the one a wrong slice breaks (widths that keep it sum
+        # to a multiple of 32)
+        if len(self.slices) > 1:
+            self._check_widths()
         if self.in_features % GROUP:
             raise ValueError(f"in_features {self.in_features} must be a multiple of {GROUP}")
-        if len(self.slices) > 1 and any(w % _STAGED_WIDTH for w in self.slices):
-            raise ValueError(
-                f"staged slice widths must be multiples of {_STAGED_WIDTH}, got {list(self.slices)}"
-            )
         _check_dtypes(self.dtype, self.bias_dtype)
-        check_activation(self.activation)
+
+    def _check_widths(self) -> None:
+        for i, width in enumerate(self.slices):
+            if width % _STAGED_WIDTH:
+                how = (
+                    "W8A16 slices (the GEMM reads each where it is)"
+                    if self.activation == "bf16"
+                    else "staged slices (W8A8: each is quantized into its columns)"
+                )
+                raise ValueError(
+                    f"slice {i} has width {width}: {how} must be multiples of {_STAGED_WIDTH} wide"
+                )
 
 
 def _check_dtypes(dtype, bias_dtype) -> None:
@@ -254,7 +266,8 @@ def warmup(
         bias_dtype: the bias dtype of the pairs (None: no bias); a model's layers say theirs.
         activation: ``"mxfp8"`` (W8A8: the slices are quantized) or ``"bf16"`` (W8A16: the
             GEMM reads them as they are) for the pairs; a model's layers say theirs.
-        device: the CUDA device the kernels will run on (default: the current one).
+        device: the device the model runs on (default: the current CUDA device); another
+            device than CUDA (``"cpu"``) has nothing to compile, as below.
         workers: parallel compiles, this process's included (default: the CPU count, at
             most 16; 1 compiles everything in this process).
         progress: show a progress bar on stderr.
@@ -312,7 +325,11 @@ def _plan(
         items = [_projection(p, dtype, bias_dtype, activation) for p in projections]
     else:
         raise TypeError(f"projections: expected a model or (out, in) pairs, got {projections!r}")
-    device = _cuda_device(device)
+    device = _checked_device(device)
+    if device is not None and device.type != "cuda":
+        notice(f"warm-up has nothing to compile for device {device} (every call there runs "
+               "the plain-torch reference)", once=f"warmup on {device.type}")  # fmt: skip
+        return []
     if not torch.cuda.is_available() or not dispatch.cute_dsl_installed():
         why = "no CUDA device" if not torch.cuda.is_available() else "no nvidia-cutlass-dsl"
         notice(f"warm-up has nothing to compile ({why}: every call runs the plain-torch "
@@ -328,17 +345,17 @@ def _plan(
     return list(plan)
 
 
-def _cuda_device(device) -> torch.device | None:
-    """``device`` checked (a CUDA device, or None for the current one), on any machine."""
+def _checked_device(device) -> torch.device | None:
+    """``device`` checked, on any machine: None (the current CUDA device), an int (a CUDA
+    index), or anything ``torch.device`` takes. A device of another type (``"cpu"``, where
+    a model on a CPU-only machine is) is valid: its calls run the reference, so there is
+    nothing to compile for it."""
     if device is None:
         return None
     try:
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device: {error}") from None
-    if device.type != "cuda":
-        raise ValueError(f"device: expected a CUDA device, got {device}")
-    return device
 
 
 def _device_index(device: torch.device | None) -> int:

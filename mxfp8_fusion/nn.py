@@ -347,7 +347,8 @@ def convert(
         if report is not None:
             report[qualified] = reason
     if skipped or not names:
-        warnings.warn(_unconverted_message(names, skipped), UserWarning, stacklevel=2)
+        message = _unconverted_message(names, skipped, model)
+        warnings.warn(message, UserWarning, stacklevel=2)
     return model
 
 
@@ -361,8 +362,14 @@ def _linears(model: nn.Module):
                 yield module, child_name, f"{name}.{child_name}" if name else child_name, child
 
 
-def _unconverted_message(converted: int, skipped: dict[str, str]) -> str:
+def _unconverted_message(converted: int, skipped: dict[str, str], model: nn.Module) -> str:
     if not skipped:
+        done = sum(isinstance(m, MXFP8Linear) for m in model.modules())
+        if done:  # convert ran before: its layers are kept as they are
+            return (
+                f"mxfp8_fusion.convert: the model is already converted ({done} MXFP8Linear "
+                "layer(s), kept as they are); nothing was converted"
+            )
         return "mxfp8_fusion.convert: the model has no nn.Linear layer; nothing was converted"
     total = converted + len(skipped)
     head = (

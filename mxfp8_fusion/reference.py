@@ -19,7 +19,9 @@ from .format import (
     SCALE_NAN_BYTE,
     SCALE_PAD,
     VALUE_DTYPE,
-    group_blocks,
+    blocked_view,
+    dequantize,
+    from_blocked,
     padded_groups,
     padded_rows,
     scale_bytes,
@@ -67,11 +69,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values.reshape(rows, k), exponent
 
 
-def _blocked_view(flat: torch.Tensor, groups: int) -> torch.Tensor:
-    """View a flat blocked buffer as ``[row_block, group_block, r%32, (r//32)%4, g%4]``."""
-    return flat.view(torch.uint8).view(-1, group_blocks(groups), 32, 4, 4)
-
-
 def to_blocked(scale_rows: torch.Tensor) -> torch.Tensor:
     """Row-major ``[rows, G]`` scale bytes -> flat blocked ``uint8`` buffer, padded with 127."""
     rows, groups = scale_rows.shape
@@ -86,13 +83,6 @@ def to_blocked(scale_rows: torch.Tensor) -> torch.Tensor:
     # [rb, 4 (r//32), 32 (r%32), gb, 4 (g%4)] -> [rb, gb, r%32, r//32, g%4]
     blocked = padded.view(rb, 4, 32, gb, 4).permute(0, 3, 2, 1, 4)
     return blocked.contiguous().flatten()
-
-
-def from_blocked(flat: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
-    """Flat blocked scale buffer -> row-major ``[rows, groups]`` ``uint8`` scale bytes."""
-    view = _blocked_view(flat, groups)
-    row_major = view.permute(0, 3, 2, 1, 4).reshape(view.shape[0] * ROW_BLOCK, -1)
-    return row_major[:rows, :groups]
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,21 +104,10 @@ def quantize_slice_(
     slice_values, exponent = quantize_rows(source)
     values[:tokens, column : column + width] = slice_values
     blocked = to_blocked(exponent)
-    src = _blocked_view(blocked, width // GROUP)
-    dst = _blocked_view(scales, values.shape[1] // GROUP)
+    src = blocked_view(blocked, width // GROUP)
+    dst = blocked_view(scales, values.shape[1] // GROUP)
     g0 = column // (GROUP * GROUP_BLOCK)
     dst[: src.shape[0], g0 : g0 + src.shape[1]] = src
-
-
-def dequantize(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """MXFP8 ``[rows, K]`` values and their blocked scales -> FP32 ``[rows, K]``.
-
-    A scale byte of 0xFF (a NaN block) reads back as NaN.
-    """
-    rows, k = values.shape
-    factors = from_blocked(scales, rows, k // GROUP).view(SCALE_DTYPE).float()
-    grouped = values.float().view(rows, k // GROUP, GROUP) * factors.unsqueeze(-1)
-    return grouped.view(rows, k)
 
 
 def _row_scale_factors(scales: torch.Tensor, rows: int, k: int) -> torch.Tensor:

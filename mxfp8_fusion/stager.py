@@ -145,7 +145,9 @@ class InputStager:
                 f"stager: expected all {self.in_features} input columns staged before "
                 f"finish, got {self._column}"
             )
-        result = api.mm_quantized_into(self.storage, self.weight, out, self._tokens, self.bias)
+        result = api.mm_quantized_into(
+            self.storage, self.weight, out, tokens=self._tokens, bias=self.bias
+        )
         self.reset()
         return result
 

@@ -82,7 +82,7 @@ def _staged_gemm(local: MXFP8Linear, parts: list[Tensor], width: int, lead_shape
     for a W8A16 shard read as it is (``mm_slices``); the output takes ``lead_shape``'s
     leading dims."""
     if local.activation == "bf16":
-        y = mm_slices(parts, local.weight, local.bias)
+        y = mm_slices(parts, local.weight, bias=local.bias)
     else:
         dest = api.empty_input(parts[0].shape[0], width, parts[0].device, parts[0].dtype)
         api.quantize_input_slices(parts, dest)

@@ -63,7 +63,7 @@ def _check_slices(slices, weight) -> int:
 
 
 def mm_slices(
-    slices: list[Tensor] | tuple[Tensor, ...], weight: MXFP8Weight, bias: Tensor | None = None
+    slices: list[Tensor] | tuple[Tensor, ...], weight: MXFP8Weight, *, bias: Tensor | None = None
 ) -> Tensor:
     """``cat(slices, -1) @ weight.T (+ bias)`` straight from the slices (W8A16): no
     concatenation and no activation quantization, into a new ``[tokens, out_features]``
@@ -75,7 +75,8 @@ def mm_slices(
     row count, on the weight's device (views are fine); each width a positive multiple of
     128, the widths adding up to ``weight.in_features``. On sm_90 the CuTe DSL kernels read
     up to 8 BF16 slices as they are; elsewhere (FP16 slices, more slices, other GPUs) the
-    plain-torch reference runs, with a one-time warning on CUDA.
+    plain-torch reference runs, with a one-time warning on CUDA. ``bias`` is keyword-only,
+    as in every GEMM of the eager API.
 
     Raises:
         TypeError, ValueError: naming ``slices[i]``, ``weight`` or ``bias``.
@@ -89,6 +90,7 @@ def mm_slices_into(
     slices: list[Tensor] | tuple[Tensor, ...],
     weight: MXFP8Weight,
     out: Tensor,
+    *,
     bias: Tensor | None = None,
 ) -> Tensor:
     """Write ``cat(slices, -1) @ weight.T (+ bias)`` into ``out[:tokens]`` straight from the
@@ -98,7 +100,7 @@ def mm_slices_into(
     ``out`` is caller-owned, ``[>= tokens, out_features]``, BF16 or FP16, on the weight's
     device, with no two elements in the same memory and none in ``bias``'s or a slice's; its
     rows past ``tokens`` are not touched. Nothing is allocated, so the call can be captured
-    in a CUDA Graph.
+    in a CUDA Graph. ``bias`` is keyword-only, as in every GEMM of the eager API.
 
     Raises:
         TypeError, ValueError: naming ``slices[i]``, ``weight``, ``out`` or ``bias``.

@@ -116,38 +116,94 @@ def mxfp8_fusion_backend(
     # the passes by uuid (their repr may hold an address), every other option by value
     chain = patches["post_grad_custom_post_pass"]
     options_text = sorted((k, repr(v)) for k, v in patches.items() if "custom" not in k)
-    digest = report_store.key(gm, example_inputs, repr((options_text, chain.uuid())))
+    settings = repr((options_text, chain.uuid()))
+    digest = report_store.key(gm, example_inputs, settings)
     graphs, reports = fusion.graphs, len(fusion.reports)
-    notice(
-        "compiling with Inductor and the MXFP8 fusion pass (the first compile in a process "
-        "takes seconds to minutes; later calls reuse it)",
-        once="backend",
-    )
-    compiled = compile_fx(gm, example_inputs, config_patches=patches)
-    _say_if_nothing_to_rewrite(fusion, fusion.contents[graphs:])
-    if fusion.graphs > graphs:
-        new = [dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]]
-        report_store.store(digest, new, fusion.contents[graphs:])
-    else:  # served from Inductor's cache: the pass did not run
-        stored = report_store.load(digest)
-        if stored is not None:
-            fusion.replay(*stored)
-        else:
-            log.info(
-                "mxfp8_fusion: graph served from Inductor's cache with no stored report; "
-                "the pass's counters and reports do not cover it"
-            )
+    fusion.traced_cats += sum(1 for n in gm.graph.nodes if n.target in _CATS)
+    mxfp8_ops = sum(1 for n in gm.graph.nodes if _is_mxfp8_op(n.target))
+    fusion.traced_mxfp8_ops += mxfp8_ops
+    if not _compiled[0]:  # an INFO record, as torch's own: shown where logging asks for it
+        _compiled[0] = True
+        log.info(
+            "mxfp8_fusion: compiling with Inductor and the MXFP8 fusion pass (the first "
+            "compile in a process takes seconds to minutes; later calls reuse it)"
+        )
+    inner = _ReportingInnerCompile(fusion, settings)
+    compiled = compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+    _say_if_nothing_to_rewrite(fusion, fusion.contents[graphs:], mxfp8_ops)
+    if inner.calls:  # Inductor compiled, or served from its FX graph cache: reported there
+        report_store.store(digest, *_since(fusion, graphs, reports))
+    else:  # served from AOTAutograd's cache, keyed on this Dynamo graph: no inner compile
+        _replay(fusion, digest)
     return compiled
 
 
+class _ReportingInnerCompile:
+    """Inductor's ``compile_fx_inner``, with the pass's reports stored or replayed per graph.
+
+    Inductor's FX graph cache keys on the graph this receives: the canonical post-autograd
+    graph, whose names are AOTAutograd's (``arg0_1``), not the user's. Keying the reports on
+    it too, every FX graph cache hit finds the reports of the graph it serves, whatever the
+    user's module, attribute and argument names were.
+    """
+
+    def __init__(self, fusion: FusionPass, settings: str):
+        self.fusion, self.settings, self.calls = fusion, settings, 0
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any):
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        self.calls += 1
+        digest = report_store.key(gm, example_inputs, self.settings)
+        # where this program's cats come from: a stored report names the first program's
+        traces = {n.name: n.meta.get("stack_trace") for n in gm.graph.nodes}
+        graphs, reports = self.fusion.graphs, len(self.fusion.reports)
+        compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+        if self.fusion.graphs > graphs:
+            report_store.store(digest, *_since(self.fusion, graphs, reports))
+        else:  # served from the FX graph cache: the pass did not run
+            _replay(self.fusion, digest, traces)
+        return compiled
+
+
+def _since(fusion: FusionPass, graphs: int, reports: int):
+    """The reports and graph contents recorded since the counts ``graphs`` and ``reports``,
+    their graphs numbered from 1 (as stored)."""
+    new = [dataclasses.replace(r, graph=r.graph - graphs) for r in fusion.reports[reports:]]
+    return new, fusion.contents[graphs:]
+
+
+def _replay(fusion: FusionPass, digest: str, traces: Mapping[str, Any] | None = None) -> None:
+    """Replay the reports stored under ``digest``, each at the user line ``traces`` gives
+    its cat (FX node name -> stack trace), where it gives one."""
+    stored = report_store.load(digest)
+    if stored is not None:
+        reports, contents = stored
+        fusion.replay([r.at((traces or {}).get(r.cat)) for r in reports], contents)
+    else:
+        log.info(
+            "mxfp8_fusion: graph served from Inductor's cache with no stored report; "
+            "the pass's counters and reports do not cover it"
+        )
+
+
+_CATS = (torch.cat, torch.concat, torch.concatenate, torch.ops.aten.cat.default)
+_compiled: list[bool] = [False]  # whether this process has compiled with the backend
 _saw_mxfp8: list[bool] = [False]  # whether a graph compiled here held an MXFP8 op
 
 
-def _say_if_nothing_to_rewrite(fusion: FusionPass, contents: list[tuple[int, int]]) -> None:
-    """Once per process: the graphs just compiled hold no MXFP8 quantize or linear, and no
-    earlier one did (the model was most likely not converted). Silenced with the skipped-site
-    warnings (``warn_skipped``), as explain silences it: its report says the same."""
-    _saw_mxfp8[0] = _saw_mxfp8[0] or any(mxfp8 for _, mxfp8 in contents)
+def _is_mxfp8_op(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.namespace == "mxfp8"
+
+
+def _say_if_nothing_to_rewrite(
+    fusion: FusionPass, contents: list[tuple[int, int]], mxfp8_ops: int
+) -> None:
+    """Once per process: the graphs just compiled hold no MXFP8 op at all (no quantize or
+    linear, and no eager-API op such as ``mm_slices_into``), and no earlier one did (the
+    model was most likely not converted). Silenced with the skipped-site warnings
+    (``warn_skipped``), as explain silences it: its report says the same."""
+    _saw_mxfp8[0] = _saw_mxfp8[0] or mxfp8_ops > 0 or any(mxfp8 for _, mxfp8 in contents)
     if contents and not _saw_mxfp8[0] and fusion.options.warn_skipped:
         notice(
             "the graph compiled with backend='mxfp8_fusion' holds no MXFP8 linear, so the "

@@ -90,6 +90,8 @@ def explain(
         graphs=fusion.graphs,
         contents=fusion.contents,
         model=why_no_mxfp8(model) if isinstance(model, torch.nn.Module) else None,
+        traced_cats=fusion.traced_cats,
+        traced_mxfp8_ops=fusion.traced_mxfp8_ops,
     )
 
 

@@ -174,7 +174,8 @@ class FusionPass(CustomGraphPass):
     (:meth:`replay`), which are in the other counters too.
 
     The pass never fails a compile: an unexpected error while analyzing or rewriting a site
-    leaves that site exactly as it was, is logged as a warning and is reported as the reason.
+    leaves that site exactly as it was, is logged as a warning and is reported as the reason,
+    with a :class:`FusionSkippedWarning` like any other site left unchanged.
 
     Args:
         options: :class:`FusionOptions`, or a dict of them (see :func:`as_options`).
@@ -197,6 +198,12 @@ class FusionPass(CustomGraphPass):
         """Per graph: its ``aten.cat`` nodes and its MXFP8 quantize/linear nodes, W8A16 ones
         too (for the hints of a report without candidate sites)."""
         self.cached_graphs = 0
+        self.traced_cats = 0
+        """``torch.cat`` calls in the graphs Dynamo traced for the backend (before Inductor's
+        decompositions, which may rewrite a cat into other ops)."""
+        self.traced_mxfp8_ops = 0
+        """``mxfp8::`` ops in the graphs Dynamo traced for the backend (the eager API's,
+        such as ``mm_slices_into``, too)."""
 
     def __call__(self, graph: fx.Graph) -> None:
         self.graphs += 1
@@ -234,7 +241,7 @@ class FusionPass(CustomGraphPass):
         else:
             self.skipped += 1
             counters["sites_skipped"] += 1
-            if self.options.warn_skipped and self.options.enabled and not report.internal:
+            if self.options.warn_skipped and self.options.enabled:
                 warn_skipped(report)
         self.reports.append(report)
         log.debug("mxfp8_fusion pass: %s", report)
@@ -280,7 +287,7 @@ class FusionPass(CustomGraphPass):
             reason=reason,
             internal=True,
             w8a16=None,
-        )
+        ).at(cat.meta.get("stack_trace"))
 
     def uuid(self) -> bytes:
         fields = dataclasses.asdict(self.options)

@@ -225,7 +225,8 @@ def _slice_reason(site: Site, val: torch.Tensor, dim: int) -> str | None:
     if len(dtypes) > 1:
         return f"the slices have mixed dtypes ({', '.join(dtypes)})"
     if val.dtype not in SOURCE_DTYPES or vals[0].dtype != val.dtype:
-        return f"dtype {str(vals[0].dtype).removeprefix('torch.')} is not bfloat16 or float16"
+        dtype = str(vals[0].dtype).removeprefix("torch.")
+        return f"a {dtype} cat is not a candidate: the pass stages bfloat16 and float16 slices only"
     for i, v in enumerate(vals):
         if v.dim() != val.dim():
             return f"slice {i} is {v.dim()}-D but the concatenation is {val.dim()}-D"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -24,7 +25,8 @@ class SiteReport:
         reason: why not, when it was not.
         source: the user code that made the cat, when known.
         internal: the site was left unchanged by an unexpected error in the pass (logged as a
-            warning when it happened).
+            warning when it happened, and a :class:`FusionSkippedWarning` as any site left
+            unchanged).
     """
 
     graph: int
@@ -52,6 +54,13 @@ class SiteReport:
             source=source,
             w8a16=site.w8a16_gemms,
         )
+
+    def at(self, trace: str | None) -> SiteReport:
+        """This report, its ``source`` read from ``trace`` (an FX ``stack_trace``) when that
+        names a user line: a report replayed for another program with the same graph points
+        at that program's line."""
+        source = _user_line(trace or "")
+        return dataclasses.replace(self, source=source) if source else self
 
     @property
     def how(self) -> str:
@@ -99,12 +108,17 @@ class FusionReport:
         contents: per graph, its ``torch.cat`` nodes and its MXFP8 quantize/linear nodes;
             they say why, when no site was found.
         model: why the explained module holds no MXFP8 layer, when it holds none.
+        traced_cats: the ``torch.cat`` calls Dynamo traced, before Inductor's decompositions
+            (which rewrite some, so that the pass never sees them).
+        traced_mxfp8_ops: the ``mxfp8::`` ops Dynamo traced (the eager API's too).
     """
 
     sites: list[SiteReport] = field(default_factory=list)
     graphs: int = 0
     contents: list[tuple[int, int]] = field(default_factory=list)
     model: str | None = None
+    traced_cats: int = 0
+    traced_mxfp8_ops: int = 0
 
     @property
     def rewritten(self) -> list[SiteReport]:
@@ -134,6 +148,12 @@ class FusionReport:
                 "no graph was compiled: Dynamo found no tensor operations to compile, or "
                 "skipped the function"
             ]
+        if not any(mxfp8 for _, mxfp8 in self.contents) and self.traced_mxfp8_ops:
+            return [
+                "the compiled graph(s) call the eager API's MXFP8 ops (such as "
+                "mxfp8_fusion.mm_slices_into or mm_quantized_into), which already read the "
+                "slices or staged storage: there is no cat -> MXFP8 linear left to rewrite"
+            ]
         hints = []
         if self.model is not None:
             hints.append(self.model)
@@ -144,10 +164,7 @@ class FusionReport:
                 "leaves alone)"
             )
         if not any(cats for cats, _ in self.contents):
-            hints.append(
-                "no torch.cat in the compiled graph(s): the pass rewrites torch.cat(slices, "
-                "dim=-1) feeding an MXFP8 linear"
-            )
+            hints.append(self._no_cat())
         if hints:
             return hints
         if not any(cats and mxfp8 for cats, mxfp8 in self.contents):
@@ -161,6 +178,19 @@ class FusionReport:
             "linear directly: an op other than a reshape between them (a dtype cast, "
             "arithmetic, a transpose) hides the site"
         ]
+
+    def _no_cat(self) -> str:
+        if self.traced_cats:  # Dynamo traced one: Inductor's decompositions took it apart
+            return (
+                f"the {self.traced_cats} torch.cat(s) traced are gone from the graph(s) the "
+                "pass sees: Inductor rewrote them first (a cat of one tensor repeated, "
+                "torch.cat([x, x, x], -1), becomes expand + clone, with no concatenation left "
+                "to stage); the pass rewrites a cat of distinct slices"
+            )
+        return (
+            "no torch.cat in the compiled graph(s): the pass rewrites torch.cat(slices, "
+            "dim=-1) feeding an MXFP8 linear"
+        )
 
 
 def _user_line(trace: str) -> str | None:
@@ -178,7 +208,8 @@ def _user_line(trace: str) -> str | None:
 
 
 class FusionSkippedWarning(UserWarning):
-    """A candidate site was left unchanged: the BF16 concatenation is still materialized.
+    """A candidate site was left unchanged: its BF16 (FP16) concatenation is still
+    materialized.
 
     Issued once per site and reason in a process, at the user's line that made the cat.
     Silence it with ``warnings.filterwarnings("ignore", category=FusionSkippedWarning)``, or
@@ -195,10 +226,15 @@ def warn_skipped(report: SiteReport) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    message = (
-        f"mxfp8_fusion: a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s) was not "
-        f"rewritten, so its BF16 concatenation is still materialized: {report.reason}"
-    )
+    cat = f"a torch.cat feeding {report.consumers or 'an'} MXFP8 GEMM(s)"
+    sixteen = {"bfloat16": "BF16", "float16": "FP16"}.get(report.dtype)
+    if sixteen is not None:
+        message = (
+            f"mxfp8_fusion: {cat} was not rewritten, so its {sixteen} concatenation is still "
+            f"materialized: {report.reason}"
+        )
+    else:  # a cat of another dtype (FP32) is no fusion lost; one not analyzed says why
+        message = f"mxfp8_fusion: {cat} was left as written: {report.reason}"
     filename, lineno = "<unknown>", 0
     if report.source:  # shown at the user's line, which the warning prints beneath it
         where = report.source.partition(": ")[0]

@@ -4,8 +4,11 @@ On an FX graph cache or AOTAutograd cache hit, Inductor does not run post-grad p
 fusion pass sees nothing, so it would count nothing and warn about nothing, although the
 served program has the same sites, rewritten or not. The ``mxfp8_fusion`` backend therefore
 stores the reports of each graph it compiles beside Inductor's cache, keyed on what decides
-them (the Dynamo graph's code, its inputs' shapes and dtypes, the Inductor options and the
-pass's uuid), and replays them on a hit (:meth:`FusionPass.replay`).
+them (a graph's code, its inputs' shapes and dtypes, the Inductor options and the pass's
+uuid), and replays them on a hit (:meth:`FusionPass.replay`). Each is stored twice, as each
+cache keys: under the post-autograd graph Inductor's FX graph cache keys on (AOTAutograd's
+names, so programs that differ only in the user's names share it), and under the Dynamo
+graph AOTAutograd's cache keys on (a hit there skips Inductor entirely).
 
 Storing is best effort: a read-only or full cache directory only means a later hit has
 nothing to replay, which the backend then logs.

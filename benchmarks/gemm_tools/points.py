@@ -154,7 +154,9 @@ def _contenders(job, data, t, num_sms) -> dict:
         what = {"label": label(cfg), "schedule": gemm_select.schedule(cfg)}
         if name == "ours" and cfg.activation != "bf16":
             found[name] = (
-                lambda i: api.mm_quantized_into(data.inp, data.wq[i % data.copies], data.out, t),
+                lambda i: api.mm_quantized_into(
+                    data.inp, data.wq[i % data.copies], data.out, tokens=t
+                ),
                 what,
             )
         else:

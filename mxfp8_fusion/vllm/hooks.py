@@ -5,7 +5,8 @@ touching any.
 and, for each function the plugin wraps, its whole parameter list. Each part is checked on
 its own (:func:`check`): a name that does not fit turns off that part only, and says why.
 A release newer than the newest one read is checked against the newest table and called
-untested; an older one is not supported.
+untested; an older one is not supported. A table read from vLLM's main branch before its
+release is marked in :data:`UNRELEASED`.
 """
 
 from __future__ import annotations
@@ -159,6 +160,23 @@ _V2_DFLASH_033 = (
     Hook(_DFLASH, "DFlashSpeculator._prepare_graph_forward", ("self", "num_reqs", "attn_metadata")),
 )
 
+# vLLM main after 0.34 (the next release): the V2 speculators' propose takes dp_sync for
+# dp_sync_state; DFlash has no full-graph buffer any more (no _aux_staging,
+# _store_hidden_states, _prepare_graph_forward) and combines the concatenation eagerly in
+# propose, which also takes no num_speculative_tokens.
+_PROPOSE_MAIN = tuple("dp_sync" if p == "dp_sync_state" else p for p in _PROPOSE)
+_V2_EAGLE3_MAIN = (
+    Hook(
+        f"{_V2}.target_dependent_ar.speculator",
+        "TargetDependentARSpeculator.propose",
+        _PROPOSE_MAIN,
+    ),
+)
+_V2_DFLASH_MAIN = (
+    Hook(_DFLASH, "DFlashSpeculator.propose", _PROPOSE_MAIN[:-1]),
+    Hook(_DFLASH, "DFlashSpeculator.capture", ("self",)),
+)
+
 RELEASES: dict[str, dict[str, tuple[Hook, ...]]] = {
     "0.32": {
         "kernel": _KERNEL,
@@ -176,8 +194,19 @@ RELEASES: dict[str, dict[str, tuple[Hook, ...]]] = {
         "pass": _PASS_033,
         "drafter": (*_COMBINE, *_V2_EAGLE3, *_V2_DFLASH_033),
     },
+    # vLLM main, read before a 0.35 wheel exists (UNRELEASED)
+    "0.35": {
+        "kernel": _KERNEL,
+        "pass": _PASS_033,
+        "drafter": (*_COMBINE, *_V2_EAGLE3_MAIN, *_V2_DFLASH_MAIN),
+    },
 }
 """The names each part touches, per vLLM release read (docs/serving.md: what each is for)."""
+
+UNRELEASED: dict[str, str] = {"0.35": "vLLM main"}
+"""Tables read from vLLM's main branch before the release's wheel exists: where they were
+read (the status line says "unreleased"). A release leaves this dict when its wheel is
+checked (tests/integration/test_vllm_releases.py)."""
 
 
 def _key(release: str) -> tuple[int, int]:

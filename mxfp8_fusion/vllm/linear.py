@@ -82,9 +82,9 @@ def process_weights(
         layout is not vLLM's MXFP8 layout (see :func:`check_layout`), or ``activation``
         when it is not one of ``"mxfp8"`` and ``"bf16"``.
     """
+    activation = check_activation(activation)  # a typo is an error on a packed layer too
     if getattr(layer, PACKED_ATTRIBUTE, False):
         return packed_weight(layer)
-    activation = check_activation(activation)
     weight, weight_scale = getattr(layer, WEIGHT, None), getattr(layer, WEIGHT_SCALE, None)
     check_layout(weight, weight_scale, name)
     packed = api.pack_weight(weight.data, weight_scale.data)

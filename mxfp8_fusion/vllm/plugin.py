@@ -46,7 +46,14 @@ class Status:
         if self.release is None:
             why = next(iter(self.off.values()), "no vLLM")
             return f"{_PREFIX}: not installed, nothing changed: {why}"
-        tested = "tested" if self.tested else f"untested, newer than {self.release}"
+        from . import hooks
+
+        if not self.tested:
+            tested = f"untested, newer than {self.release}"
+        elif self.release in hooks.UNRELEASED:  # no wheel of it yet: read from vLLM main
+            tested = f"read from {hooks.UNRELEASED[self.release]}, unreleased"
+        else:
+            tested = "tested"
         text = f"{_PREFIX}: vLLM {self.version} ({tested}); on: {', '.join(self.parts) or 'none'}"
         if self.off:
             text += "; off: " + "; ".join(f"{p} ({why})" for p, why in self.off.items())

@@ -71,7 +71,7 @@ class Step:
         if self.norms is not None:
             tensors = [norm(t) for norm, t in zip(self.norms, tensors, strict=True)]
         if self.stager is None:
-            projected = mm_slices_into(tensors, self.weight, self.out, self.bias)
+            projected = mm_slices_into(tensors, self.weight, self.out, bias=self.bias)
             settings.stats.slice_steps += 1
         else:
             self.stager.append(*tensors)
@@ -139,7 +139,9 @@ class GraphStaging:
 
     def project(self, tokens: int) -> Tensor:
         """``fc`` on the first ``tokens`` staged rows, into the buffer allocated once."""
-        return api.mm_quantized_into(self.storage, self.weight, self.out, tokens, self.bias)
+        return api.mm_quantized_into(
+            self.storage, self.weight, self.out, tokens=tokens, bias=self.bias
+        )
 
 
 # What a reader may ask a graph stand-in: its metadata is the buffer's.

@@ -54,7 +54,7 @@ def test_staged_equals_concatenated(n_slices, tokens, with_bias, dtype):
     live = fmt.scale_bytes(tokens, x.shape[1])  # whole 128-row blocks, padding included
     assert torch.equal(bits(staged.scales[:live]), bits(one_shot.scales))
 
-    expected = mf.mm(x, weight, bias)
+    expected = mf.mm(x, weight, bias=bias)
     assert expected.dtype == dtype
     got = mf.mm_quantized(staged, weight, tokens=tokens, bias=bias)
     assert torch.equal(bits(got), bits(expected))
@@ -194,3 +194,29 @@ def test_compiled_eager_api_matches_eager():
     assert torch.equal(bits(got), bits(expected))
     assert torch.equal(bits(out_compiled), bits(out_eager))
     assert torch.equal(bits(torch.compile(one_shot, fullgraph=True)(a, b)), bits(expected))
+
+
+def test_weight_shape_and_dequantize_as_torchao_users_expect():
+    """``MXFP8Weight.shape`` and ``.dequantize()``, the names torchao's MXTensor has: the
+    exact E4M3 x E8M0 values, a NaN block reading back as NaN."""
+    from mxfp8_fusion import reference
+
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    w[3, 40] = float("nan")
+    weight = mf.pack_weight(w)
+    assert weight.shape == torch.Size([64, 96])
+    exact = weight.dequantize()
+    assert exact.dtype == torch.float32 and exact.shape == (64, 96)
+    same = reference.dequantize(weight.values, weight.raw_scales)
+    assert torch.equal(exact.view(torch.int32), same.view(torch.int32))  # NaN too
+    assert torch.isnan(exact[3, 32:64]).all() and not torch.isnan(exact[3, :32]).any()
+    assert torch.equal(
+        weight.dequantize(torch.bfloat16).view(torch.int16),
+        exact.to(torch.bfloat16).view(torch.int16),
+    )
+    finite = torch.isfinite(exact)
+    error = (exact[finite] - w.float()[finite]).norm() / w.float()[finite].norm()
+    assert error < 2**-4  # E4M3: 3 mantissa bits
+    with pytest.raises(TypeError, match="^dtype:"):
+        weight.dequantize(torch.int8)
+    assert mf.empty_input(16, 128, "cpu").shape == (16, 128)

@@ -274,3 +274,33 @@ def test_bad_gemm_arguments_raise_and_leave_out_unchanged():
 def test_bad_arguments_name_the_argument(call, error, argument):
     with pytest.raises(error, match=f"^{argument}: expected"):
         call()
+
+
+@pytest.mark.parametrize(
+    ("name", "required"),
+    [
+        ("mm", ("x", "weight")),
+        ("mm_quantized", ("inp", "weight")),
+        ("mm_quantized_into", ("inp", "weight", "out")),
+        ("mm_slices", ("slices", "weight")),
+        ("mm_slices_into", ("slices", "weight", "out")),
+    ],
+)
+def test_the_gemms_optional_arguments_are_keyword_only(name, required):
+    """bias was the fifth positional argument of mm_quantized_into and the fourth of
+    mm_slices_into: one positional list for all, the operands, and keywords for the rest."""
+    import inspect
+
+    parameters = inspect.signature(getattr(mf, name)).parameters.values()
+    positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword = [p for p in parameters if p.kind is p.KEYWORD_ONLY]
+    assert tuple(positional) == required
+    assert keyword and all(p.default is None for p in keyword)
+
+
+def test_mm_quantized_into_refuses_bias_where_tokens_go():
+    weight = mf.pack_weight(torch.randn(64, 256, dtype=torch.bfloat16))
+    dest = mf.empty_input(8, 256, "cpu")
+    out = torch.empty(8, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="positional"):
+        mf.mm_quantized_into(dest, weight, out, torch.zeros(64, dtype=torch.bfloat16))

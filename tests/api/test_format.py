@@ -102,3 +102,23 @@ def test_dequantize_roundtrip_is_close():
     scale = scale.repeat_interleave(fmt.GROUP, dim=1)
     bound = x.float().abs() * 2**-4 + scale * 2**-10
     assert ((back - x.float()).abs() <= bound).all()
+
+
+NAN_AND_INF = [n for n in EDGE_BLOCK_NAMES if "nan" in n or "inf" in n]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])
+@pytest.mark.parametrize("name", NAN_AND_INF)
+def test_nan_and_inf_blocks_match_the_installed_torchao(name, dtype):
+    """The contract the README states: torchao's to_mx (RCEIL) bit for bit, from torchao
+    0.18 on, NaN and Inf blocks included. A block holding a NaN is NaN throughout: scale byte
+    0xFF and every value E4M3 NaN (torchao 0.17 still wrote the block's other values, scaled
+    by 2**-128). A block with an Inf and no NaN: scale byte 0xFE, the Inf saturated to 448."""
+    x = edge_block_tensor(name, dtype)
+    values, scales = reference.quantize_rows(x)
+    ref_values, ref_scales = torchao_rceil(x)
+    assert torch.equal(scales, ref_scales) and torch.equal(values.view(torch.uint8), ref_values)
+    if "nan" in name:
+        assert scales.item() == 0xFF and ((values.view(torch.uint8) & 0x7F) == 0x7F).all()
+    else:
+        assert scales.item() == 0xFE and values.float().abs().max().item() == fmt.E4M3_MAX

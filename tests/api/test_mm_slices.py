@@ -55,7 +55,7 @@ def test_within_the_fp32_bound_of_the_fp64_oracle(widths, tokens, with_bias, dty
     slices = _slices(widths, tokens, dtype, seed=len(widths) + tokens)
     weight = _weight(sum(widths))
     bias = torch.randn(weight.out_features).to(dtype) if with_bias else None
-    got = mf.mm_slices(slices, weight, bias)
+    got = mf.mm_slices(slices, weight, bias=bias)
     assert got.dtype == dtype and got.shape == (tokens, weight.out_features)
     assert _within(got, *_oracle(slices, weight, bias))
 
@@ -93,9 +93,9 @@ def test_into_writes_the_live_rows_only(dtype):
     weight = _weight(384)
     bias = torch.randn(weight.out_features).to(dtype)
     out = torch.full((31, weight.out_features), 7.0, dtype=dtype)
-    written = mf.mm_slices_into(slices, weight, out, bias)
+    written = mf.mm_slices_into(slices, weight, out, bias=bias)
     assert written.data_ptr() == out.data_ptr() and written.shape == (20, weight.out_features)
-    assert torch.equal(written, mf.mm_slices(slices, weight, bias))
+    assert torch.equal(written, mf.mm_slices(slices, weight, bias=bias))
     assert (out[20:] == 7.0).all()
 
 
@@ -134,7 +134,7 @@ def _bad_calls():
     yield "slices[0]", ValueError, lambda: mf.mm_slices([good[0][0], good[1]], weight)
     yield "slices", ValueError, lambda: mf.mm_slices(good[:1], weight)
     yield "weight", TypeError, lambda: mf.mm_slices(good, weight.values)
-    yield "bias", ValueError, lambda: mf.mm_slices(good, weight, torch.zeros(3))
+    yield "bias", ValueError, lambda: mf.mm_slices(good, weight, bias=torch.zeros(3))
     yield "out", ValueError, lambda: mf.mm_slices_into(good, weight, out[:4])
     yield "out", TypeError, lambda: mf.mm_slices_into(good, weight, out.float())
     yield "out", ValueError, lambda: mf.mm_slices_into(good, weight, out[:, :100])
@@ -156,7 +156,7 @@ def test_compiles_fullgraph_with_the_same_bits():
     bias = torch.randn(weight.out_features).to(torch.bfloat16)
 
     def f(a, b):
-        return mf.mm_slices([a, b], weight, bias) * 2
+        return mf.mm_slices([a, b], weight, bias=bias) * 2
 
     compiled = torch.compile(f, fullgraph=True, backend="inductor")
     assert torch.equal(compiled(*slices), f(*slices))

@@ -19,7 +19,7 @@ def test_linear_matches_functional_mm_with_leading_dims():
     y = layer(x)
     assert y.shape == (2, 3, 64) and y.dtype == torch.bfloat16
     weight = mf.pack_weight(linear.weight.detach())
-    expected = mf.mm(x.reshape(6, 256), weight, linear.bias.detach())
+    expected = mf.mm(x.reshape(6, 256), weight, bias=linear.bias.detach())
     assert torch.equal(y.reshape(6, 64), expected)
     # MXFP8 of weight and input: close to the BF16 linear (E4M3: ~2**-4 per element).
     ref = linear(x).float()
@@ -151,7 +151,7 @@ def test_weight_property_is_the_packed_weight():
     assert weight.scales.dtype == layer.weight_scales.dtype
     assert weight.scales.data_ptr() == layer.weight_scales.data_ptr()
     x = torch.randn(3, 256, dtype=torch.bfloat16)
-    assert torch.equal(layer(x), mf.mm(x, weight, layer.bias))
+    assert torch.equal(layer(x), mf.mm(x, weight, bias=layer.bias))
 
 
 # --- forward --------------------------------------------------------------------------

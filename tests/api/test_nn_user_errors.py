@@ -32,6 +32,16 @@ def test_convert_of_a_model_without_linears_warns():
     )
 
 
+def test_convert_run_twice_says_already_converted():
+    model = nn.Sequential(nn.Linear(256, 64, dtype=torch.bfloat16), nn.ReLU())
+    assert _convert_warnings(model) == []
+    (message,) = _convert_warnings(model)
+    assert message == (
+        "mxfp8_fusion.convert: the model is already converted (1 MXFP8Linear layer(s), kept "
+        "as they are); nothing was converted"
+    )
+
+
 def test_convert_that_skips_some_layers_says_which():
     model = nn.Sequential(
         nn.Linear(256, 128, dtype=torch.bfloat16), nn.Linear(128, 100, dtype=torch.bfloat16),

@@ -44,9 +44,9 @@ def test_w8a16_multiplies_the_input_as_it_is():
     assert model.fc.activation == "bf16" and "activation='bf16'" in repr(model.fc)
     hidden = _hidden()
     x = torch.cat(hidden, -1).reshape(-1, 384)
-    expected = mf.mm_slices([x], model.fc.weight, model.fc.bias).view(2, 16, 128)
+    expected = mf.mm_slices([x], model.fc.weight, bias=model.fc.bias).view(2, 16, 128)
     assert torch.equal(model(*hidden), expected)
-    w8a8 = mf.mm(x, model.fc.weight, model.fc.bias).view(2, 16, 128)
+    w8a8 = mf.mm(x, model.fc.weight, bias=model.fc.bias).view(2, 16, 128)
     assert not torch.equal(expected, w8a8)
 
 

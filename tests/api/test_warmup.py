@@ -58,12 +58,11 @@ def test_unequal_slices_and_other_gpus():
         (dict(projections=3), TypeError, "^projections:"),
         (dict(projections=[(4096, 4096)], workers=0), ValueError, "^workers:"),
         (dict(projections=[(4096, [])]), ValueError, "^projections: sizes"),
-        (dict(projections=[(4096, [128, 100])]), ValueError, "^projections: in_features 228"),
-        (dict(projections=[(4096, [128, 160])]), ValueError, "^projections: staged slice"),
+        (dict(projections=[(4096, [128, 100])]), ValueError, "^projections: slice 1 has width"),
+        (dict(projections=[(4096, [128, 160])]), ValueError, "^projections: slice 1 has width"),
         (dict(projections=[(4096, 100)]), ValueError, "^projections: in_features 100"),
         (dict(projections=[(0, 4096)]), ValueError, "^projections: sizes"),
         (dict(projections=[(4096, True)]), ValueError, "^projections: sizes"),
-        (dict(projections=[(4096, 4096)], device="cpu"), ValueError, "^device:"),
         (dict(projections=[(4096, 4096)], device="gpu0"), ValueError, "^device:"),
     ],
 )
@@ -117,9 +116,43 @@ def test_without_a_gpu_it_compiles_nothing_and_says_so(monkeypatch, caplog):
     assert run.returncode == 0 and "nothing to compile" in run.stderr
 
 
+def test_a_cpu_device_has_nothing_to_compile(monkeypatch, caplog):
+    """Start-up code that passes the model's device needs no guard: on "cpu" every call runs
+    the reference, on any machine, so warm-up compiles nothing and says so."""
+    monkeypatch.setattr(progress, "_said", set())
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"):
+        for device in ("cpu", torch.device("cpu")):
+            assert mf.warmup([(4096, 4096)], device=device).builds == 0
+    said = [m for m in caplog.messages if "nothing to compile for device cpu" in m]
+    assert len(said) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["4096x4096+96", "--activation", "bf16"],
+            "projections: slice 1 has width 96: W8A16 slices (the GEMM reads each where it is) "
+            "must be multiples of 128 wide, got (4096, [4096, 96])",
+        ),
+        (
+            ["4096x4096+100"],
+            "projections: slice 1 has width 100: staged slices (W8A8: each is quantized into "
+            "its columns) must be multiples of 128 wide, got (4096, [4096, 100])",
+        ),
+    ],
+)
+def test_command_line_names_the_width_rule_of_the_activation(args, message):
+    """One "got", the activation's own words, and the width rule before the weight's
+    multiple-of-32 rule (widths that keep the first keep the second)."""
+    run = _command_line(*args)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].endswith(f"warmup: {message}")
+
+
 def test_command_line_names_a_bad_projection():
-    run = _command_line("4096x128+100")
-    assert run.returncode == 2 and "projections: in_features 228" in run.stderr
+    run = _command_line("4096x100")
+    assert run.returncode == 2 and "projections: in_features 100" in run.stderr
 
 
 def _command_line(*args):

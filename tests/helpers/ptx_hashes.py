@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 HASHES = Path(__file__).with_name("ptx_hashes.json")
@@ -191,13 +192,19 @@ def main() -> int:
     parser.add_argument("--write", action="store_true", help="record the current hashes")
     args = parser.parse_args()
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
-    if args.write:
+    os.environ.setdefault("CUTE_DSL_KEEP", "ptx")  # the PTX text, which the DSL also dumps:
+    with tempfile.TemporaryDirectory(prefix="mxfp8-ptx-") as dump:  # not in the caller's folder
+        os.environ.setdefault("CUTE_DSL_DUMP_DIR", dump)
+        return _check_or_write(args.write)
+
+
+def _check_or_write(write: bool) -> int:
+    if write:
         builds = gemm_builds()
     else:
         builds = json.loads(HASHES.read_text())["gemm_builds"]
     hashes = all_hashes(builds)
-    if args.write:
+    if write:
         HASHES.write_text(json.dumps({"gemm_builds": builds, "sha256": hashes}, indent=1) + "\n")
         print(f"wrote {len(hashes)} hashes to {HASHES}")
         return 0

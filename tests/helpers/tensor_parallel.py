@@ -148,7 +148,9 @@ def row_parallel_bound(x: torch.Tensor, lin: nn.Linear, world: int, y_1: torch.T
     weight, bias = lin.weight.detach().to(x.device), lin.bias.detach().to(x.device)
     partial_sum = torch.zeros(flat.shape[0], weight.shape[0], dtype=torch.float64, device=x.device)
     for r, (c0, c1) in enumerate(tp.split_in_features(weight.shape[1], world)):
-        part = mf.mm(flat[:, c0:c1], mf.pack_weight(weight[:, c0:c1]), bias if r == 0 else None)
+        part = mf.mm(
+            flat[:, c0:c1], mf.pack_weight(weight[:, c0:c1]), bias=bias if r == 0 else None
+        )
         partial_sum += part.double().abs()
     q = mf.quantize(flat)
     w = mf.pack_weight(weight)

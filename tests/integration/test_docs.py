@@ -70,6 +70,19 @@ def test_no_user_text_names_paths_outside_the_repository():
     assert not offenders, "\n".join(offenders)
 
 
+def test_no_command_holds_a_placeholder_for_this_repository():
+    """A reader cannot run ``git clone <this repository>``: install commands start from the
+    checkout they already have."""
+    placeholder = re.compile(r"<(this|the) (repository|repo)\b|<repo(sitory)?[-_ ]?(url)?>", re.I)
+    offenders = [
+        f"{f.relative_to(ROOT)}:{number}"
+        for f in _user_files()
+        for number, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+        if placeholder.search(line)
+    ]
+    assert not offenders, offenders
+
+
 def test_readme_links_resolve():
     text = README.read_text()
     for target in re.findall(r"\]\(([^)#]+)\)", text):

@@ -20,8 +20,9 @@ TOKENS = (48, 37)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _run(name: str, device: str):
-    """(check result, expected sites) of example ``name`` at small dims on ``device``."""
+def _run(name: str, device: str, activation: str = "mxfp8"):
+    """(check result, expected sites) of example ``name`` at small dims on ``device``, its
+    layers converted for ``activation``."""
     from shared import check
 
     if name == "dflash":
@@ -43,7 +44,7 @@ def _run(name: str, device: str):
             cfg, dims, sites = ex.MTPConfig(), ex.TOKEN_DIMS, [(2, 1)]
     model = ex.build(cfg, device)
     report: dict[str, str] = {}
-    mf.convert(model, report=report)
+    mf.convert(model, report=report, activation=activation)
     assert report and all(v == "converted" for v in report.values()), report
     return check(model, [ex.make_inputs(cfg, t, device) for t in TOKENS], dims), sites
 
@@ -59,6 +60,33 @@ def test_sites_rewritten_and_projection_bitwise(name, device):
     assert all(result.projection_bitwise), str(result)
     if device == "cpu":
         assert all(result.output_bitwise), str(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dflash", "mtp", "eagle3"])
+def test_w8a16_sites_read_the_slices_and_match_plain_inductor(name):
+    """The examples' W8A16 option (``--activation bf16``): every site's GEMMs read the
+    slices as they are, and the compiled output is plain Inductor's, bit for bit."""
+    result, sites = _run(name, "cpu", activation="bf16")
+    report = result.report
+    assert [(len(s.widths), s.consumers) for s in report.sites] == sites, str(report)
+    assert all(s.rewritten and s.w8a16 == s.consumers for s in report.sites), str(report)
+    assert all(result.projection_bitwise) and all(result.output_bitwise), str(result)
+
+
+@pytest.mark.slow
+def test_an_example_takes_the_activation_on_its_command_line():
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "dflash_projection.py"), "--activation", "bf16"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "rewritten (W8A16: the GEMM(s) read the slices, no storage)" in run.stdout
+    assert run.stdout.count("bitwise equal to plain Inductor: output True, projection True") == 2
 
 
 @pytest.mark.gpu

@@ -60,8 +60,8 @@ def _expected(activation: str, x, values, scales, bias=None) -> torch.Tensor:
     (W8A16, ``x`` one slice)."""
     weight = mf.pack_weight(values, scales)
     if activation == "bf16":
-        return mf.mm_slices([x], weight, bias)
-    return mf.mm(x, weight, bias)
+        return mf.mm_slices([x], weight, bias=bias)
+    return mf.mm(x, weight, bias=bias)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -119,6 +119,15 @@ def test_process_weights_refuses_an_unknown_activation_before_packing():
     with pytest.raises(ValueError, match="activation"):
         linear.process_weights(layer, activation="fp8")
     assert layer.weight_scale.shape == (128, 8) and linear.activation_of(layer) is None
+
+
+def test_process_weights_refuses_an_unknown_activation_on_a_packed_layer_too():
+    values, scales = _checkpoint(128, 256, "cpu")
+    layer = _vllm_layer(values, scales, bias=False)
+    linear.process_weights(layer)
+    with pytest.raises(ValueError, match="activation"):
+        linear.process_weights(layer, activation="typo")
+    assert linear.activation_of(layer) == "mxfp8"
 
 
 def test_process_weights_twice_changes_nothing():

@@ -268,7 +268,24 @@ def test_a_newer_release_installs_what_fits_and_says_untested(monkeypatch, caplo
     assert list(calls) == list(settings.PARTS)
     assert calls["drafter"] == {"graph_staging": False}  # stand-ins only where code was read
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "vLLM 0.36.1 (untested, newer than 0.34)" in line
+    assert "vLLM 0.36.1 (untested, newer than 0.35)" in line
+
+
+def test_a_build_of_vllm_main_uses_its_table_and_says_unreleased(monkeypatch, caplog):
+    """A 0.35 built from main before the wheel: main's table (dp_sync, no DFlash graph
+    buffer), the drafter part on, the status line saying where the table was read."""
+    _fake_vllm(monkeypatch, "0.35.0rc1.dev42+g1234abcd")
+    resolved = []
+    monkeypatch.setattr(hooks.Hook, "resolve", lambda hook: resolved.append(hook) or object())
+    installers = {p: (lambda *a, **k: True) for p in settings.PARTS}
+    monkeypatch.setattr(plugin, "_installers", lambda: installers)
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion.vllm"):
+        plugin.register()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "(read from vLLM main, unreleased); on: kernel, pass, drafter" in line
+    propose = next(h for h in resolved if h.name == "TargetDependentARSpeculator.propose")
+    assert "dp_sync" in propose.parameters and "dp_sync_state" not in propose.parameters
+    assert not [h for h in resolved if h.name == "DFlashSpeculator._store_hidden_states"]
 
 
 def test_status_line_names_the_kernel_decision_per_arch(monkeypatch):

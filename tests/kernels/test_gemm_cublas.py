@@ -301,7 +301,7 @@ def test_staged_and_one_shot_make_the_same_call(blackwell, tokens):
     weight = _weight(768, 128)
     bias = torch.randn(128).to(torch.bfloat16)
     staged_out = mf.mm_quantized(staged, weight, tokens=tokens, bias=bias)
-    one_shot_out = mf.mm(torch.cat(slices, dim=-1), weight, bias)
+    one_shot_out = mf.mm(torch.cat(slices, dim=-1), weight, bias=bias)
     first, second = blackwell.calls
     for name in ("mat_a", "mat_b", "scale_a", "scale_b", "bias", "out"):
         x, y = getattr(first, name), getattr(second, name)
@@ -404,7 +404,7 @@ def test_on_blackwell_cublas_serves_and_matches_the_reference(tokens, dtype, mon
     mf.quantize_input_slices(slices, staged)
     out = torch.full((tokens + 64, 384), 3.0, dtype=dtype, device="cuda")
     mf.mm_quantized_into(staged, weight, out, tokens=tokens, bias=bias)
-    one_shot = mf.mm(torch.cat(slices, dim=-1), weight, bias)
+    one_shot = mf.mm(torch.cat(slices, dim=-1), weight, bias=bias)
     assert served == [None, None]
     assert torch.equal(_bits(out[:tokens]), _bits(one_shot))  # the same cuBLAS call
     assert torch.all(out[tokens:] == 3.0)

@@ -13,9 +13,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "ptx_hashes.py"
 
 
 @pytest.mark.slow
-def test_ptx_of_every_shipped_build_is_the_recorded_one():
+def test_ptx_of_every_shipped_build_is_the_recorded_one(tmp_path):
+    """Also: the PTX files the DSL dumps go to a temporary folder, not the caller's."""
     pytest.importorskip("cutlass")
     run = subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=1800
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=1800, cwd=tmp_path
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -96,6 +96,27 @@ def test_a_compile_without_mxfp8_layers_says_convert_first_once(monkeypatch, cap
     assert len(said) == 1 and "mxfp8_fusion.convert(model)" in said[0]
 
 
+def test_a_compile_of_the_eager_api_does_not_say_convert_first(monkeypatch, caplog):
+    """A function calling mm_slices_into does use MXFP8 (an op of the eager API): no notice
+    that the graph holds no MXFP8 linear."""
+    import mxfp8_fusion as mf
+    from mxfp8_fusion import progress
+    from mxfp8_fusion.passes import backend
+
+    monkeypatch.setattr(progress, "_said", set())
+    monkeypatch.setattr(backend, "_saw_mxfp8", [False])
+    weight = mf.pack_weight(torch.randn(64, 256, dtype=torch.bfloat16))
+    out = torch.empty(8, 64, dtype=torch.bfloat16)
+
+    def project(a, b):
+        return mf.mm_slices_into([a, b], weight, out)
+
+    with caplog.at_level(logging.INFO, logger="mxfp8_fusion"), torch.no_grad():
+        with torch._inductor.config.patch(NO_CACHE):
+            torch.compile(project, backend="mxfp8_fusion")(*slices())
+    assert not [m for m in caplog.messages if "nothing to rewrite" in m]
+
+
 def test_backend_rejects_unknown_option():
     compiled = torch.compile(CatLinear(256), backend="mxfp8_fusion", options={"no_such": 1})
     with pytest.raises(Exception, match="Unexpected optimization option no_such"):

@@ -185,3 +185,31 @@ mxfp8_fusion: 0 candidate site(s) in 1 graph(s), 0 rewritten, 0 not rewritten
   no torch.cat reaches an MXFP8 quantize or linear; the compiled program is unchanged. Likely why:
   - a torch.cat and an MXFP8 linear are in one graph, but the cat does not feed the linear directly: an op other than a reshape between them (a dtype cast, arithmetic, a transpose) hides the site""",
     )
+
+
+class RepeatedCat(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = CatLinear(384).fc
+
+    def forward(self, x):
+        return self.fc(torch.cat([x, x, x], -1))
+
+
+def test_explain_says_inductor_rewrote_a_repeated_cat():
+    """cat([x, x, x]) is traced, then rewritten by Inductor into expand + clone before the
+    pass runs: not "no torch.cat"."""
+    (hint,) = mf.explain(RepeatedCat(), randn(8, 128)).hints()
+    assert hint.startswith("the 1 torch.cat(s) traced are gone from the graph(s) the pass sees")
+    assert "expand + clone" in hint
+
+
+def test_explain_of_the_eager_api_says_it_uses_mxfp8():
+    weight = mf.pack_weight(torch.randn(64, 256, dtype=torch.bfloat16))
+    out = torch.empty(8, 64, dtype=torch.bfloat16)
+
+    def project(a, b):
+        return mf.mm_slices_into([a, b], weight, out)
+
+    (hint,) = mf.explain(project, *slices()).hints()
+    assert "call the eager API's MXFP8 ops" in hint and "convert" not in hint

@@ -380,10 +380,12 @@ def test_failed_analysis_leaves_graph_unchanged(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="mxfp8_fusion"):
         cap = compile_and_check(CatLinear(256), randn(8, 128), randn(8, 128, seed=1))
     assert cap.unchanged and cap.fusion.matches == 0 and cap.fusion.skipped == 1
+    head, at = str(cap.fusion.reports[0]).splitlines()
     assert_expected_inline(
-        str(cap.fusion.reports[0]),
+        head,
         """graph 1, cat: cat (not analyzed) -> ? MXFP8 GEMM(s): not rewritten: internal error while analyzing (RuntimeError: boom)""",
     )
+    assert at.endswith("return self.fc(torch.cat(slices, dim=self.dim))")  # the user's line
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.getMessage() == (
         "mxfp8_fusion pass: cat left unchanged: internal error while analyzing (RuntimeError: boom)"

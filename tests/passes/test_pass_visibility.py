@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.passes import NO_CACHE, linear, randn
+from helpers.passes import NO_CACHE, linear, randn, w8a16
 
 import mxfp8_fusion as mf
 from mxfp8_fusion.passes import report
@@ -140,3 +140,102 @@ def test_cache_hit_replays_counters_reports_and_warning(tmp_path):
     last = [run.stdout.strip().splitlines()[-1] for run in runs]
     assert last[0] == "0 {'sites_skipped': 1}"
     assert last[1] == "1 {'graphs_from_cache': 1, 'sites_skipped': 1}"
+
+
+class NamedA(torch.nn.Module):
+    """Widths 96 and 160: the site is left unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = linear(256)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+class NamedB(torch.nn.Module):
+    """``NamedA``'s program under other names (module, attribute, arguments)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = linear(256)
+
+    def forward(self, h, e):
+        return self.proj(torch.cat([h, e], -1))
+
+
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_cache_hit_replays_the_report_when_only_names_differ(tmp_path, monkeypatch, activation):
+    """Dynamo's graphs differ in their names, Inductor's post-autograd graphs do not: the
+    second compile is served from the FX graph cache and still counts and warns, at its own
+    line."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    xs = [randn(8, 96, seed=0), randn(8, 160, seed=1)]
+    counters = torch._dynamo.utils.counters
+    seen = []
+    for model in (NamedA(), NamedB()):
+        torch._dynamo.reset()
+        counters.clear()
+        if activation == "bf16":
+            w8a16(model)
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            torch.compile(model, backend="mxfp8_fusion")(*xs)
+        skipped = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+        seen.append((counters["inductor"]["fxgraph_cache_hit"], dict(counters["mxfp8_fusion"])))
+        assert len(skipped) == 1 and "slice 0 has width 96" in str(skipped[0].message)
+        line = inspect.getsourcelines(type(model).forward)[1] + 1
+        assert (skipped[0].filename, skipped[0].lineno) == (__file__, line)
+    assert seen[0] == (0, {"sites_skipped": 1})
+    assert seen[1] == (1, {"graphs_from_cache": 1, "sites_skipped": 1})
+
+
+class Wide(torch.nn.Module):
+    """Two 128-wide slices: a site the pass rewrites."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = linear(256)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([a, b], -1))
+
+
+@pytest.mark.parametrize("stage", ["analyzing", "rewriting"])
+def test_an_internal_error_warns_at_the_users_line(monkeypatch, stage):
+    """An error inside the pass leaves the site as it was, and the user sees that the fusion
+    did not happen: a FusionSkippedWarning at the cat's line, naming the error."""
+    from mxfp8_fusion.passes import pattern, rewrite
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    if stage == "analyzing":
+        monkeypatch.setattr(pattern, "_consumers", boom)
+    else:
+        monkeypatch.setattr(rewrite, "rewrite", boom)
+    xs = [randn(8, 128, seed=i) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(NO_CACHE):
+            torch.compile(Wide(), backend="mxfp8_fusion")(*xs)
+    (warning,) = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+    assert str(warning.message).endswith(f"internal error while {stage} (RuntimeError: boom)")
+    line = inspect.getsourcelines(Wide.forward)[1] + 1
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert torch._dynamo.utils.counters["mxfp8_fusion"]["internal_errors"] == 1
+
+
+def test_an_fp32_cat_is_plainly_not_a_candidate():
+    """No "BF16 concatenation" for an FP32 one, and no dtype check's wording: what the pass
+    takes, in words."""
+    xs = [randn(8, 128, dtype=torch.float32, seed=i) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        with torch._inductor.config.patch(NO_CACHE):
+            torch.compile(Wide(), backend="mxfp8_fusion")(*xs)
+    (warning,) = [w for w in caught if issubclass(w.category, FusionSkippedWarning)]
+    assert str(warning.message) == (
+        "mxfp8_fusion: a torch.cat feeding 1 MXFP8 GEMM(s) was left as written: a float32 cat "
+        "is not a candidate: the pass stages bfloat16 and float16 slices only"
+    )
