@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from ...format import CHUNK_BYTES, GROUP, padded_rows
+from ...format import CHUNK_BYTES, GROUP, Activation, padded_rows
 from ..runtime import launcher
 from ..runtime.launcher import int32, pointer, raw_stream
 from . import buffers
@@ -185,12 +185,15 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     out row stride, out dtype, bias dtype).
 
     Raises:
-        ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is a
+        ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is not
+            a W8A8 config (a W8A16 one reads BF16 slices: ``gemm_sm90.w8a16.run``) or is a
             swap-AB config whose token tile is below M; nothing is launched.
     """
     shape = _served(a_values, a_scales, b_values, b_scales, bias, out)
     if isinstance(shape, str):
         raise ValueError(f"the SM90 GEMM does not serve this call: {shape}")
+    if config is not None and config.activation is not Activation.W8A8:
+        raise ValueError(f"config: expected a W8A8 (activation 'mxfp8') config, got {config}")
     _run(*shape, a_values, a_scales, b_values, b_scales, bias, out, config)
 
 

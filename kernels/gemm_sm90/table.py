@@ -21,6 +21,8 @@ import json
 from importlib import metadata
 from pathlib import Path
 
+from ...format import Activation
+
 PATH = Path(__file__).with_name("table.json")
 TOOLCHAIN_PACKAGE = "nvidia-cutlass-dsl"
 """The package whose version keys a table (the kernels' compiler)."""
@@ -45,7 +47,7 @@ def _toolchain() -> str | None:
 
 @functools.cache
 def shapes(
-    device: str | None, num_sms: int, activation: str = "mxfp8"
+    device: str | None, num_sms: int, activation: Activation = Activation.W8A8
 ) -> dict[tuple[int, int], tuple]:
     """``{(N, K): ((measured tokens, schedule fields), ...)}`` of the table for ``device``
     (its name as CUDA reports it) with ``num_sms`` SMs, measured with ``activation`` (a
@@ -55,7 +57,7 @@ def shapes(
         for t in tables()
         if t["device"] == device
         and t["sms"] == num_sms
-        and t.get("activation", "mxfp8") == activation
+        and Activation.of(t.get("activation", Activation.W8A8)) is Activation.of(activation)
     ]
     same = [t for t in found if t["toolchain"].get(TOOLCHAIN_PACKAGE) == _toolchain()]
     if not (same or found):

@@ -7,7 +7,7 @@ The same two kernels serve it as the W8A8 GEMM (gemm_sm90.host), built with BF16
 swap-AB kernel reads each stage's token tile from the slice holding it through TMA, as its
 ``bf16_tokens`` schedule reads converted tokens; the tiled kernel TMAs BF16 A stages from
 the slices and moves them into its register fragments unconverted (gemm_sm90.slices). The
-config comes from ``select.choose_config(..., activation="bf16")``. A build is compiled per
+config comes from ``select.choose_config(..., activation=Activation.W8A16)``. A build is compiled per
 (config, N, the slices' widths, out's row stride, out and bias dtypes); the token count and
 the slices' addresses and row strides are runtime values.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ...format import padded_rows
+from ...format import Activation, padded_rows
 from ..runtime import launcher
 from ..runtime.launcher import int32, pointer, raw_stream
 from . import buffers
@@ -123,7 +123,7 @@ def launches(m, n, widths, ld_out, out_dtype, bias_dtype, gpu, config=None) -> L
     """What a W8A16 call of ``m`` tokens launches on ``gpu`` ((SM count, device name)):
     the GEMM alone (nothing runs before it). ``config`` overrides the choice (it must be a
     BF16-activation config)."""
-    cfg = config or choose_config(m, n, sum(widths), *gpu, activation="bf16")
+    cfg = config or choose_config(m, n, sum(widths), *gpu, activation=Activation.W8A16)
     return Launches(cfg, None, gemm_build(cfg, n, widths, ld_out, out_dtype, bias_dtype))
 
 
@@ -136,15 +136,14 @@ def run(slices, b_values, b_scales, bias, out, config: GemmConfig | None = None)
     """``out[:M] = cat(slices, -1) @ dequant(B).T (+ bias)`` on the current stream; no sync.
 
     Raises:
-        ValueError: where :func:`refusal` gives a reason, or ``config`` is not a BF16
-            activation config or is a swap-AB one whose token tile is below M; nothing is
-            launched.
+        ValueError: where :func:`refusal` gives a reason, or ``config`` is not a W8A16
+            config or is a swap-AB one whose token tile is below M; nothing is launched.
     """
     served = _served(slices, b_values, b_scales, bias, out)
     if isinstance(served, str):
         raise ValueError(f"the SM90 W8A16 GEMM does not serve this call: {served}")
-    if config is not None and config.activation != "bf16":
-        raise ValueError(f"config: expected activation 'bf16', got {config}")
+    if config is not None and config.activation is not Activation.W8A16:
+        raise ValueError(f"config: expected a W8A16 (activation 'bf16') config, got {config}")
     _run(*served, slices, b_values, b_scales, bias, out, config)
 
 

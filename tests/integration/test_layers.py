@@ -32,6 +32,7 @@ LAYERS = {
             "w8a16",
             "interop",
             "nn",
+            "project",
             "stager",
             "sharding",
             "collectives",
