@@ -33,6 +33,7 @@ LAYERS = {
             "interop",
             "nn",
             "project",
+            "sites",
             "stager",
             "sharding",
             "collectives",
