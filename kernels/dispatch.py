@@ -220,22 +220,21 @@ def builds(call: Call, tokens: Iterable[int], cap: tuple[int, int], gpu: tuple[i
     tokens = list(tokens)
     found: dict = {}
     n, widths, activation = call.out_features, call.widths, Activation.of(call.activation)
-    if not activation.quantized:
-        if _w8a16_kernel(cap) == "cute":
-            for m in tokens:
-                if _gemm_sm90_w8a16().refusal(*_w8a16_operands(call, m)) is None:
-                    found.update(dict.fromkeys(_gemm_sm90_w8a16().builds(
-                        m, n, widths, n, call.dtype, call.bias_dtype, gpu)))  # fmt: skip
+    if activation.quantized:
+        arch = _quantizer_arch(cap)
+        if arch is not None and _quantizer_serves(call, max(tokens, default=1)):
+            fp16 = call.dtype == torch.float16
+            found.update(dict.fromkeys(_quantize_slice().builds(fp16, widths, arch)))
+        # cuBLAS or the reference: nothing to build
+        gemm, refusal, a = _gemm_kernel(cap), _gemm_sm90().refusal, call.in_features
+    else:
+        gemm, refusal, a = _w8a16_kernel(cap), _gemm_sm90_w8a16().refusal, widths
+    if gemm != "cute":
         return list(found)
-    arch = _quantizer_arch(cap)
-    if arch is not None and _quantizer_serves(call, max(tokens, default=1)):
-        fp16 = call.dtype == torch.float16
-        found.update(dict.fromkeys(_quantize_slice().builds(fp16, widths, arch)))
-    if _gemm_kernel(cap) == "cute":  # cuBLAS or the reference: nothing to build
-        for m in tokens:
-            if _gemm_sm90().refusal(*_gemm_operands(call, m)) is None:
-                found.update(dict.fromkeys(_gemm_sm90().builds(
-                    m, n, call.in_features, n, call.dtype, call.bias_dtype, gpu)))  # fmt: skip
+    for m in tokens:
+        if refusal(*_operands(call, m)) is None:
+            found.update(dict.fromkeys(_gemm_sm90().builds(
+                m, n, a, n, call.dtype, call.bias_dtype, gpu, activation)))  # fmt: skip
     return list(found)
 
 
@@ -254,22 +253,15 @@ def _quantizer_serves(call: Call, tokens: int) -> bool:
     return True
 
 
-def _weight_operands(call: Call) -> tuple:
+def _operands(call: Call, tokens: int) -> tuple:
+    """The GEMM's arguments for ``call`` at ``tokens``, as meta tensors: A (W8A8: its MXFP8
+    values and scales; W8A16: the slices), the weight, the bias and a new output."""
     n, k = call.out_features, call.in_features
     weight = _meta((n, k), VALUE_DTYPE), _meta((scale_bytes(n, k),), SCALE_DTYPE)
     bias = None if call.bias_dtype is None else _meta((n,), call.bias_dtype)
-    return (*weight, bias)
-
-
-def _gemm_operands(call: Call, tokens: int) -> tuple:
-    """The MXFP8 GEMM's arguments for ``call`` at ``tokens``, as meta tensors."""
-    k = call.in_features
-    a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
-    out = _meta((tokens, call.out_features), call.dtype)
-    return (*a, *_weight_operands(call), out)
-
-
-def _w8a16_operands(call: Call, tokens: int) -> tuple:
-    """The W8A16 GEMM's arguments for ``call`` at ``tokens``, as meta tensors."""
-    slices = [_meta((tokens, width), call.dtype) for width in call.widths]
-    return (slices, *_weight_operands(call), _meta((tokens, call.out_features), call.dtype))
+    out = _meta((tokens, n), call.dtype)
+    if Activation.of(call.activation).quantized:
+        a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
+    else:
+        a = ([_meta((tokens, width), call.dtype) for width in call.widths],)
+    return (*a, *weight, bias, out)

@@ -179,12 +179,8 @@ def _compile(cfg, n, k, compile_s):
     from mxfp8_fusion.kernels.runtime import launcher
 
     t0 = time.perf_counter()
-    if cfg.activation == "bf16":  # W8A16, the tokens as one slice
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-
-        build = w8a16.gemm_build(cfg, n, (k,), n, torch.bfloat16, None)
-    else:
-        build = g.gemm_build(cfg, n, k, n, torch.bfloat16, None)
+    a = k if cfg.activation.quantized else (k,)  # W8A16: the tokens as one slice
+    build = g.gemm_build(cfg, n, a, n, torch.bfloat16, None)
     try:  # made ready in this process (compiled, or read from the kernel cache)
         launcher.function(build)
     except Exception as e:  # recorded in the receipt; the other configs go on

@@ -140,13 +140,8 @@ def _gemm_ptx(build: dict) -> str:
     cfg = config_from_fields(build["fields"])
     bias = getattr(torch, build["bias"]) if build["bias"] else None
     out = getattr(torch, build["out"])
-    if "widths" in build:  # W8A16
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-
-        return w8a16.compile_gemm(
-            cfg, build["n"], tuple(build["widths"]), build["n"], out, bias
-        ).__ptx__
-    return g.compile_gemm(cfg, build["n"], build["k"], build["n"], out, bias).__ptx__
+    a = tuple(build["widths"]) if "widths" in build else build["k"]  # W8A16: the slices
+    return g.compile_gemm(cfg, build["n"], a, build["n"], out, bias).__ptx__
 
 
 def _name(build: dict) -> str:
