@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...format import Activation
+from . import proven
 from .config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
@@ -53,7 +54,8 @@ def candidates(
     192 tokens on (128 x 64 tiles up to 1024); and up to 256 tokens deeper FP8 pipelines and
     the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
     schedule (``select.schedule``) holds every field of one of the partial schedules in
-    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped.
+    ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped, and so is one
+    not proven on a GPU (gemm_sm90.proven).
 
     ``activation`` W8A16: the same schedules as the choice maps them for BF16 activations
     (``select.for_activation``: every tile on the BF16 path, the stage counts that fit BF16
@@ -106,7 +108,7 @@ def candidates(
         ]
     found = [for_activation(cfg, tokens, Activation.of(activation)) for cfg in found]
     found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
-    return list(dict.fromkeys(found))
+    return [cfg for cfg in dict.fromkeys(found) if proven.holds(schedule(cfg))]
 
 
 def _holds(cfg: GemmConfig, part: dict) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from ...format import Activation, ceil_div, fail
-from . import table
+from . import proven, table
 from .config import (
     SWAP_AB_MAX_TOKENS,
     GemmConfig,
@@ -150,8 +150,24 @@ def choose_config(
 
     ``activation`` W8A16 (the A operand read as BF16 from its slices; its string ``"bf16"``
     is taken too): the measured W8A16 table where it has the shape, else the schedule the
-    W8A8 choice makes, for that activation (:func:`for_activation`)."""
+    W8A8 choice makes, for that activation (:func:`for_activation`).
+
+    Only a schedule proven on a GPU (gemm_sm90.proven) is chosen; any other gives way to
+    :data:`PROVEN_FALLBACK`, whole 128 x 128 tiles, which serve every token count."""
     activation = Activation.of(activation)
+    cfg = _choice(tokens, n, k, num_sms, device, activation)
+    if proven.holds(schedule(cfg)):
+        return cfg
+    return tiled_config(*PROVEN_FALLBACK, num_sms=num_sms, activation=activation)
+
+
+PROVEN_FALLBACK = (128, 128, 2, 0)
+"""(tile M, tile N, converters, stream-K) of the config that takes the place of an unproven
+choice: the tiled kernel's first schedule, whole tiles (tests hold it proven)."""
+
+
+def _choice(tokens, n, k, num_sms, device, activation: Activation) -> GemmConfig:
+    """:func:`choose_config` before the proven-schedule rule."""
     entry = table_entry(tokens, n, k, num_sms, device, activation)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
         return config_of(entry, tokens, num_sms)

@@ -24,6 +24,7 @@ RECEIPT = ROOT / "benchmarks/results/gpu_tests.json"
 GROUP_1 = [
     "tests/kernels/test_gemm_kernel.py",
     "tests/kernels/test_gemm_swap_ab.py",
+    "tests/kernels/test_gemm_determinism.py",
     "tests/kernels/test_quantize_kernel.py",
     "tests/kernels/test_quantize_kernel_cpu.py",
     "tests/kernels/test_quantize_ops.py",

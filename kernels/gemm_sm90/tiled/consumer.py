@@ -284,16 +284,13 @@ class ConsumerRole(TiledSchedule):
                 # read it (and their B stage), only now, so that this half's shared-memory
                 # loads overlap them
                 warpgroup.wait_group(0)
-                if rel.count < rs.count:
-                    conv_pipe.consumer_release(rel)
-                    for _s in cutlass.range_constexpr(stride):
-                        rel.advance()
                 if cutlass.const_expr(self.slices):
                     place_fragment_bf16(words, frag_words)
                 else:
+                    rel = self._release_b16(conv_pipe, rel, rs)
                     convert_fragment(words, scales, groups, frag_words, row_lows)
-                if cutlass.const_expr(h == halves[-1]):
-                    load_pipe.consumer_release(ls)
+                    if cutlass.const_expr(h == halves[-1]):
+                        load_pipe.consumer_release(ls)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(TILE_K16 // 16):
                     cute.gemm(
@@ -304,10 +301,29 @@ class ConsumerRole(TiledSchedule):
                         acc,
                     )
                 warpgroup.commit_group()
+                if cutlass.const_expr(self.slices):
+                    # BF16 A goes from its shared-memory loads straight to the wgmmas: nothing
+                    # before them waits for the loads, and an mbarrier arrive does not either
+                    # (ptxas: the arrive issued with the loads in flight, and the producer's
+                    # next TMA raced them: docs/gemm_log.md, variant 53). The wgmmas' issue
+                    # waits for the loaded registers, so the stages are released after it.
+                    rel = self._release_b16(conv_pipe, rel, rs)
+                    if cutlass.const_expr(h == halves[-1]):
+                        load_pipe.consumer_release(ls)
                 for _s in cutlass.range_constexpr(stride):
                     rs.advance()
             ls.advance()
         return ls, rs, rel
+
+    @cute.jit
+    def _release_b16(self, conv_pipe, rel, rs):
+        """Release the 16-bit B stage a half behind ``rs`` (its wgmmas are done: called after
+        ``wait_group(0)``), if there is one. Returns the advanced ``rel``."""
+        if rel.count < rs.count:
+            conv_pipe.consumer_release(rel)
+            for _s in cutlass.range_constexpr(self._stride16()):
+                rel.advance()
+        return rel
 
     @cute.jit
     def _unscale(self, acc, thr, buf, row0):
