@@ -79,14 +79,14 @@ def _quantize_slice():
 
 @functools.cache
 def _gemm_sm90():
-    from .gemm_sm90 import host as gemm_sm90
+    from .gemm_sm90.host import gemm as gemm_sm90
 
     return gemm_sm90
 
 
 @functools.cache
 def _gemm_sm90_w8a16():
-    from .gemm_sm90 import w8a16
+    from .gemm_sm90.host import w8a16
 
     return w8a16
 

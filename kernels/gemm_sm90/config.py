@@ -52,7 +52,7 @@ class TiledConfig:
     """Persistent CTAs (the SM count)."""
     fp16_tiles: bool = True
     """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
-    the GEMM (gemm_sm90.refs); False: every tile takes the BF16 path and nothing runs
+    the GEMM (gemm_sm90.device.refs); False: every tile takes the BF16 path and nothing runs
     before the GEMM (the same compiled kernel)."""
     activation: Activation = Activation.W8A8
     """W8A16: A is BF16, read from its slices into BF16 stages (twice the FP8 stage's
@@ -92,7 +92,7 @@ class SwapABConfig:
     consumers: int = 3
     """Consumer warpgroups, converting alternate stages."""
     bf16_tokens: bool = False
-    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.tokens) and the
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.device.tokens) and the
     kernel reads them through TMA instead of converting them in every CTA."""
     tile_w: int = 64
     """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer

@@ -22,7 +22,7 @@ def test_capture_sizes_are_vllms_defaults():
 
 
 def test_a_drafter_projection_needs_a_handful_of_builds():
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.quantize import host as qs
 
     projection = kernel_warmup._projection((4096, [4096] * 3), torch.bfloat16, None)

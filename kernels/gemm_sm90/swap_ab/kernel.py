@@ -30,7 +30,7 @@ Each CTA has 1 + C warpgroups:
   behind the TMA stream (docs/gemm_log.md, 'Numbers behind the kernel sources').
 
 With ``bf16_tokens`` the tokens arrive already BF16, converted once by a launch before the
-GEMM (gemm_sm90.tokens): the producer loads the stage's BF16 token tile (two K halves)
+GEMM (gemm_sm90.device.tokens): the producer loads the stage's BF16 token tile (two K halves)
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
 read that tile, are done. Every CTA converting all the tokens had been a large part of a
 consumer's conversion work at 32 tokens (docs/gemm_log.md, 'Numbers behind the kernel
@@ -71,7 +71,8 @@ from cutlass.memory import SmemAllocator
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
 from ...runtime.launcher import address
-from ..common import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import (
     chunk_slots,
     chunk_views,
     convert_fragment,
@@ -84,8 +85,7 @@ from ..common import (
     tma_load_chunks,
     tma_views,
 )
-from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from ..slices import (
+from ..device.slices import (
     convert_fragment_natural,
     load_fragment_natural,
     load_stage_from_slices,

@@ -1,6 +1,6 @@
 """The swap-AB GEMM's W8A16 entry (imports cutlass: load lazily): ``out[:M] =
 cat(slices, -1) @ dequant(W).T (+ bias)`` for M <= the token tile, the tokens read as they
-are from up to eight BF16 slices (gemm_sm90.slices), the weight converted as in the W8A8
+are from up to eight BF16 slices (gemm_sm90.device.slices), the weight converted as in the W8A8
 kernel, in natural K order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..slices import SlicesEntry, slice_operands
+from ..device.slices import SlicesEntry, slice_operands
 from .kernel import MXFP8SwapABGemmSm90
 
 

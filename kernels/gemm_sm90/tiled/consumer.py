@@ -3,7 +3,7 @@
 Consumer warpgroups own 64 rows of the output tile each (k-split 64-row tiles: the same rows,
 one K half of every FP8 stage each). Per K 64 a consumer converts its A rows from the TMA'd
 FP8 stage straight into the register fragments of an RS wgmma (BF16, or FP16 with the rows'
-reference exponents: gemm_sm90.f16) and runs four m64 x tile_n x k16 wgmmas against the
+reference exponents: gemm_sm90.device.f16) and runs four m64 x tile_n x k16 wgmmas against the
 converted 16-bit B stage. At the end of a segment it unscales the sums (FP16 path), then
 stores them, or under stream-K keeps them as its tile's tail or publishes them; the fixup
 adds the lower CTAs' published parts in K order and stores the tile.
@@ -18,7 +18,8 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
-from ..common import (
+from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
+from ..device.common import (
     add_parts,
     convert_fragment,
     load_fragment_bytes,
@@ -27,9 +28,8 @@ from ..common import (
     store_flag,
     wait_flag,
 )
-from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
-from ..f16 import RING_TO_LOW, times_pow2
-from ..slices import load_fragment_bf16, place_fragment_bf16
+from ..device.f16 import RING_TO_LOW, times_pow2
+from ..device.slices import load_fragment_bf16, place_fragment_bf16
 from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
@@ -272,7 +272,7 @@ class ConsumerRole(TiledSchedule):
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
                 if cutlass.const_expr(self.slices):
-                    # BF16 A, TMA'd: no conversion (gemm_sm90.slices)
+                    # BF16 A, TMA'd: no conversion (gemm_sm90.device.slices)
                     half_stage = a8 + (2 * ls.index + h) * (self.tile_m * TILE_K16 * 2)
                     words = load_fragment_bf16(half_stage, row0, t)
                 else:
@@ -348,7 +348,7 @@ class ConsumerRole(TiledSchedule):
         cost as much as several of its K stages (docs/gemm_log.md, 'Numbers behind the
         kernel sources'). So the rounded pairs are transposed across each quad first
         (quad_transpose): a thread then holds 8 consecutive columns of a row and stores them
-        as 16 bytes, which every output allows (gemm_sm90.host refuses one whose address or
+        as 16 bytes, which every output allows (gemm_sm90.host.gemm refuses one whose address or
         row stride is not 16-byte aligned). Where a row or its 8 columns pass M or N, they
         are stored one by one."""
         coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))

@@ -3,9 +3,9 @@
 Both operands are converted from E4M3 to 16-bit and multiplied by 16-bit wgmma with FP32
 accumulation. Per output tile one of two paths, both exact up to summation order:
 
-* FP16 (gemm_sm90.f16): each value times 2**(s - ref[row]), two instructions per pair; the
+* FP16 (gemm_sm90.device.f16): each value times 2**(s - ref[row]), two instructions per pair; the
   epilogue multiplies by 2**(ref_a - 127) * 2**(ref_b - 127). Taken when every row of the
-  tile's A and B has its scale bytes within 21 of each other (gemm_sm90.refs scans them in
+  tile's A and B has its scale bytes within 21 of each other (gemm_sm90.device.refs scans them in
   a launch before the GEMM);
 * BF16 otherwise: each value times 2**(s - 127), four instructions per pair.
 
@@ -53,7 +53,8 @@ from cutlass.memory import SmemAllocator
 
 from ....format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
 from ...runtime.launcher import address
-from ..common import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import (
     chunk_slots,
     chunk_views,
     fp8_load_pipe,
@@ -66,8 +67,7 @@ from ..common import (
     tma_load_chunks,
     tma_views,
 )
-from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from ..slices import load_stage_from_slices, slice_tma, slice_views
+from ..device.slices import load_stage_from_slices, slice_tma, slice_views
 from ..workspace import PARTS_PER_SLOT
 from .consumer import ConsumerRole
 from .convert import WeightConverterRole
@@ -93,7 +93,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     ):  # fmt: skip
         """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
         ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
-        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.refs)."""
+        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.device.refs)."""
         addrs = tuple(address(p) for p in (a, sa, b, sb, bias, out))
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
         self._launch(mA, mSA, mB, mSB, mD, mBias, m, refs_a, refs_b, partials, flags, stream)
@@ -336,7 +336,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
 
     @cute.jit
     def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe):
-        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90.refs)
+        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90.device.refs)
         into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
         refs = st.refs.data_ptr().toint()
         u, stop, hop = self._my_units(m)

@@ -1,8 +1,8 @@
 """The tiled GEMM's W8A16 entry (imports cutlass: load lazily): ``out[:M] =
 cat(slices, -1) @ dequant(B).T (+ bias)``, A read as it is from up to eight BF16 slices into
-BF16 stages (gemm_sm90.slices) and moved into the RS wgmma's fragments without conversion,
+BF16 stages (gemm_sm90.device.slices) and moved into the RS wgmma's fragments without conversion,
 B converted into a BF16 tile as in the W8A8 kernel. Every tile takes the BF16 path: the
-host passes references that say so (gemm_sm90.buffers.bf16_references)."""
+host passes references that say so (gemm_sm90.host.buffers.bf16_references)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..slices import SlicesEntry, slice_operands
+from ..device.slices import SlicesEntry, slice_operands
 from .kernel import MXFP8TiledGemmSm90
 
 

@@ -11,7 +11,7 @@ with the toolchain in use is taken first, else that device's latest one.
 
 Regenerate on the GPU with
 
-    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90/table.json
+    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90/tuning/table.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from ...format import Activation
+from ....format import Activation
 
 PATH = Path(__file__).with_name("table.json")
 TOOLCHAIN_PACKAGE = "nvidia-cutlass-dsl"

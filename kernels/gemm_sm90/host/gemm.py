@@ -3,7 +3,7 @@
 Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
 exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run BF16 wgmma
 with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
-order (gemm_sm90.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
+order (gemm_sm90.device.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 docs/gemm_log.md.)
 
@@ -12,22 +12,22 @@ docs/gemm_log.md.)
   consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
   converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
-  the conversion work, gemm_sm90.f16), found by a scan launch before the GEMM
-  (gemm_sm90.refs); the others BF16.
+  the conversion work, gemm_sm90.device.f16), found by a scan launch before the GEMM
+  (gemm_sm90.device.refs); the others BF16.
 * gemm_sm90.swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
   ``bf16_tokens`` (measured faster at 32 tokens on most shapes: docs/gemm_log.md; the
   heuristic takes it from 17 tokens on) a launch before it converts the tokens to BF16 once
-  (gemm_sm90.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
+  (gemm_sm90.device.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
   consumer warpgroups share each stage's token tile, on 64 weight rows each; with
   ``cluster`` 2 CTA pairs share it through TMA multicast.
 
 This module is the host side of one call: :func:`refusal` (a call it refuses is the
 caller's to serve: the ops run the reference, with a one-time warning naming the reason),
 :func:`launches` (what the call launches; :func:`builds` lists it for warm-up),
-the config (``gemm_sm90.select.choose_config``: the measured table, else a heuristic; the config
+the config (``gemm_sm90.tuning.select.choose_config``: the measured table, else a heuristic; the config
 classes are in ``gemm_sm90.config``), the compile cache :func:`compile_gemm` (keyed on
 compile-time facts; the token count M is a runtime value) and the launch (integer arguments
 through a reusable buffer: see runtime/launcher.py). buffers.py holds the per-stream
@@ -43,15 +43,15 @@ from typing import NamedTuple
 
 import torch
 
-from ...format import CHUNK_BYTES, GROUP, Activation, padded_rows
-from ..runtime import launcher
-from ..runtime.launcher import int32, pointer, raw_stream
+from ....format import CHUNK_BYTES, GROUP, Activation, padded_rows
+from ...runtime import launcher
+from ...runtime.launcher import int32, pointer, raw_stream
+from ..config import GemmConfig, SwapABConfig
+from ..constants import MAX_SLICES
+from ..tuning.select import choose_config
 from . import buffers
-from .config import GemmConfig, SwapABConfig
-from .constants import MAX_SLICES
-from .select import choose_config
 
-_PACKAGE = __package__  # gemm_sm90: the kernel classes' modules are named under it
+_PACKAGE = __package__.rpartition(".")[0]  # gemm_sm90: the kernel modules are named under it
 
 CUTLASS_TYPES = {
     torch.bfloat16: "BFloat16",
@@ -101,7 +101,7 @@ def refusal(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
 
 # The kernel class of each (kernel, activation), by module (under gemm_sm90) and name: the
 # one place a kernel variant is named. A variant composes a base kernel with what differs
-# (the W8A16 entries: gemm_sm90.slices.SlicesEntry over the W8A8 kernels).
+# (the W8A16 entries: gemm_sm90.device.slices.SlicesEntry over the W8A8 kernels).
 KERNELS = {
     ("tiled", Activation.W8A8): ("tiled.kernel", "MXFP8TiledGemmSm90"),
     ("swap-ab", Activation.W8A8): ("swap_ab.kernel", "MXFP8SwapABGemmSm90"),
@@ -125,7 +125,7 @@ def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
     their row strides (``MAX_SLICES`` each, None past the build's). Then B's values and
     scales, bias (None in a build without bias), out, M, and for W8A8 the A scale chunk
     count; then the swap-AB kernel's stream-K workspace (partial sums, flags), or the tiled
-    kernel's per-row FP16 references of A and of B (gemm_sm90.refs) and its stream-K
+    kernel's per-row FP16 references of A and of B (gemm_sm90.device.refs) and its stream-K
     workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
     bias = pointer(CUTLASS_TYPES[bias_dtype]) if bias_dtype else None
@@ -239,7 +239,7 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
 
     Raises:
         ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is not
-            a W8A8 config (a W8A16 one reads BF16 slices: ``gemm_sm90.w8a16.run``) or is a
+            a W8A8 config (a W8A16 one reads BF16 slices: ``gemm_sm90.host.w8a16.run``) or is a
             swap-AB config whose token tile is below M; nothing is launched.
     """
     shape = _served(a_values, a_scales, b_values, b_scales, bias, out)

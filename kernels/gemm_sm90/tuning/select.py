@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import functools
 
-from ...format import Activation, ceil_div, fail
-from . import proven, table
-from .config import (
+from ....format import Activation, ceil_div, fail
+from ..config import (
     SWAP_AB_MAX_TOKENS,
     GemmConfig,
     SwapABConfig,
@@ -23,6 +22,7 @@ from .config import (
     swap_ab_token_limit,
     tiled_config,
 )
+from . import proven, table
 
 # Time of a 192-row tile over a 128-row one (tile N 128, 4096 tokens: 0.394 vs 0.281 ms per
 # round of 132 tiles). Three consumer warpgroups keep the tensor pipe busier than two, so a
@@ -152,7 +152,7 @@ def choose_config(
     is taken too): the measured W8A16 table where it has the shape, else the schedule the
     W8A8 choice makes, for that activation (:func:`for_activation`).
 
-    Only a schedule proven on a GPU (gemm_sm90.proven) is chosen; any other gives way to
+    Only a schedule proven on a GPU (gemm_sm90.tuning.proven) is chosen; any other gives way to
     :data:`PROVEN_FALLBACK`, whole 128 x 128 tiles, which serve every token count."""
     activation = Activation.of(activation)
     cfg = _choice(tokens, n, k, num_sms, device, activation)

@@ -3,14 +3,14 @@
 quantization), the weight converted exactly as in the W8A8 kernels (no cutlass import until
 a compile).
 
-The same two kernels serve it as the W8A8 GEMM (gemm_sm90.host), built with BF16 A: the
+The same two kernels serve it as the W8A8 GEMM (gemm_sm90.host.gemm), built with BF16 A: the
 swap-AB kernel reads each stage's token tile from the slice holding it through TMA, as its
 ``bf16_tokens`` schedule reads converted tokens; the tiled kernel TMAs BF16 A stages from
-the slices and moves them into its register fragments unconverted (gemm_sm90.slices). The
+the slices and moves them into its register fragments unconverted (gemm_sm90.device.slices). The
 config comes from ``select.choose_config(..., activation=Activation.W8A16)``. A build is compiled per
 (config, N, the slices' widths, out's row stride, out and bias dtypes); the token count and
 the slices' addresses and row strides are runtime values. The compile, the build and the
-plan are gemm_sm90.host's, for both activations; this module holds what only a W8A16 call
+plan are gemm_sm90.host.gemm's, for both activations; this module holds what only a W8A16 call
 has: its refusal and its launch arguments.
 
 :func:`refusal` says why a call is not served (FP16 slices among others: their FP16 values
@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from ...format import Activation, padded_rows
-from ..runtime import launcher
-from ..runtime.launcher import raw_stream
-from . import buffers, host
-from .config import GemmConfig, SwapABConfig
-from .constants import MAX_SLICES
-from .host import CUTLASS_TYPES, Launches, gpu_of
+from ....format import Activation, padded_rows
+from ...runtime import launcher
+from ...runtime.launcher import raw_stream
+from ..config import GemmConfig, SwapABConfig
+from ..constants import MAX_SLICES
+from . import buffers
+from . import gemm as host
+from .gemm import CUTLASS_TYPES, Launches, gpu_of
 
 _STAGE = 128  # the K of one stage: a slice's width must hold whole stages
 
@@ -80,7 +81,7 @@ def refusal(slices, b_values, b_scales, bias, out) -> str | None:
 
 
 def launches(m, n, widths, ld_out, out_dtype, bias_dtype, gpu, config=None) -> Launches:
-    """What a W8A16 call of ``m`` tokens launches on ``gpu`` (gemm_sm90.host.launches with
+    """What a W8A16 call of ``m`` tokens launches on ``gpu`` (gemm_sm90.host.gemm.launches with
     W8A16): the GEMM alone (nothing runs before it)."""
     return host.launches(
         m, n, tuple(widths), ld_out, out_dtype, bias_dtype, gpu, config, Activation.W8A16

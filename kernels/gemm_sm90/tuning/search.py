@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...format import Activation
-from . import proven
-from .config import (
+from ....format import Activation
+from ..config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
     GemmConfig,
@@ -19,6 +18,7 @@ from .config import (
     swap_ab_config,
     tiled_config,
 )
+from . import proven
 from .select import _busiest, _tile_costs, for_activation, schedule
 
 
@@ -55,7 +55,7 @@ def candidates(
     the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
     schedule (``select.schedule``) holds every field of one of the partial schedules in
     ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped, and so is one
-    not proven on a GPU (gemm_sm90.proven).
+    not proven on a GPU (gemm_sm90.tuning.proven).
 
     ``activation`` W8A16: the same schedules as the choice maps them for BF16 activations
     (``select.for_activation``: every tile on the BF16 path, the stage counts that fit BF16
