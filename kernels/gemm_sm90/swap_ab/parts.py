@@ -53,10 +53,6 @@ class SwapABParts(Sm90Gemm):
         # tokens already BF16 in the weight fragment's K order (gemm_sm90.device.tokens): TMA'd with
         # the stage, no conversion here
         self.bf16_tokens = bool(cfg.bf16_tokens)
-        # W8A16 builds: the slices' widths (the tokens read straight from them, BF16 through
-        # TMA as with bf16_tokens; gemm_sm90.device.slices), and each one's K stages
-        self.slices = ()
-        self.slice_stages = ()
         self.stages = cfg.stages
         self.consumers = cfg.consumers
         # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it

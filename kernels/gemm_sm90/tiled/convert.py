@@ -54,7 +54,7 @@ class WeightConverterRole(TiledSchedule):
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            if cutlass.const_expr(self.slices):  # BF16 activations: the BF16 path only
+            if cutlass.const_expr(self.bf16_path_only):
                 ls, cs = self._convert_tile(
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
                 )

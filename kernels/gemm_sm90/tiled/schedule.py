@@ -107,10 +107,6 @@ class TiledSchedule(Sm90Gemm):
         self.num_ctas_cap = cfg.num_ctas
         # a stream-K workspace part's values per thread (gemm_sm90.workspace)
         self.frag = workspace.frag(cfg)
-        # W8A16 builds: the slices' widths (A read straight from them, BF16 through TMA;
-        # gemm_sm90.device.slices), and each one's K stages
-        self.slices = ()
-        self.slice_stages = ()
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""
