@@ -18,17 +18,17 @@ Across token counts and model shapes, as CUDA Graph replays in worker processes
 (benchmarks/gemm_tools): ``--sweep`` times the config the measured table picks (and with
 ``--before`` the pre-table heuristic's) and draws the ratios to cuBLAS beside its receipt;
 ``--tune`` times the candidate configs of each point, and ``--write-table`` writes the
-fastest valid one per point as kernels/gemm_sm90/table.json; ``--plot RECEIPT`` redraws a
+fastest valid one per point as kernels/gemm_sm90/tuning/table.json; ``--plot RECEIPT`` redraws a
 sweep's PNG:
 
     python benchmarks/gemm.py --sweep [--before] [--out benchmarks/results/gemm_sweep.json]
-    python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90/table.json \
+    python benchmarks/gemm.py --tune --write-table kernels/gemm_sm90/tuning/table.json \
         [--out benchmarks/results/gemm_tune.json]
 
 ``--activation bf16`` does either for the W8A16 kernels (the BF16 tokens read as they are;
 receipts ``*_w8a16.json``, a table of their own beside the W8A8 one):
 
-    python benchmarks/gemm.py --tune --activation bf16 --write-table kernels/gemm_sm90/table.json
+    python benchmarks/gemm.py --tune --activation bf16 --write-table kernels/gemm_sm90/tuning/table.json
 
 ``--power``: sustained SM clock and board power at one token count, ours against cuBLAS
 BF16. Each contender runs back to back for ``--seconds`` while ``nvidia-smi`` samples the SM
@@ -61,7 +61,7 @@ import torch
 from common import capture_graph, environment, require_cuda, write_receipt
 
 from mxfp8_fusion import reference
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 RESULTS = "benchmarks/results"
 OUT = {
@@ -126,7 +126,7 @@ def _dequant_bf16(values, scales):
 
 
 def bench(tokens: int, n: int, k: int, rounds: int) -> Row:
-    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as gemm_sm90
 
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -196,8 +196,8 @@ def bench_variants(tokens: int, n: int, k: int, schedules, rounds: int) -> dict:
     """Median ms of the config of each schedule (a table entry: ``select.config_of``, e.g.
     ``{"kernel": "tiled", "tile_m": 128, "tile_n": 64, "converters": 1, "stream_k": 1}``),
     by its label, against the table's choice, checked bitwise against it first."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
     from mxfp8_fusion.kernels.gemm_sm90.config import label
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as gemm_sm90
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))
@@ -271,7 +271,7 @@ def sustained(fn, seconds: float) -> dict:
 def bench_power(tokens: int, n: int, k: int, seconds: float, git_rev: str | None) -> dict:
     """The ``--power`` receipt: :func:`sustained` for ours, cuBLAS BF16, and cuBLAS BF16 with
     an all-zero A operand."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as gemm_sm90
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     xv, xs = reference.quantize(torch.randn(tokens, k, device="cuda", generator=gen))

@@ -5,7 +5,7 @@ process, interleaved per round, as CUDA Graph replays cycling over copies of the
 (beyond L2, so every call reads its weight from HBM):
 
 * ours: ``mxfp8_fusion.mm_slices_into`` straight from the slices (W8A16: no concatenation,
-  no activation quantization; kernels/gemm_sm90/w8a16.py);
+  no activation quantization; kernels/gemm_sm90/host/w8a16.py);
 * humming: Humming as vLLM 0.34 calls it on SM90 (W8A16) on the concatenated input, the
   kernel alone; humming_with_cat: the same with the ``torch.cat`` it needs, as vLLM runs it;
 * cublas_bf16: cuBLAS BF16 (``F.linear``) on the concatenation and the weight dequantized
@@ -190,8 +190,9 @@ def check_point(ops: Operands, slices: list, x: torch.Tensor) -> tuple[dict, str
     """Ours at one point (its first call compiles): within the bound of the FP64 oracle,
     bitwise equal to the same config on the concatenation and to a graph replay."""
     import mxfp8_fusion as mf
-    from mxfp8_fusion.kernels.gemm_sm90 import host, w8a16
-    from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
+    from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
+    from mxfp8_fusion.kernels.gemm_sm90.tuning.select import choose_config
 
     packed = ops.packed[0]
     got = mf.mm_slices(slices, packed)

@@ -5,7 +5,7 @@ kernel, its module). Imports nothing: the vLLM plugin's policy reads it without 
 * Slice quantizer: plain SIMT code, built for each row's ``target`` (the PTX test compiles
   every one on a CPU and checks it for arch-specific instructions).
 * W8A16 GEMM (16-bit activations read from their slices): ``"cute"``, the same kernels built
-  with BF16 A (``gemm_sm90.w8a16``); None: the reference.
+  with BF16 A (``gemm_sm90.host.w8a16``); None: the reference.
 * GEMM: ``"cute"`` is the CuTe DSL kernel of ``gemm_sm90`` (wgmma: exactly sm_90, built for
   its row's target); ``"cublas"`` is cuBLAS's block-scaled MXFP8 GEMM through torch
   (``gemm_cublas``: the tensor cores of 10.x and 12.x take MXFP8 directly, so a capability
@@ -26,7 +26,7 @@ class ArchKernels(NamedTuple):
     gemm: str | None
     """``"cute"``, ``"cublas"`` or None (see the module docstring)."""
     w8a16: str | None = None
-    """The W8A16 GEMM from 16-bit slices: ``"cute"`` (``gemm_sm90.w8a16``) or None (the
+    """The W8A16 GEMM from 16-bit slices: ``"cute"`` (``gemm_sm90.host.w8a16``) or None (the
     reference: the tensor cores of 10.x and 12.x take MXFP8 activations, W8A8)."""
 
 

@@ -15,15 +15,22 @@ By compute capability, as the capability table (``capability.py``) says:
   (``gemm_sm90``); every other device the reference.
 * Slice quantizer: the CuTe DSL kernel, built for each capability with a target there
   (9.0, 10.0, 10.3, 12.0, 12.1); elsewhere the reference.
+
+:func:`builds` answers, from the same routing and each kernel's own refusal and plan, what a
+call of a given geometry launches (:class:`Call`): the call path runs exactly those builds,
+and warm-up compiles them. Nothing else decides it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
+from ..format import SCALE_DTYPE, VALUE_DTYPE, Activation, scale_bytes
 from . import capability
 
 
@@ -72,14 +79,14 @@ def _quantize_slice():
 
 @functools.cache
 def _gemm_sm90():
-    from .gemm_sm90 import host as gemm_sm90
+    from .gemm_sm90.host import gemm as gemm_sm90
 
     return gemm_sm90
 
 
 @functools.cache
 def _gemm_sm90_w8a16():
-    from .gemm_sm90 import w8a16
+    from .gemm_sm90.host import w8a16
 
     return w8a16
 
@@ -176,3 +183,85 @@ def mm_into(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
         gpu = f"GPU sm_{cap[0]}{cap[1]}"
         return f"{gpu} has no MXFP8 GEMM kernel here (sm_90: CuTe DSL; 10.x, 12.x: cuBLAS)"
     return None if reason is None else f"GPU sm_{cap[0]}{cap[1]}: {reason}"
+
+
+# --- what a call launches -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """The geometry of one projection call, all that decides the builds it launches besides
+    the token count and the device: ``out_features`` (N), the input's slice ``widths`` side
+    by side (one for a plain input), the activations' ``dtype`` (also the output's), the
+    bias dtype (None: no bias) and the :class:`~mxfp8_fusion.format.Activation` (W8A8: the
+    slices quantized into storage, then the MXFP8 GEMM; W8A16: the GEMM reads the slices).
+
+    The tensors are taken as the calls make them: contiguous slices, a new output.
+    """
+
+    out_features: int
+    widths: tuple[int, ...]
+    dtype: torch.dtype = torch.bfloat16
+    bias_dtype: torch.dtype | None = None
+    activation: Activation = Activation.W8A8
+
+    @property
+    def in_features(self) -> int:
+        return sum(self.widths)
+
+
+def builds(call: Call, tokens: Iterable[int], cap: tuple[int, int], gpu: tuple[int, str]) -> list:
+    """The kernel builds ``call`` launches at each of ``tokens`` on a GPU of compute
+    capability ``cap`` and ``gpu`` (SM count, name as CUDA reports it), in launch order,
+    each once: the routing of the entry points above, each kernel's own refusal (asked
+    about tensors shaped like the call's, on the meta device) and its own ``builds``. A call
+    no kernel serves runs the reference and needs no build. Runs on any machine (no compile,
+    no GPU)."""
+    tokens = list(tokens)
+    found: dict = {}
+    n, widths, activation = call.out_features, call.widths, Activation.of(call.activation)
+    if activation.quantized:
+        arch = _quantizer_arch(cap)
+        if arch is not None and _quantizer_serves(call, max(tokens, default=1)):
+            fp16 = call.dtype == torch.float16
+            found.update(dict.fromkeys(_quantize_slice().builds(fp16, widths, arch)))
+        # cuBLAS or the reference: nothing to build
+        gemm, refusal, a = _gemm_kernel(cap), _gemm_sm90().refusal, call.in_features
+    else:
+        gemm, refusal, a = _w8a16_kernel(cap), _gemm_sm90_w8a16().refusal, widths
+    if gemm != "cute":
+        return list(found)
+    for m in tokens:
+        if refusal(*_operands(call, m)) is None:
+            found.update(dict.fromkeys(_gemm_sm90().builds(
+                m, n, a, n, call.dtype, call.bias_dtype, gpu, activation)))  # fmt: skip
+    return list(found)
+
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _quantizer_serves(call: Call, tokens: int) -> bool:
+    """Whether the slice quantizer serves every slice of ``call`` at ``tokens``."""
+    values = _meta((tokens, call.in_features), VALUE_DTYPE)
+    column = 0
+    for width in call.widths:
+        if _quantize_slice().refusal(_meta((tokens, width), call.dtype), values, column):
+            return False
+        column += width
+    return True
+
+
+def _operands(call: Call, tokens: int) -> tuple:
+    """The GEMM's arguments for ``call`` at ``tokens``, as meta tensors: A (W8A8: its MXFP8
+    values and scales; W8A16: the slices), the weight, the bias and a new output."""
+    n, k = call.out_features, call.in_features
+    weight = _meta((n, k), VALUE_DTYPE), _meta((scale_bytes(n, k),), SCALE_DTYPE)
+    bias = None if call.bias_dtype is None else _meta((n,), call.bias_dtype)
+    out = _meta((tokens, n), call.dtype)
+    if Activation.of(call.activation).quantized:
+        a = _meta((tokens, k), VALUE_DTYPE), _meta((scale_bytes(tokens, k),), SCALE_DTYPE)
+    else:
+        a = ([_meta((tokens, width), call.dtype) for width in call.widths],)
+    return (*a, *weight, bias, out)

@@ -15,6 +15,7 @@ byte 127 (a scale of 1.0) and zero values.
 from __future__ import annotations
 
 import difflib
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -139,24 +140,73 @@ def fail(error: type[Exception], argument: str, expected: str, given):
     raise error(f"{argument}: expected {expected}, got {given}")
 
 
-ACTIVATIONS = ("mxfp8", "bf16")
-"""What an MXFP8 projection does with its input: ``"mxfp8"`` quantizes it (W8A8, the
-default); ``"bf16"`` multiplies it as it is (W8A16: 16-bit activations, FP32 ones as FP32)."""
+class Activation(str, enum.Enum):
+    """What an MXFP8 projection does with its input: the one choice a layer, a stager, a
+    shard, a warm-up plan and a kernel config carry, as this type (never as a bare string).
+
+    ``W8A8`` (``"mxfp8"``, the default) quantizes the input by the RCEIL rule into MXFP8
+    storage, then runs the MXFP8 GEMM; ``W8A16`` (``"bf16"``) multiplies the 16-bit input
+    as it is (FP32 ones as FP32) by the weight's exact E4M3 x E8M0 values. The public
+    surface takes the strings too (:meth:`of`); a member compares equal to its string.
+    """
+
+    W8A8 = "mxfp8"
+    W8A16 = "bf16"
+
+    @classmethod
+    def of(cls, value) -> Activation:
+        """``value`` as an :class:`Activation`: a member, or its string ``"mxfp8"`` /
+        ``"bf16"``.
+
+        Raises:
+            TypeError: neither. ValueError: another string (naming a close one).
+        """
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            fail(TypeError, "activation", "'mxfp8' or 'bf16'", type(value).__name__)
+        try:
+            return cls(value)
+        except ValueError:
+            close = difflib.get_close_matches(value.lower(), ACTIVATIONS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            fail(ValueError, "activation", "'mxfp8' (W8A8) or 'bf16' (W8A16)", f"{value!r}{hint}")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the input is quantized into MXFP8 storage before the GEMM (W8A8): what a
+        stager allocates for it and what warm-up plans the slice quantizer for."""
+        return self is Activation.W8A8
+
+    @property
+    def linear_op(self) -> str:
+        """The name of the one-shot ``mxfp8::`` op a layer of this activation runs on one
+        input (the op the fusion pass finds behind a cat)."""
+        return "linear" if self.quantized else "linear_w8a16"
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of one input element as the GEMM reads it: MXFP8 (1) or BF16 (2)."""
+        return 1 if self.quantized else 2
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
-def check_activation(activation) -> str:
-    """``activation`` when it is one of :data:`ACTIVATIONS`.
+ACTIVATIONS = tuple(a.value for a in Activation)
+"""The strings :meth:`Activation.of` takes: ``"mxfp8"`` (W8A8), ``"bf16"`` (W8A16)."""
+
+
+def check_activation(activation) -> Activation:
+    """``activation`` (an :class:`Activation` or its string) as an :class:`Activation`.
 
     Raises:
         TypeError: not a string. ValueError: another string (naming a close one).
     """
-    if not isinstance(activation, str):
-        fail(TypeError, "activation", "'mxfp8' or 'bf16'", type(activation).__name__)
-    if activation not in ACTIVATIONS:
-        close = difflib.get_close_matches(activation.lower(), ACTIVATIONS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        fail(ValueError, "activation", "'mxfp8' (W8A8) or 'bf16' (W8A16)", f"{activation!r}{hint}")
-    return activation
+    return Activation.of(activation)
 
 
 def _scale_buffer(values, scales) -> torch.Tensor:

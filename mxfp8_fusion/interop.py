@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import api, reference
-from .format import GROUP, SCALE_DTYPE, VALUE_DTYPE
+from .format import GROUP, SCALE_DTYPE, VALUE_DTYPE, Activation
 
 _MX_TENSOR_MODULE = "torchao.prototype.mx_formats.mx_tensor"
 
@@ -71,7 +71,7 @@ def skip_reason(weight: torch.Tensor, activation: str = "mxfp8") -> str | None:
     if values.device.type == "meta":
         return "weight is on the meta device"
     act = weight.act_quant_kwargs
-    if activation == "bf16":
+    if not Activation.of(activation).quantized:
         return None  # W8A16: the activations are not quantized, whatever torchao would do
     if act is None:
         return (

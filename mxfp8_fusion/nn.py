@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from . import interop, ops
+from . import interop
 from .api import pack_weight
 from .checks import require, require_tensor
 from .format import (
@@ -16,11 +16,13 @@ from .format import (
     SCALE_DTYPE,
     SOURCE_DTYPES,
     VALUE_DTYPE,
+    Activation,
     MXFP8Weight,
     check_activation,
     fail,
     scale_bytes,
 )
+from .project import project
 
 log = logging.getLogger("mxfp8_fusion")
 
@@ -80,7 +82,7 @@ class MXFP8Linear(nn.Module):
         weight_values: Tensor,
         weight_scales: Tensor,
         bias: Tensor | None = None,
-        activation: str = "mxfp8",
+        activation: Activation | str = Activation.W8A8,
     ):
         super().__init__()
         values, scales = _check_arguments(weight_values, weight_scales, bias)
@@ -93,7 +95,9 @@ class MXFP8Linear(nn.Module):
         )
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, activation: str = "mxfp8") -> MXFP8Linear:
+    def from_linear(
+        cls, linear: nn.Linear, activation: Activation | str = Activation.W8A8
+    ) -> MXFP8Linear:
         """Quantize an ``nn.Linear`` with a BF16/FP16 weight (in_features a multiple of 32);
         a torchao MXFP8 weight is taken as it is (:mod:`mxfp8_fusion.interop`)."""
         if not isinstance(linear, nn.Linear):
@@ -106,7 +110,11 @@ class MXFP8Linear(nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, values: Tensor, scales: Tensor, bias: Tensor | None = None, activation: str = "mxfp8"
+        cls,
+        values: Tensor,
+        scales: Tensor,
+        bias: Tensor | None = None,
+        activation: Activation | str = Activation.W8A8,
     ) -> MXFP8Linear:
         """Build from checkpoint tensors: E4M3 ``[N, K]`` and row-major ``[N, K/32]`` scales."""
         activation = check_activation(activation)
@@ -133,8 +141,8 @@ class MXFP8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected {self.in_features} features, got {x.shape[-1]}")
         flat = x.reshape(-1, self.in_features)
-        op = ops.linear_w8a16 if self.activation == "bf16" else ops.linear
-        y = ops.call(op, flat, self.weight_values, self.weight_scales, self.bias)
+        weight = (self.weight_values, self.weight_scales)
+        y = project(weight, self.activation, (flat,), bias=self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def _apply(self, fn, recurse=True):
@@ -218,7 +226,7 @@ class MXFP8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, activation={self.activation!r}"
+            f"bias={self.bias is not None}, activation={self.activation.value!r}"
         )
 
 
@@ -283,7 +291,7 @@ def _check_arguments(values, scales, bias) -> tuple[Tensor, Tensor]:
     return values.detach(), scales.detach().view(SCALE_DTYPE)
 
 
-def _skip_reason(linear: nn.Linear, activation: str = "mxfp8") -> str | None:
+def _skip_reason(linear: nn.Linear, activation: Activation = Activation.W8A8) -> str | None:
     if type(linear) is not nn.Linear:
         # a subclass's forward may do more than x @ W.T + b (LoRA, MultiheadAttention's out_proj)
         return f"{type(linear).__name__} is a subclass of nn.Linear; only nn.Linear is converted"

@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from . import api
 from .collectives import all_reduce_sum, gather_last_dim
-from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE, check_activation
+from .format import ROW_BLOCK, SOURCE_DTYPES, VALUE_DTYPE, Activation, check_activation
 from .nn import MXFP8Linear
+from .project import project
 from .sharding import (
     _detached,
     _matrix_shape,
@@ -40,7 +40,6 @@ from .sharding import (
     split_in_features,
     split_out_features,
 )
-from .w8a16 import mm_slices
 
 # --- modules ------------------------------------------------------------------------------
 
@@ -76,17 +75,12 @@ def _flat_slices(slices, in_features: int, argument: str = "slices") -> list[Ten
     return [s.reshape(-1, s.shape[-1]) for s in slices]
 
 
-def _staged_gemm(local: MXFP8Linear, parts: list[Tensor], width: int, lead_shape) -> Tensor:
-    """``local`` on the concatenation of ``parts`` (``width`` columns in all), never made:
-    each part quantized straight into MXFP8 storage (one ``quantize_input_slices``), or
-    for a W8A16 shard read as it is (``mm_slices``); the output takes ``lead_shape``'s
-    leading dims."""
-    if local.activation == "bf16":
-        y = mm_slices(parts, local.weight, bias=local.bias)
-    else:
-        dest = api.empty_input(parts[0].shape[0], width, parts[0].device, parts[0].dtype)
-        api.quantize_input_slices(parts, dest)
-        y = api.mm_quantized(dest, local.weight, bias=local.bias)
+def _staged_gemm(local: MXFP8Linear, parts: list[Tensor], lead_shape) -> Tensor:
+    """``local`` on the concatenation of ``parts``, never made,
+    as ``local`` runs its activation (:func:`mxfp8_fusion.project.project`: W8A8 quantizes
+    each part straight into MXFP8 storage, W8A16 reads it as it is); the output takes
+    ``lead_shape``'s leading dims."""
+    y = project(local.weight, local.activation, parts, bias=local.bias)
     return y.view(*lead_shape[:-1], y.shape[-1])
 
 
@@ -188,7 +182,7 @@ class ColumnParallelMXFP8Linear(nn.Module):
             TypeError, ValueError: on slices that do not make a ``[..., in_features]`` input.
         """
         flat = _flat_slices(slices, self.in_features)
-        return self._finish(_staged_gemm(self.local, flat, self.in_features, slices[0].shape))
+        return self._finish(_staged_gemm(self.local, flat, slices[0].shape))
 
     def extra_repr(self) -> str:
         return (
@@ -309,7 +303,7 @@ class RowParallelMXFP8Linear(nn.Module):
                 if lo < hi:
                     parts.append(s[:, lo - column : hi - column])
                 column += s.shape[1]
-        return self._finish(_staged_gemm(self.local, parts, end - start, slices[0].shape))
+        return self._finish(_staged_gemm(self.local, parts, slices[0].shape))
 
     def extra_repr(self) -> str:
         return (
@@ -415,7 +409,7 @@ def _job(model, name, style, state_dict, world: int, activation: str | None) -> 
             split_in_features(k, world)
     except ValueError as error:
         raise ValueError(f"plan[{name!r}]: {error}") from None
-    own = module.activation if isinstance(module, MXFP8Linear) else "mxfp8"
+    own = module.activation if isinstance(module, MXFP8Linear) else Activation.W8A8
     return name, style, weight, scales, bias, activation or own
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..format import SOURCE_DTYPES, STAGE_ALIGN
+from ..format import SOURCE_DTYPES, STAGE_ALIGN, Activation
 from .widths import hint, required_dynamic
 
 aten = torch.ops.aten
@@ -54,16 +54,22 @@ class Sink:
     is_gemm: bool
     """True for a one-shot GEMM; False for a quantize, whose values and scales must be read
     only by :data:`GEMM`."""
-    staged: bool = True
-    """True (W8A8): it reads the columns quantized to MXFP8, so the rewrite stages them into
-    storage (a GEMM becomes ``mxfp8.mm`` on it). False (W8A16): a GEMM that reads the 16-bit
-    columns as they are, rewritten to ``mxfp8.mm_slices`` on the slices: no storage."""
+    activation: Activation = Activation.W8A8
+    """What the op does with the columns (the quantize: W8A8)."""
+
+    @property
+    def staged(self) -> bool:
+        """True (W8A8): it reads the columns quantized to MXFP8, so the rewrite stages them
+        into storage (a GEMM becomes ``mxfp8.mm`` on it). False (W8A16): a GEMM that reads
+        the 16-bit columns as they are, rewritten to ``mxfp8.mm_slices`` on the slices: no
+        storage."""
+        return self.activation.quantized
 
 
 SINKS = (
     Sink("quantize", "quantizes", False),
-    Sink("linear", "linears", True),
-    Sink("linear_w8a16", "w8a16", True, staged=False),
+    Sink(Activation.W8A8.linear_op, "linears", True),
+    Sink(Activation.W8A16.linear_op, "w8a16", True, Activation.W8A16),
 )
 GEMM = "mm"
 """The op that reads quantized values (argument 0) and scales (argument 1)."""

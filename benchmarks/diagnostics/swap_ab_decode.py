@@ -77,8 +77,8 @@ def _stages_without_conversion():
     from cutlass.cute.nvgpu import warpgroup
 
     from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
-    from mxfp8_fusion.kernels.gemm_sm90.common import load_fragment_bytes
     from mxfp8_fusion.kernels.gemm_sm90.constants import TILE_K8
+    from mxfp8_fusion.kernels.gemm_sm90.device.common import load_fragment_bytes
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import K_STEPS, W_GROUPS
 
     @cute.jit
@@ -190,7 +190,7 @@ def worker(variant: str, lock_path: str, out_path: str) -> None:
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
 
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count

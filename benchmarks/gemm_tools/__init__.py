@@ -6,5 +6,5 @@ own (run benchmarks/gemm.py):
 * :mod:`.runs`: the workers started, watched for hangs and the deadline, and their results
   merged into a receipt;
 * :mod:`.report`: what a receipt becomes: the printed summary, the measured table module
-  (kernels/gemm_sm90/table.json) and the plot of ratios to cuBLAS BF16.
+  (kernels/gemm_sm90/tuning/table.json) and the plot of ratios to cuBLAS BF16.
 """

@@ -11,7 +11,7 @@ cuBLAS likewise, so neither side reads its weight from L2 as no served model wou
   and with ``--before`` also the pre-table heuristic (``main_heuristic``) through
   ``gemm_sm90.run``;
 * tune: the candidate configs of each point (``candidates``) through ``gemm_sm90.run``
-  (``gemm_sm90.w8a16.run`` on the BF16 tokens with ``--activation bf16``).
+  (``gemm_sm90.host.w8a16.run`` on the BF16 tokens with ``--activation bf16``).
 
 Every (config, N, K) is its own compile (5-20 s of CPU), so a worker compiles all of its
 configs first, in parallel with the other workers, and takes the GPU only under a file lock
@@ -29,9 +29,9 @@ import statistics
 import time
 from pathlib import Path
 
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 from mxfp8_fusion.kernels.gemm_sm90.config import label
-from mxfp8_fusion.kernels.gemm_sm90.search import candidates, main_heuristic
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.tuning.search import candidates, main_heuristic
 
 # (N, K): the projection it is
 SHAPES = {
@@ -131,8 +131,8 @@ def _contenders(job, data, t, num_sms) -> dict:
     import torch
 
     from mxfp8_fusion import api
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
-    from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
 
     out = data.out[:t]
     a_values = data.inp.values[:t]
@@ -177,16 +177,12 @@ def _compile(cfg, n, k, compile_s):
     failures)."""
     import torch
 
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
     from mxfp8_fusion.kernels.runtime import launcher
 
     t0 = time.perf_counter()
-    if cfg.activation == "bf16":  # W8A16, the tokens as one slice
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-
-        build = w8a16.gemm_build(cfg, n, (k,), n, torch.bfloat16, None)
-    else:
-        build = g.gemm_build(cfg, n, k, n, torch.bfloat16, None)
+    a = k if cfg.activation.quantized else (k,)  # W8A16: the tokens as one slice
+    build = g.gemm_build(cfg, n, a, n, torch.bfloat16, None)
     try:  # made ready in this process (compiled, or read from the kernel cache)
         launcher.function(build)
     except Exception as e:  # recorded in the receipt; the other configs go on
@@ -199,7 +195,7 @@ def worker(job: dict) -> None:
     """Time ``job``'s points, writing ``job['out']`` after each one."""
     import torch
 
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
     n, k = job["n"], job["k"]

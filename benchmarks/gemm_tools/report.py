@@ -1,5 +1,5 @@
 """What a GEMM sweep or tune receipt becomes (``benchmarks/gemm.py --sweep`` / ``--tune``):
-the printed summary, the measured table (kernels/gemm_sm90/table.json) and the plot of
+the printed summary, the measured table (kernels/gemm_sm90/tuning/table.json) and the plot of
 ratios to cuBLAS BF16."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def best_contenders(shape: dict) -> list[tuple[int, dict]]:
 
 REGENERATE = (
     "python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json "
-    "--write-table kernels/gemm_sm90/table.json"
+    "--write-table kernels/gemm_sm90/tuning/table.json"
 )
 
 
@@ -93,7 +93,7 @@ def table_of(receipt: dict) -> dict:
     """The measured table of a tune receipt, as ``table.json`` holds it: the fastest valid
     contender's schedule per point (:func:`best_contenders`) and what it measured, keyed by
     the receipt's device, SM count and toolchain."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     if "sms" not in receipt:
         raise ValueError("the receipt names no SM count: rerun the tune to write a table")
@@ -122,7 +122,7 @@ def write_table(receipt: dict, path: str) -> None:
     """Put the table of a tune receipt (:func:`table_of`) into the ``table.json`` at
     ``path``: it replaces the table of the same device, SM count, toolchain and activation,
     and is written last (the device's latest)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     new = table_of(receipt)
 
@@ -139,7 +139,7 @@ def write_table(receipt: dict, path: str) -> None:
 ABOUT = (
     "Measured GEMM schedules per device, toolchain, weight shape (N, K) and token count: "
     "data that benchmarks/gemm.py --tune --write-table writes, not edited by hand "
-    "(gemm_sm90/table.py reads it)."
+    "(gemm_sm90/tuning/table.py reads it)."
 )
 RECEIPT = "benchmarks/results/gemm_tune.json"
 RECEIPT_W8A16 = "benchmarks/results/gemm_tune_w8a16.json"

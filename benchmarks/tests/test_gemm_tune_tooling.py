@@ -11,7 +11,8 @@ from pathlib import Path
 
 from gemm_tools import points, report, runs
 
-from mxfp8_fusion.kernels.gemm_sm90 import config, select
+from mxfp8_fusion.kernels.gemm_sm90 import config
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
 K_SPLIT = select.schedule(config.tiled_config(64, 128, 2, 1))  # tiled 64x128 c2 stream-k
 
@@ -149,9 +150,9 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
 
 
 def test_the_committed_table_is_the_one_its_receipt_gives():
-    """kernels/gemm_sm90/table.json holds exactly what the table writer makes of the tune
+    """kernels/gemm_sm90/tuning/table.json holds exactly what the table writer makes of the tune
     receipt it names (the SM count the receipt predates: the H200's 132)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     (committed,) = table.tables()
     receipt = json.loads((Path(__file__).parents[2] / committed["receipt"]).read_text())
@@ -176,7 +177,7 @@ def test_w8a16_points_name_bf16_activation_configs_that_round_trip():
 def test_a_w8a16_table_stands_beside_the_w8a8_one_and_is_chosen(tmp_path, monkeypatch):
     """A W8A16 tune's table is written beside its device's W8A8 table (keyed by activation)
     and the W8A16 choice takes it; the W8A8 choice is unchanged."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     cfg = config.tiled_config(128, 64, 1, 1, activation="bf16")
     receipt = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...format import ACTIVATIONS, CHUNK_BYTES, fail
+from ...format import CHUNK_BYTES, Activation, fail
 from .constants import TILE_K8, TILE_K16
 
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
@@ -52,11 +52,11 @@ class TiledConfig:
     """Persistent CTAs (the SM count)."""
     fp16_tiles: bool = True
     """Tiles whose rows' scales allow it take the FP16 path, found by a scan launch before
-    the GEMM (gemm_sm90.refs); False: every tile takes the BF16 path and nothing runs
+    the GEMM (gemm_sm90.device.refs); False: every tile takes the BF16 path and nothing runs
     before the GEMM (the same compiled kernel)."""
-    activation: str = "mxfp8"
-    """``"bf16"`` (W8A16): A is BF16, read from its slices into BF16 stages (twice the FP8
-    stage's bytes), every tile on the BF16 path (``fp16_tiles`` False)."""
+    activation: Activation = Activation.W8A8
+    """W8A16: A is BF16, read from its slices into BF16 stages (twice the FP8 stage's
+    bytes), every tile on the BF16 path (``fp16_tiles`` False). Its string is taken too."""
 
     kernel = "tiled"
     schedule_fields = ("tile_m", "tile_n", "converters", "stream_k")
@@ -66,9 +66,8 @@ class TiledConfig:
     def __post_init__(self):
         if self.stream_k not in (0, 1, 2) or (self.stream_k == 2 and self.tile_m == 64):
             fail(ValueError, "stream_k", "0, 1 or 2 (2: tile_m 128 or 192)", self.stream_k)
-        if self.activation not in ACTIVATIONS:
-            fail(ValueError, "activation", "'mxfp8' or 'bf16'", repr(self.activation))
-        if self.activation == "bf16":
+        object.__setattr__(self, "activation", Activation.of(self.activation))
+        if not self.activation.quantized:
             if self.fp16_tiles:
                 fail(ValueError, "fp16_tiles", "False with BF16 activations", self.fp16_tiles)
             if tiled_smem_bytes(self) > _SMEM_BYTES:
@@ -93,7 +92,7 @@ class SwapABConfig:
     consumers: int = 3
     """Consumer warpgroups, converting alternate stages."""
     bf16_tokens: bool = False
-    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.tokens) and the
+    """A launch before the GEMM converts the tokens to BF16 once (gemm_sm90.device.tokens) and the
     kernel reads them through TMA instead of converting them in every CTA."""
     tile_w: int = 64
     """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer
@@ -104,9 +103,9 @@ class SwapABConfig:
     each loads one K half of every stage's token tile for both (TMA multicast)."""
     num_ctas: int = 132
     """CTAs sharing the units (the SM count; even with cluster 2)."""
-    activation: str = "mxfp8"
-    """``"bf16"`` (W8A16): the tokens are BF16 read straight from their slices through TMA,
-    as ``bf16_tokens`` reads converted ones (which it therefore requires)."""
+    activation: Activation = Activation.W8A8
+    """W8A16: the tokens are BF16 read straight from their slices through TMA, as
+    ``bf16_tokens`` reads converted ones (which it therefore requires)."""
 
     kernel = "swap-ab"
     schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
@@ -114,9 +113,8 @@ class SwapABConfig:
     the token count."""
 
     def __post_init__(self):
-        if self.activation not in ACTIVATIONS:
-            fail(ValueError, "activation", "'mxfp8' or 'bf16'", repr(self.activation))
-        if self.activation == "bf16" and not self.bf16_tokens:
+        object.__setattr__(self, "activation", Activation.of(self.activation))
+        if not self.activation.quantized and not self.bf16_tokens:
             fail(ValueError, "bf16_tokens", "True with BF16 activations", self.bf16_tokens)
         if self.cluster != 1 and not (
             self.cluster == 2 and self.bf16_tokens and self.num_ctas % 2 == 0
@@ -159,8 +157,8 @@ def tiled_smem_bytes(cfg: TiledConfig) -> int:
     """Shared memory of the tiled kernel's stages for ``cfg`` (its pipelines and rings are a
     few kilobytes more): per FP8 stage A (FP8, or BF16 with BF16 activations) and B of K
     128 and their scale chunks, per 16-bit stage B of K 64."""
-    a_bytes = 2 if cfg.activation == "bf16" else 1
-    a_chunks = 0 if cfg.activation == "bf16" else (1 if cfg.tile_m <= 128 else 2)
+    a_bytes = cfg.activation.input_bytes
+    a_chunks = (1 if cfg.tile_m <= 128 else 2) if cfg.activation.quantized else 0
     stage8 = (cfg.tile_m * a_bytes + cfg.tile_n) * TILE_K8 + (a_chunks + 1) * CHUNK_BYTES
     return cfg.stages * stage8 + cfg.stages16 * cfg.tile_n * TILE_K16 * 2 + _TILED_FIXED_BYTES
 
@@ -176,12 +174,13 @@ def tiled_config(
     num_sms: int = 132,
     stages: tuple[int, int] | None = None,
     fp16_tiles: bool = True,
-    activation: str = "mxfp8",
+    activation: Activation | str = Activation.W8A8,
 ) -> TiledConfig:
     """The tiled config of that tile and schedule on ``num_sms`` CTAs, with the tile's
     standard (FP8, 16-bit) stage counts unless ``stages`` gives them. With ``activation``
-    ``"bf16"`` (W8A16): BF16 A stages, every tile on the BF16 path."""
-    if activation == "bf16":
+    W8A16: BF16 A stages, every tile on the BF16 path."""
+    activation = Activation.of(activation)
+    if not activation.quantized:
         fp16_tiles = False
     stages8, stages16 = stages or _standard_stages(tile_m, tile_n, activation)
     return TiledConfig(
@@ -198,7 +197,7 @@ def swap_ab_config(
     bf16_tokens: bool = False,
     tile_w: int = 64,
     cluster: int = 1,
-    activation: str = "mxfp8",
+    activation: Activation | str = Activation.W8A8,
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
@@ -207,7 +206,7 @@ def swap_ab_config(
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured slower at 1 and 16 tokens
     with the stream-K split (docs/gemm_log.md). ``bf16_tokens``, ``tile_w``, ``cluster``:
-    see :class:`SwapABConfig`. ``activation`` ``"bf16"`` (W8A16) reads BF16 tokens from
+    see :class:`SwapABConfig`. ``activation`` W8A16 reads BF16 tokens from
     their slices as ``bf16_tokens`` reads converted ones (so it sets ``bf16_tokens``).
 
     Raises:
@@ -222,7 +221,8 @@ def swap_ab_config(
         tokens_tile *= 2
     if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
-    bf16_tokens = bf16_tokens or activation == "bf16"
+    activation = Activation.of(activation)
+    bf16_tokens = bf16_tokens or not activation.quantized
     if bf16_tokens:
         # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
         # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
@@ -245,7 +245,7 @@ def label(cfg: GemmConfig) -> str:
     stream-k"`` or ``"swap-ab w128 bf16-tokens mc2"`` (stage counts only where not the
     tile's standard split). Display only: nothing reads a config back from it (the tools and
     the measured table hold configs and their schedule fields)."""
-    w8a16 = " w8a16" if cfg.activation == "bf16" else ""
+    w8a16 = "" if cfg.activation.quantized else " w8a16"
     if isinstance(cfg, SwapABConfig):
         pairs = " mc2" if cfg.cluster == 2 else ""
         if cfg.tile_w == 128:
@@ -267,7 +267,7 @@ def own_stages(cfg: TiledConfig) -> bool:
     return (cfg.stages, cfg.stages16) != _standard_stages(cfg.tile_m, cfg.tile_n, cfg.activation)
 
 
-def _standard_stages(tile_m: int, tile_n: int, activation: str) -> tuple[int, int]:
-    if activation == "bf16":
+def _standard_stages(tile_m: int, tile_n: int, activation: Activation) -> tuple[int, int]:
+    if not activation.quantized:
         return _W8A16_NARROW_STAGES if tile_n == 64 else _W8A16_STAGES[tile_m]
     return _TALL_STAGES if tile_m == 192 else _TILED_STAGES

@@ -1,5 +1,5 @@
 """The stream-K workspace of both SM90 GEMM kernels, stated once: the host allocates it by
-these rules (gemm_sm90.buffers) and the kernels lay it out by them (swap_ab.parts,
+these rules (gemm_sm90.host.buffers) and the kernels lay it out by them (swap_ab.parts,
 tiled.schedule). Plain ints from a config: no torch, no cutlass.
 
 A CTA holds :func:`slots_per_cta` slots, each with one int32 flag. A slot holds two

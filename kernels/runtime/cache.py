@@ -101,9 +101,9 @@ HOST_ONLY = (
     "capability.py",
     "dispatch.py",
     "gemm_cublas.py",
-    "gemm_sm90/search.py",
-    "gemm_sm90/select.py",
-    "gemm_sm90/table.py",
+    "gemm_sm90/tuning/search.py",
+    "gemm_sm90/tuning/select.py",
+    "gemm_sm90/tuning/table.py",
     "runtime/cache.py",
 )
 """Modules of the kernel package that choose, route or store builds but never shape a

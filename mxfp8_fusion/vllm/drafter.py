@@ -123,7 +123,7 @@ def _stage_graph_buffer(speculator) -> None:
         return  # a speculator whose buffer handling was not read (a subclass overrides it)
     model = _unwrapped(getattr(speculator, "model", None))
     fc = stageable_fc(model)
-    if fc is None or linear.activation_of(fc) == "bf16":
+    if fc is None or not linear.activation_of(fc).quantized:
         return
     if buffer.dim() != 2 or buffer.shape[1] != fc.weight.shape[1]:
         return

@@ -87,7 +87,7 @@ class Mxfp8FusionLinearKernel(vllm_linear.Mxfp8LinearKernel):
         activation = _decision().activation
         linear.process_weights(layer, name, activation)
         settings.stats.layers.append(name)
-        if activation == "bf16":
+        if not activation.quantized:
             settings.stats.w8a16_layers.append(name)
 
     def apply_weights(

@@ -12,6 +12,8 @@ the fusion pass matches, so that a compiled ``cat -> linear`` of vLLM's layers i
   exact E4M3 x E8M0 values, FP32 accumulation (vLLM's numerics on Hopper);
 - W8A8 (``"mxfp8"``): ``mxfp8::linear``, the input quantized with RCEIL, then the MXFP8 GEMM.
 
+Both through :func:`mxfp8_fusion.project.project`, as ``MXFP8Linear`` runs them.
+
 The vLLM kernel class (:mod:`mxfp8_fusion.vllm.kernel`) only forwards to these functions,
 so they can be tested, and run on a GPU, where vLLM is not installed.
 """
@@ -21,13 +23,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import api, ops
-from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, MXFP8Weight, check_activation, fail
+from .. import api
+from ..format import GROUP, SCALE_DTYPE, VALUE_DTYPE, Activation, MXFP8Weight, fail
+from ..project import project
 
 PACKED_ATTRIBUTE = "mxfp8_fusion_packed"
 """Set to ``True`` on a layer whose weight :func:`process_weights` packed."""
 ACTIVATION_ATTRIBUTE = "mxfp8_fusion_activation"
-"""Set on a packed layer: ``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8), what its calls run."""
+"""Set on a packed layer: its :class:`~mxfp8_fusion.format.Activation`, what its calls run."""
 
 WEIGHT = "weight"
 WEIGHT_SCALE = "weight_scale"
@@ -67,7 +70,7 @@ def check_layout(weight, weight_scale, name: str = "layer") -> None:
 
 
 def process_weights(
-    layer: nn.Module, name: str = "layer", activation: str = "mxfp8"
+    layer: nn.Module, name: str = "layer", activation: Activation | str = Activation.W8A8
 ) -> MXFP8Weight:
     """Pack ``layer.weight`` / ``layer.weight_scale`` (vLLM's layout) in place, once, for
     calls that run ``activation`` (``"mxfp8"``: W8A8, the default; ``"bf16"``: W8A16).
@@ -82,7 +85,7 @@ def process_weights(
         layout is not vLLM's MXFP8 layout (see :func:`check_layout`), or ``activation``
         when it is not one of ``"mxfp8"`` and ``"bf16"``.
     """
-    activation = check_activation(activation)  # a typo is an error on a packed layer too
+    activation = Activation.of(activation)  # a typo is an error on a packed layer too
     if getattr(layer, PACKED_ATTRIBUTE, False):
         return packed_weight(layer)
     weight, weight_scale = getattr(layer, WEIGHT, None), getattr(layer, WEIGHT_SCALE, None)
@@ -116,9 +119,9 @@ def packed_weight(layer: nn.Module) -> MXFP8Weight:
     return MXFP8Weight(getattr(layer, WEIGHT), getattr(layer, WEIGHT_SCALE))
 
 
-def activation_of(layer: nn.Module) -> str | None:
-    """``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8) for a layer :func:`process_weights` packed;
-    ``None`` for any other layer."""
+def activation_of(layer: nn.Module) -> Activation | None:
+    """The :class:`~mxfp8_fusion.format.Activation` of a layer :func:`process_weights`
+    packed; ``None`` for any other layer."""
     if not getattr(layer, PACKED_ATTRIBUTE, False):
         return None
     return getattr(layer, ACTIVATION_ATTRIBUTE)
@@ -144,8 +147,7 @@ def apply_weights(layer: nn.Module, x: Tensor, bias: Tensor | None = None) -> Te
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
     flat = x.reshape(-1, k)
-    op = ops.linear_w8a16 if activation_of(layer) == "bf16" else ops.linear
-    y = ops.call(op, flat, values, scales, bias)
+    y = project((values, scales), activation_of(layer), (flat,), bias=bias)
     return y.view(*x.shape[:-1], values.shape[0])
 
 

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..format import Activation
 from ..kernels.capability import name as capability_name
 from ..kernels.capability import with_gemm
-
-NUMERICS = {"bf16": "W8A16", "mxfp8": "W8A8"}
-"""What each activation of our kernel is called: ``bf16`` uses the input as it is (W8A16),
-``mxfp8`` quantizes it per call (W8A8)."""
 
 
 @dataclass(frozen=True)
@@ -45,16 +42,16 @@ class Measurement:
 # The one place a receipt of benchmarks/vllm_linear.py changes (a new arch or activation
 # measured: its entry here); the decision, the log line and `python -m mxfp8_fusion vllm`
 # follow. Keyed by (arch, activation of ours); an absent key is not measured.
-MEASURED: dict[tuple[str, str], Measurement] = {
+MEASURED: dict[tuple[str, Activation], Measurement] = {
     # receipt benchmarks/results/vllm_linear.json (H200, 2026-12-04); numbers in
     # docs/serving.md. Ours W8A8 quantizes the input per call; Humming does not.
-    ("sm_90", "mxfp8"): Measurement(
+    ("sm_90", Activation.W8A8): Measurement(
         False,
         "faster than ours (W8A8) at 76 of 78 points measured on an H200 (6 shapes, 1-4096 tokens)",
     ),
     # Ours W8A16 (vLLM's numerics there) needs an H200 run beside Humming: until a receipt
     # shows ours at least as fast at every point, Humming keeps serving.
-    ("sm_90", "bf16"): Measurement(False, "ours (W8A16) not measured against it yet"),
+    ("sm_90", Activation.W8A16): Measurement(False, "ours (W8A16) not measured against it yet"),
 }
 
 
@@ -64,18 +61,18 @@ class Arch:
 
     vllm_kernel: str
     """The kernel vLLM chooses there, and its numerics."""
-    activation: str
-    """What our kernel does with the input there by default (a key of :data:`NUMERICS`):
-    vLLM's numerics where vLLM has a kernel."""
+    activation: Activation
+    """What our kernel does with the input there by default: vLLM's numerics where vLLM has
+    a kernel."""
 
 
 ARCHS: dict[str, Arch] = {
     # vLLM has no MXFP8 kernel to match; W8A8 is what this library's layers do by default
-    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", "mxfp8"),
+    "cpu": Arch("none (vLLM has no CPU MXFP8 kernel)", Activation.W8A8),
     # Humming keeps MXFP8 activations only on SM120+: on sm_90 it is W8A16
-    "sm_90": Arch("Humming (W8A16)", "bf16"),
+    "sm_90": Arch("Humming (W8A16)", Activation.W8A16),
 }
-OTHER_GPU = Arch("vLLM's own choice", "mxfp8")
+OTHER_GPU = Arch("vLLM's own choice", Activation.W8A8)
 """Any other GPU arch (sm_100, sm_120, ...): vLLM's own kernels (FlashInfer, CUTLASS). Ours
 does not serve there; its activation is the library's default, W8A8, for completeness."""
 
@@ -92,8 +89,8 @@ class Decision:
 
     arch: str
     ours: bool
-    activation: str
-    """``"bf16"`` (W8A16) or ``"mxfp8"`` (W8A8): what our kernel runs there."""
+    activation: Activation
+    """What our kernel runs there."""
     reason: str
 
 
@@ -111,8 +108,8 @@ def decide(arch: str, setting: str = "auto", activation: str = "auto") -> Decisi
     (``MXFP8_FUSION_VLLM_GPU_KERNEL``: ``"auto"`` or ``"ours"``) and ``activation``
     (``MXFP8_FUSION_VLLM_ACTIVATION``: ``"auto"``, ``"bf16"`` or ``"mxfp8"``)."""
     info = ARCHS.get(arch, OTHER_GPU)
-    chosen = info.activation if activation == "auto" else activation
-    numerics = NUMERICS[chosen]
+    chosen = info.activation if activation == "auto" else Activation.of(activation)
+    numerics = chosen.name
     if arch == "cpu":
         return Decision(
             arch, True, chosen, f"ours: vLLM has no MXFP8 kernel on the CPU ({numerics})"

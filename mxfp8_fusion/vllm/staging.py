@@ -6,9 +6,10 @@ Two ways vLLM feeds ``fc`` (read from vLLM 0.32-0.34):
   The auxiliary hidden states are handed to it as :class:`Staged` views bound to a
   :class:`Step`; their ``torch.cat`` runs ``fc`` into a buffer allocated once and returns a
   stand-in of the concatenation's shape (one element, broadcast) that
-  ``combine_hidden_states`` recognizes (:func:`combined`). A W8A16 ``fc`` reads the slices
-  where they are (``mm_slices_into``); a W8A8 one has each slice quantized into its
-  columns of an :class:`~mxfp8_fusion.InputStager`, then runs the MXFP8 GEMM.
+  ``combine_hidden_states`` recognizes (:func:`combined`). ``fc`` runs as its layer does
+  (:mod:`mxfp8_fusion.project`): a W8A16 ``fc`` reads the slices where they are; a W8A8
+  one has each slice quantized into its columns of MXFP8 storage allocated once, then runs
+  the MXFP8 GEMM.
 - **In a captured graph** (DFlash's full decode graphs, vLLM 0.33+): eager code writes the
   concatenation into a fixed buffer (``torch.cat(..., out=buffer[:n])``) and the graph
   applies ``fc`` to ``buffer[:m]``. For a W8A8 ``fc``, :class:`GraphStaging` replaces that
@@ -27,10 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import api
+from .. import api, project
 from ..format import STAGE_ALIGN
-from ..stager import InputStager
-from ..w8a16 import mm_slices_into
 from . import linear, settings
 
 # torch.cat's builtin, not the module attribute: code that wraps torch.cat (a profiler, a
@@ -45,9 +44,9 @@ def _norms(model: nn.Module):
 
 
 class Step:
-    """The eager step of one drafter's ``fc``, for up to ``capacity`` tokens: straight from
-    the slices for a W8A16 ``fc``; through an :class:`~mxfp8_fusion.InputStager` (MXFP8
-    storage allocated once) for a W8A8 one."""
+    """The eager step of one drafter's ``fc``, for up to ``capacity`` tokens, as ``fc``'s
+    activation runs it: straight from the slices for a W8A16 ``fc``; through MXFP8 storage
+    allocated once for a W8A8 one."""
 
     def __init__(self, model: nn.Module, fc: nn.Module, capacity: int, dtype: torch.dtype):
         self.model = model
@@ -56,10 +55,11 @@ class Step:
         self.weight = linear.packed_weight(fc)
         self.bias = getattr(fc, "bias", None)
         self.capacity, self.dtype = capacity, dtype
-        self.stager = None
-        if linear.activation_of(fc) != "bf16":  # W8A8: its input is quantized first
-            self.stager = InputStager(self.weight, capacity, bias=self.bias, dtype=dtype)
+        self.activation = linear.activation_of(fc)
         device = fc.weight.device
+        self.storage = None
+        if self.activation.quantized:  # W8A8: its input is quantized first
+            self.storage = api.empty_input(capacity, self.weight.in_features, device, dtype)
         self.out = torch.empty(capacity, self.weight.out_features, dtype=dtype, device=device)
 
     def matches(self, tensors, dim) -> bool:
@@ -70,12 +70,12 @@ class Step:
         """Run ``fc`` on ``cat(tensors, -1)`` without making it, and return the stand-in."""
         if self.norms is not None:
             tensors = [norm(t) for norm, t in zip(self.norms, tensors, strict=True)]
-        if self.stager is None:
-            projected = mm_slices_into(tensors, self.weight, self.out, bias=self.bias)
+        projected = project.project(
+            self.weight, self.activation, tensors, bias=self.bias, out=self.out,
+            storage=self.storage,
+        )  # fmt: skip
+        if not self.activation.quantized:
             settings.stats.slice_steps += 1
-        else:
-            self.stager.append(*tensors)
-            projected = self.stager.finish(self.out)
         tokens, width = tensors[0].shape[0], self.weight.in_features
         stand_in = self.out.new_empty((1, 1)).expand(tokens, width)
         setattr(self.model, _PENDING, (stand_in, projected))
@@ -109,6 +109,7 @@ class GraphStaging:
     def __init__(self, model: nn.Module, fc: nn.Module, rows: int, dtype: torch.dtype):
         self.model = model
         self.norms = _norms(model)
+        self.activation = linear.activation_of(fc)  # W8A8: the drafter stages no other
         self.weight = linear.packed_weight(fc)
         self.bias = getattr(fc, "bias", None)
         device = fc.weight.device
@@ -130,7 +131,7 @@ class GraphStaging:
         if self.norms is not None:
             tensors = [norm(t) for norm, t in zip(self.norms, tensors, strict=True)]
         if _fits(tensors, -1, self.weight.in_features, self.storage.capacity, self.out):
-            api.quantize_input_slices(list(tensors), self.storage, 0)
+            project.stage(self.activation, tensors, self.storage)
             settings.stats.staged_steps += 1
         else:  # slices the kernel cannot take one by one: concatenate them (rare)
             whole = torch.cat([t.to(self.out.dtype) for t in tensors], -1)
@@ -139,8 +140,8 @@ class GraphStaging:
 
     def project(self, tokens: int) -> Tensor:
         """``fc`` on the first ``tokens`` staged rows, into the buffer allocated once."""
-        return api.mm_quantized_into(
-            self.storage, self.weight, self.out, tokens=tokens, bias=self.bias
+        return project.finish(
+            self.weight, self.activation, [], self.storage, tokens, out=self.out, bias=self.bias
         )
 
 

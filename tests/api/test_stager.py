@@ -189,6 +189,53 @@ def test_proposer_pattern_of_the_serving_doc():
         assert torch.equal(_bits(got), _bits(expected))
 
 
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_a_layers_stager_gives_the_layers_own_bits(activation):
+    """The stager runs the layer's activation: W8A16 reads the kept slices as they are (it
+    once quantized them, W8A8, and differed from the layer's forward by 0.047)."""
+    widths = (256, 128, 384)
+    layer = _weight(sum(widths))
+    layer.activation = mf.format.Activation.of(activation)
+    stager = InputStager(layer, capacity=64)
+    assert stager.activation == activation
+    assert (stager.storage is None) == (activation == "bf16")
+    out = torch.full((64, layer.out_features), 7.0, dtype=torch.bfloat16)
+    for tokens, seed in ((64, 1), (5, 2)):
+        slices = _slices(tokens, widths, seed=seed)
+        stager.append(slices[0])
+        stager.append(*slices[1:])
+        y = stager.finish(out)
+        assert torch.equal(_bits(y), _bits(_one_shot(layer, slices)))
+    assert "activation='bf16'" in repr(stager) or activation == "mxfp8"
+
+
+def test_activation_argument_overrides_the_layers():
+    widths = (128, 128)
+    layer = _weight(sum(widths))  # W8A8
+    slices = _slices(3, widths)
+    stager = InputStager(layer.weight, capacity=8, bias=layer.bias, activation="bf16")
+    stager.append(*slices)
+    y = stager.finish(torch.empty(8, layer.out_features, dtype=torch.bfloat16))
+    expected = mf.mm_slices(slices, layer.weight, bias=layer.bias)
+    assert torch.equal(_bits(y), _bits(expected))
+    with pytest.raises(ValueError, match="did you mean 'bf16'"):
+        InputStager(layer, capacity=8, activation="bf61")
+
+
+def test_w8a16_append_validation_keeps_nothing():
+    layer = _weight(256)
+    stager = InputStager(layer, capacity=4, activation="bf16")
+    with pytest.raises(ValueError, match=r"sources\[1\]: expected a width"):
+        stager.append(*_slices(2, (128, 96)))
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        stager.append(*_slices(5, (128,)))
+    with pytest.raises(TypeError, match="dtype torch.bfloat16"):
+        stager.append(*_slices(2, (128,), dtype=torch.float16))
+    assert stager.staged_columns == 0 and stager.tokens is None
+    with pytest.raises(ValueError, match="all 256 input columns"):
+        stager.finish(torch.empty(4, layer.out_features, dtype=torch.bfloat16))
+
+
 # --- GPU ------------------------------------------------------------------------------
 
 
@@ -249,3 +296,18 @@ def test_gpu_cuda_graph_capture_and_replay():
         torch.cuda.synchronize()
         assert torch.equal(_bits(y), _bits(_one_shot(layer, fresh)))
         assert torch.all(out[tokens:] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_gpu_a_layers_stager_gives_the_layers_own_bits(activation):
+    widths = (1024, 1024, 1024)
+    layer = _weight(sum(widths), n=1024, device="cuda")
+    layer.activation = mf.format.Activation.of(activation)
+    stager = InputStager(layer, capacity=256)
+    out = torch.empty(256, layer.out_features, device="cuda", dtype=torch.bfloat16)
+    for tokens in (1, 64, 256):
+        slices = _slices(tokens, widths, device="cuda", seed=tokens)
+        stager.append(*slices)
+        y = stager.finish(out)
+        assert torch.equal(_bits(y), _bits(_one_shot(layer, slices)))

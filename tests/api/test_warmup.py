@@ -22,7 +22,7 @@ def test_capture_sizes_are_vllms_defaults():
 
 
 def test_a_drafter_projection_needs_a_handful_of_builds():
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.quantize import host as qs
 
     projection = kernel_warmup._projection((4096, [4096] * 3), torch.bfloat16, None)
@@ -182,14 +182,14 @@ def test_a_model_lists_its_mxfp8_layers():
 def test_workers_compile_into_the_cache(monkeypatch, tmp_path):
     from mxfp8_fusion.kernels.quantize import host as qs
     from mxfp8_fusion.kernels.runtime import cache as kernel_cache
-    from mxfp8_fusion.kernels.runtime import launcher
+    from mxfp8_fusion.kernels.runtime import farm, launcher
     from mxfp8_fusion.progress import Bar
 
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path))
     monkeypatch.setattr(launcher, "_functions", {})
     builds = [qs.build_of(qs.config_of(False, w, 1, "sm_90a")) for w in (128, 256)]
     builds.append(qs.build_of(qs.config_of(True, 128, 1, "sm_90a")))
-    kernel_warmup._compile_in_workers(builds, tmp_path, 2, Bar("test", 3, enabled=False))
+    farm.compile_in_workers(builds, tmp_path, 2, Bar("test", 3, enabled=False))
     assert all(kernel_cache.stored(tmp_path, b) and launcher.loaded(b) for b in builds)
 
 
@@ -211,3 +211,122 @@ def test_a_model_says_its_layers_activation():
     assert projection.activation == "bf16" and projection.slices == (256,)
     with pytest.raises(ValueError, match="^activation: .*did you mean 'bf16'"):
         mf.warmup([(4096, 4096)], activation="bf61")
+
+
+# --- a model's cat sites ---------------------------------------------------------------
+
+
+class _Drafter(torch.nn.Module):
+    """A drafter's ``fc(cat([a, b, c]))``: three hidden states of ``width`` into ``width``."""
+
+    def __init__(self, width: int, activation: str, device="cpu"):
+        super().__init__()
+        from mxfp8_fusion.format import scale_bytes
+
+        k = 3 * width
+        values = torch.zeros(width, k, dtype=torch.float8_e4m3fn, device=device)
+        scales = torch.full((scale_bytes(width, k),), 127, dtype=torch.uint8, device=device)
+        self.fc = mf.MXFP8Linear(values, scales, activation=activation)
+
+    def forward(self, a, b, c):
+        return self.fc(torch.cat([a, b, c], dim=-1))
+
+
+def _examples(tokens: int, width: int = 4096, device="meta"):
+    return [torch.empty(tokens, width, dtype=torch.bfloat16, device=device) for _ in range(3)]
+
+
+def test_a_cat_site_is_planned_with_its_slices():
+    from mxfp8_fusion.kernels.quantize import host as qs
+
+    tokens = [1, 8, 64, 256]
+    model = _Drafter(4096, "mxfp8")
+    (one,) = kernel_warmup.projections_of(model, torch.bfloat16)
+    (site,) = kernel_warmup.projections_of(model, torch.bfloat16, _examples(8))
+    assert one.slices == (12288,) and site.slices == (4096,) * 3
+    staged = kernel_warmup.builds_for(site, tokens, *H200)
+    quantizers = [b for b in staged if b.kind == "quantizer"]
+    # the three-slice quantizer the compiled model launches, not the one-slice one
+    assert quantizers == [qs.build_of(qs.config_of(False, 4096, 3, "sm_90a"))]
+    plain = kernel_warmup.builds_for(one, tokens, *H200)
+    assert [b for b in plain if b.kind == "quantizer"] != quantizers
+    # the MXFP8 GEMM reads staged storage of K columns either way: the same builds
+    assert [b for b in staged if b.kind != "quantizer"] == [
+        b for b in plain if b.kind != "quantizer"
+    ]
+
+
+def test_a_w8a16_cat_site_is_planned_with_its_slices():
+    tokens = [1, 8, 64, 256]
+    model = _Drafter(4096, "bf16")
+    (site,) = kernel_warmup.projections_of(model, torch.bfloat16, _examples(3))
+    staged = kernel_warmup.builds_for(site, tokens, *H200)
+    assert staged and {b.kind for b in staged} == {"gemm w8a16"}
+    assert {b.facts[2] for b in staged} == {(4096, 4096, 4096)}
+    (one,) = kernel_warmup.projections_of(model, torch.bfloat16)
+    assert {b.facts[2] for b in kernel_warmup.builds_for(one, tokens, *H200)} == {(12288,)}
+
+
+def test_the_layers_inputs_decide_the_plan():
+    from mxfp8_fusion import sites
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _Drafter(256, "mxfp8")
+
+        def forward(self, a, b, c):
+            plain = self.inner.fc(torch.cat([a, b, c], dim=-1).contiguous() + 0)
+            odd = torch.cat([a[:, :96], b, c, a[:, 96:]], dim=-1)  # a 96-wide slice
+            return self.inner(a, b, c) + plain + self.inner.fc(odd)
+
+    model = Twice()
+    # a copied cat is a plain input; a 96-wide slice is not staged: both one slice
+    assert sites.cat_widths(model, _examples(2, 256)) == {model.inner.fc: [(768,), (256,) * 3]}
+    assert "forward" not in model.inner.fc.__dict__  # the class's forward is back
+    with pytest.raises(TypeError, match="^example_inputs:"):
+        sites.cat_widths(model, torch.empty(1))
+
+
+def test_warmup_takes_example_inputs_on_any_machine():
+    with pytest.raises(TypeError, match="^example_inputs:"):
+        mf.warmup(_Drafter(256, "mxfp8"), [1], example_inputs=torch.empty(1), progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["mxfp8", "bf16"])
+def test_gpu_warmup_makes_ready_every_build_the_compiled_cat_site_launches(activation, monkeypatch):
+    """The measurement behind issue 53: a drafter ``fc(cat([a, b, c]))`` (3 x 4096 -> 4096),
+    warm-up first at tokens 1, 8, 64, 256, then the compiled model at those sizes: no build
+    may be compiled or loaded after warm-up (before, W8A8 compiled the three-slice quantizer
+    late, and W8A16 the GEMMs for slices (4096, 4096, 4096))."""
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    monkeypatch.setattr(launcher, "_functions", {})  # this process has nothing loaded
+    launched = []
+    launch = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda b, a: (launched.append(b), launch(b, a)))
+    tokens = [1, 8, 64, 256]
+    model = _Drafter(4096, activation, device="cuda")
+    with torch.no_grad():
+        model.fc.weight_values.copy_((torch.randn(4096, 12288, device="cuda") / 8).to(
+            torch.float8_e4m3fn))  # fmt: skip
+    report = mf.warmup(model, tokens, example_inputs=_examples(8, device="cuda"), progress=False)
+    ready = set(launcher._functions)
+    assert report.builds == len(ready)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="mxfp8_fusion")
+    runs = []
+    for t in tokens:
+        inputs = [torch.randn(t, 4096, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        runs.append((inputs, compiled(*inputs)))
+    torch.cuda.synchronize()
+    late = [b.describe() for b in launcher._functions if b not in ready]
+    assert late == [], f"{len(late)} build(s) made after warm-up: {late}"
+    for inputs, y in runs:  # eager (one slice, its own builds) only after the count
+        assert torch.equal(y.view(torch.int16), model(*inputs).view(torch.int16))
+    # the compiled model did stage the cat: its launches read three slices
+    if activation == "mxfp8":
+        assert any(b.kind == "quantizer" and b.facts[0].slices == 3 for b in launched)
+    else:
+        assert any(b.kind == "gemm w8a16" and b.facts[2] == (4096,) * 3 for b in launched)

@@ -1,5 +1,5 @@
 """Shared pieces of the SM90 MXFP8 GEMM tests: skip markers, random operands, and the
-comparison of kernel (kernels/gemm_sm90/host.py) and reference.mm_into.
+comparison of kernel (kernels/gemm_sm90/host/gemm.py) and reference.mm_into.
 
 Tolerance, and why: E4M3 x E4M3 products times power-of-two scales are exact in FP32, and
 every operand element times its scale is an exact BF16 value (or, on the tiled kernel's
@@ -37,10 +37,11 @@ requires_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU")
 
 
 def tiled(tile_m, tile_n, converters, stream_k=0, stages=None, fp16_tiles=True) -> dict:
-    """The schedule (a measured-table entry: gemm_sm90.select) of the tiled config of that
+    """The schedule (a measured-table entry: gemm_sm90.tuning.select) of the tiled config of that
     tile, B converters and ``stream_k`` (0 whole tiles, 1 stream-K, 2 a stream-K tail), with
     the (FP8, 16-bit) ``stages`` where not the tile's standard split."""
-    from mxfp8_fusion.kernels.gemm_sm90 import config, select
+    from mxfp8_fusion.kernels.gemm_sm90 import config
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
     cfg = config.tiled_config(tile_m, tile_n, converters, stream_k, 132, stages, fp16_tiles)
     return select.schedule(cfg)
@@ -48,7 +49,8 @@ def tiled(tile_m, tile_n, converters, stream_k=0, stages=None, fp16_tiles=True) 
 
 def swap_ab(consumers=3, bf16_tokens=False, tile_w=64, cluster=1) -> dict:
     """The schedule of a swap-AB config (its token tile and stages follow from the tokens)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import config, select
+    from mxfp8_fusion.kernels.gemm_sm90 import config
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
     return select.schedule(config.swap_ab_config(8, 132, consumers, bf16_tokens, tile_w, cluster))
 
@@ -59,7 +61,7 @@ W128 = dict(consumers=2, bf16_tokens=True, tile_w=128)
 
 def config_of(schedule: dict, tokens: int, num_sms: int = 132):
     """The config ``schedule`` gives ``tokens`` on ``num_sms`` SMs (select.config_of)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import select
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
     return select.config_of(schedule, tokens, num_sms)
 
@@ -87,7 +89,7 @@ def random_operand(rows, k, capacity=None, spread=20, center=127, seed=0, device
 
 
 def run_kernel(a, sa, b, sb, bias, out):
-    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as gemm_sm90
 
     assert gemm_sm90.refusal(a, sa, b, sb, bias, out) is None
     gemm_sm90.run(a, sa, b, sb, bias, out)
@@ -135,7 +137,7 @@ def check_run(tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows):
 def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, extra_rows=5):
     """As :func:`check_run`, with the config ``cfg`` (None: the one the kernel picks);
     returns the operands and ``out``. ``run`` refuses a call the kernel does not serve."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     capacity = tokens + extra_rows
     a_full, sa = random_operand(tokens, k, capacity, spread, center, seed=seeds[0])
@@ -155,7 +157,7 @@ def check_config_run(cfg, tokens, n, k, out_dtype, bias, spread, center, seeds, 
 def check_two_streams(cfg, tokens, n, k, seed):
     """Launches of ``cfg`` overlapping on two streams give each stream's own result bitwise:
     the buffers kept per stream (workspaces, converted tokens) are not shared."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     inputs = [random_operand(tokens, k, seed=seed + i) for i in range(2)]
     b, sb = random_operand(n, k, seed=seed + 2)

@@ -83,8 +83,8 @@ def config_from_fields(fields: dict):
 def gemm_builds() -> list[dict]:
     """Every distinct GEMM build the table and the heuristic choose (at the first shape that
     chooses it, BF16 out, BF16 bias), plus the dtype combinations of the compile test."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
-    from mxfp8_fusion.kernels.gemm_sm90 import select, table
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select, table
 
     builds, seen = [], set()
     shapes = [*table.measured_shapes(), *_EXTRA_SHAPES]
@@ -109,7 +109,7 @@ def gemm_builds() -> list[dict]:
 def w8a16_builds(shapes) -> list[dict]:
     """Every distinct W8A16 build the choice makes on ``shapes`` (one slice), each kernel and
     schedule's first also from three (or two) slices, FP16 out and FP32 bias."""
-    from mxfp8_fusion.kernels.gemm_sm90 import select
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
     builds, seen = [], set()
     for n, k in shapes:
@@ -136,18 +136,13 @@ def w8a16_builds(shapes) -> list[dict]:
 def _gemm_ptx(build: dict) -> str:
     import torch
 
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     cfg = config_from_fields(build["fields"])
     bias = getattr(torch, build["bias"]) if build["bias"] else None
     out = getattr(torch, build["out"])
-    if "widths" in build:  # W8A16
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-
-        return w8a16.compile_gemm(
-            cfg, build["n"], tuple(build["widths"]), build["n"], out, bias
-        ).__ptx__
-    return g.compile_gemm(cfg, build["n"], build["k"], build["n"], out, bias).__ptx__
+    a = tuple(build["widths"]) if "widths" in build else build["k"]  # W8A16: the slices
+    return g.compile_gemm(cfg, build["n"], a, build["n"], out, bias).__ptx__
 
 
 def _name(build: dict) -> str:
@@ -166,7 +161,7 @@ def without_entry_names(ptx: str) -> str:
 
 def all_hashes(builds: list[dict]) -> dict[str, str]:
     """{build name: sha256 of its PTX} for ``builds`` and the fixed non-GEMM builds."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.quantize import host as quantizer
 
     def sha(text: str) -> str:

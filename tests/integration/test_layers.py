@@ -32,6 +32,8 @@ LAYERS = {
             "w8a16",
             "interop",
             "nn",
+            "project",
+            "sites",
             "stager",
             "sharding",
             "collectives",

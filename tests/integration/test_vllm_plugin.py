@@ -154,7 +154,7 @@ def test_drafter_fc_staged_bitwise_without_concatenation(monkeypatch, device, ac
     assert settings.stats.staged_steps - before == 3
     assert counts["allocated"] == 0
     step = getattr(runner.drafter.model, drafter._STEP)
-    assert (step.stager is None) == (activation == "bf16")
+    assert (step.storage is None) == (activation == "bf16")
     assert settings.stats.slice_steps - slices_before == (3 if activation == "bf16" else 0)
 
 

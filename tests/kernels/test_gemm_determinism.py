@@ -1,4 +1,4 @@
-"""Every proven GEMM schedule (``gemm_sm90/proven.json``, both activations) on an sm_90 GPU:
+"""Every proven GEMM schedule (``gemm_sm90/tuning/proven.json``, both activations) on an sm_90 GPU:
 20 runs into poisoned outputs give the same bits, within the accumulation bound of an exact
 product of the same operands, and leave the rows past M alone. What may be chosen, tuned or
 warmed up is exactly this list (tests/kernels/test_gemm_proven.py), so a race in any
@@ -21,7 +21,7 @@ import torch
 from helpers.gemm import check_close, random_operand, requires_cutlass, requires_sm90
 
 from mxfp8_fusion import reference
-from mxfp8_fusion.kernels.gemm_sm90 import proven, select
+from mxfp8_fusion.kernels.gemm_sm90.tuning import proven, select
 
 pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
 
@@ -76,7 +76,7 @@ def test_twenty_runs_give_the_same_bits_within_the_bound(entry):
     b, sb = random_operand(N, K, None, spread=8 if cfg.activation == "mxfp8" else 30, seed=5)
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
     if cfg.activation == "bf16":
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+        from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
 
         gen = torch.Generator().manual_seed(6)
         wide = torch.randn(tokens, WIDTHS[1] + 256, generator=gen).to(torch.bfloat16).cuda()
@@ -94,7 +94,7 @@ def test_twenty_runs_give_the_same_bits_within_the_bound(entry):
         excess = ((got.double() - exact).abs() - bound).max().item()
         assert excess <= 0, f"excess {excess:.3g}"
         return
-    from mxfp8_fusion.kernels.gemm_sm90 import host
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
 
     a, sa = _w8a8_tokens(tokens)
     got = _runs(lambda out: host.run(a, sa, b, sb, bias, out, config=cfg), tokens)

@@ -50,7 +50,7 @@ SHAPES = [  # (tokens, N, K)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_reference(tokens, n, k, out_dtype, spread, center, with_bias):
     """Tiled-kernel shapes (few-token ones take the swap-AB kernel) on both of its paths
-    (gemm_sm90.f16: a row takes FP16 when its scale bytes span at most 21)."""
+    (gemm_sm90.device.f16: a row takes FP16 when its scale bytes span at most 21)."""
     bias = torch.randn(n, device="cuda", dtype=torch.float32) * 4 if with_bias else None
     check_run(tokens, n, k, out_dtype, bias, spread, center, (tokens + k, n), extra_rows=37)
 
@@ -60,10 +60,10 @@ def test_matches_reference(tokens, n, k, out_dtype, spread, center, with_bias):
 @requires_sm90
 @pytest.mark.parametrize("k", [1056, 43008])
 def test_row_references_follow_the_fp16_rule(k):
-    """The scan behind the FP16 path (gemm_sm90.f16), against the rule in plain torch: ref =
+    """The scan behind the FP16 path (gemm_sm90.device.f16), against the rule in plain torch: ref =
     max(largest byte - 7, 2); the row qualifies when no byte is 255 and its smallest nonzero
     byte is at least ref - 14; padding groups and rows past M / N do not count."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
 
     m, n = 200, 300
     _, sa = random_operand(m, k, 256, spread=10, center=120, seed=41)
@@ -107,7 +107,7 @@ def test_fp16_and_bf16_tiles_in_one_launch(tile_m, tile_n, converters):
     BF16 path, a NaN-scaled B row its column tile (and NaN into its column), an all-zero
     group (byte 0) does not disqualify its row, K past the last full 128 (padding groups of
     byte 127 must not count) -- every tile matches the reference, rows past M untouched."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, n, k = 300, 640, 1056
     a_full, sa = random_operand(tokens, k, tokens + 20, spread=8, center=100, seed=31)
@@ -141,7 +141,7 @@ def test_tile_configs_agree(tokens):
     """Tile shapes and pipeline depths give the same bytes (same K order per output). 192-row
     tiles start at row 64 of a scale chunk every other tile, and 1000 tokens put the last
     one's second chunk past the scales (TMA fills zeros)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     a, sa = random_operand(tokens, 1024, seed=1)
     b, sb = random_operand(640, 1024, seed=2)
@@ -175,7 +175,7 @@ def test_tiled_epilogue_column_edges(schedule, n, out_dtype):
     ends a column tile mid-way on a group of 8, N 203 inside one (stored one by one), into an
     ``out`` whose rows are 208 wide; with a bias. Rows past M and the padding columns stay
     untouched."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, k = 77, 1056
     spread, center = (20, 127) if out_dtype == torch.bfloat16 else (4, 119)
@@ -202,7 +202,7 @@ def test_tensor_core_group_sum_probe():
     """448*448 - 448*448 + 30 * 2**-9 in one 32-wide group is 0.0586 exactly. The H200's FP8
     wgmma returned 0.0 (products aligned to the largest and truncated); the BF16 wgmma that
     this kernel feeds with exactly scaled operands keeps them: bitwise the reference."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     k = 128
     a = torch.zeros(1, k, dtype=torch.uint8)
@@ -245,7 +245,7 @@ def test_nan_scale_propagates(tokens):
 @requires_cutlass
 @requires_sm90
 def test_cuda_graph_capture_and_replay():
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, n, k = 300, 512, 1024
     a, sa = random_operand(tokens, k, seed=5)
@@ -273,7 +273,7 @@ def test_cuda_graph_capture_and_replay():
 @requires_sm90
 def test_staged_and_one_shot_inputs_give_equal_bytes():
     """Slices quantized into their columns vs the concatenation quantized at once."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, width, n = 200, 256, 384
     slices = [

@@ -18,7 +18,7 @@ from helpers.gemm import config_of, requires_cutlass, schedule_id, tiled
 
 from mxfp8_fusion.format import scale_bytes
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 
 @pytest.mark.slow
@@ -32,10 +32,10 @@ def test_compiles_for_sm90a_without_gpu():
         import sys, torch, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         warnings.filterwarnings("error", message="This static loop has")
-        from mxfp8_fusion.kernels.gemm_sm90 import host as g
+        from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
         from mxfp8_fusion.kernels.gemm_sm90.config import TiledConfig, swap_ab_config
         from mxfp8_fusion.kernels.gemm_sm90.config import tiled_config as tiled
-        from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
+        from mxfp8_fusion.kernels.gemm_sm90.tuning.select import choose_config
         assert "cutlass" not in sys.modules  # importing the modules must not import cutlass
         bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
         for cfg, n, k, out, bias in [
@@ -55,7 +55,7 @@ def test_compiles_for_sm90a_without_gpu():
             (tiled(192, 128, 1, stream_k=2), 640, 4160, fp16, fp32),
         ]:
             g.compile_gemm(cfg, n, k, n, out, bias)
-        from mxfp8_fusion.kernels.gemm_sm90 import buffers
+        from mxfp8_fusion.kernels.gemm_sm90.host import buffers
 
         buffers.compile_refs(1056)  # the tiled kernel's per-row FP16 reference scan
         buffers.compile_tokens(4160)  # the swap-AB kernel's token conversion
@@ -164,9 +164,9 @@ def _finite_e4m3() -> torch.Tensor:
 
 
 def test_fp16_window_of_the_tiled_kernel():
-    """gemm_sm90.f16's premise: e4m3 * 2**d is an exact FP16 value for every finite E4M3 and
+    """gemm_sm90.device.f16's premise: e4m3 * 2**d is an exact FP16 value for every finite E4M3 and
     d in [-15, 7] (the path uses [-14, 7]), and the window is tight on both sides."""
-    from mxfp8_fusion.kernels.gemm_sm90.f16 import F16_ABOVE, F16_BELOW
+    from mxfp8_fusion.kernels.gemm_sm90.device.f16 import F16_ABOVE, F16_BELOW
 
     values = _finite_e4m3()
 
@@ -247,9 +247,9 @@ def test_swap_ab_kernel_refuses_too_few_stages_for_its_consumers():
 
 @requires_cutlass
 def test_bf16_token_order_is_a_permutation_within_each_scale_group():
-    """gemm_sm90.tokens.bf16_slot moves K only inside its 32-element group, so the BF16
+    """gemm_sm90.device.tokens.bf16_slot moves K only inside its 32-element group, so the BF16
     token buffer keeps a partial last stage inside K."""
-    from mxfp8_fusion.kernels.gemm_sm90.tokens import bf16_slot
+    from mxfp8_fusion.kernels.gemm_sm90.device.tokens import bf16_slot
 
     slots = [bf16_slot(j) for j in range(128)]
     assert sorted(slots) == list(range(128))
@@ -265,7 +265,7 @@ def _predicate_operands(tokens=4, n=16, k=64):
 
 
 def test_refusal_names_unaligned_shapes():
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     a, sa, b, sb, out = _predicate_operands()
     assert g.refusal(a, sa, b, sb, None, out) is None
@@ -280,7 +280,7 @@ def test_refusal_names_what_the_kernels_cannot_read():
     """Scale buffers not 16-byte aligned (TMA) and a bias the kernels do not read (not a
     contiguous BF16/FP16/FP32 vector) are refused by the predicate, with the reason the
     fallback warning gives; run() refuses them too, before any launch."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     a, sa, b, sb, out = _predicate_operands()
     shifted = lambda t: torch.zeros(t.numel() + 16, dtype=torch.uint8)[4 : 4 + t.numel()]  # noqa: E731

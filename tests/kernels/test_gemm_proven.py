@@ -1,6 +1,6 @@
 """Until a schedule is proven on a GPU, nothing picks it: the choice (measured table or
 heuristic, on the measured device and on others), the tune's search space and warm-up's plan
-only produce schedules of ``gemm_sm90/proven.json``, which the GPU suite's determinism test
+only produce schedules of ``gemm_sm90/tuning/proven.json``, which the GPU suite's determinism test
 runs (tests/kernels/test_gemm_determinism.py). On a CPU: no build, no GPU."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import proven, search
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.tuning import proven, search
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 ACTIVATIONS = ("mxfp8", "bf16")
 DEVICES = ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "another GPU")

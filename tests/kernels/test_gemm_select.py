@@ -13,8 +13,8 @@ import pytest
 from helpers.gemm import W128, config_of, swap_ab, tiled
 
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
 from mxfp8_fusion.kernels.gemm_sm90.config import label
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 SWAP_AB, TILED = gemm_config.SwapABConfig.kernel, gemm_config.TiledConfig.kernel
 
@@ -177,7 +177,7 @@ def test_config_schedules_round_trip():
     """A config's schedule (select.schedule, the form the table and the tools hold) gives it
     back (select.config_of) with the standard stages unless it names its own; its label
     reads as the receipts print it."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     for schedule, text in (
         (tiled(128, 128, 2), "tiled 128x128 c2"),
@@ -292,7 +292,7 @@ def test_choose_config_looks_up_the_table(monkeypatch):
     """The smallest measured token count at or above the call's; the last row past the end;
     a swap-AB row gets the tile the call's token count needs; other shapes and SM counts the
     heuristic."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     schedules = (swap_ab(), tiled(128, 64, 1, 1), swap_ab(), tiled(192, 128, 1))
     rows = tuple(zip((1, 16, 48, 96), schedules, strict=True))
@@ -324,7 +324,7 @@ def test_measured_table_is_well_formed():
     """Every row of the committed table holds a valid config's schedule for its token
     count (the config's own schedule: nothing it would not write), rows ascend, swap-AB
     rows stay within the kernel's token range, and the table's choice is the config's."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     shapes = table.shapes(table.MEASURED_DEVICE, 132)
     assert shapes and list(shapes) == table.measured_shapes()
@@ -340,7 +340,7 @@ def test_measured_table_is_well_formed():
 
 def test_the_table_is_keyed_by_device_name_not_only_sm_count():
     """An H100 SXM has the H200's 132 SMs: it takes the heuristic, not the H200's table."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     h100 = "NVIDIA H100 80GB HBM3"
     assert table.shapes(h100, 132) == {}
@@ -354,7 +354,7 @@ def test_the_table_is_keyed_by_device_name_not_only_sm_count():
 
 def test_a_table_measured_with_the_toolchain_in_use_is_taken_first(monkeypatch):
     """Of one device's tables, the one its toolchain measured, else the latest written."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     (measured,) = table.tables()
     version = measured["toolchain"][table.TOOLCHAIN_PACKAGE]

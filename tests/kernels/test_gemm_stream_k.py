@@ -23,7 +23,7 @@ from helpers.gemm import (
 
 from mxfp8_fusion import reference
 from mxfp8_fusion.format import GROUP
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 STREAM_K_SCHEDULES = [
     tiled(128, 128, 2, 1),
@@ -154,7 +154,7 @@ def test_stream_k_with_fewer_units_than_ctas():
 def test_stream_k_repeats_bitwise_and_graph_replays(schedule, num_sms):
     """The parts are summed in K order, so launches agree to the bit; the flags re-arm for
     the next launch; a captured launch (its own workspace) replays with new tokens."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     cfg = config_of(schedule, 300, num_sms)
     tokens, n, k = 300, 640, 4160
@@ -198,7 +198,7 @@ def test_stream_k_on_two_streams_at_once():
 def _table_points():
     """(tokens, N, K): every table shape at one token and at and around every point where
     the table's choice changes."""
-    from mxfp8_fusion.kernels.gemm_sm90 import table
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     points = []
     for (n, k), rows in table.shapes(table.MEASURED_DEVICE, 132).items():
@@ -231,7 +231,7 @@ def _table_weight(n: int, k: int):
 )
 def test_table_choices_match_reference(tokens, n, k):
     """The configs the measured table picks, at and around each of its switch points."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     cfg = gemm_select.choose_config(tokens, n, k)
     gen = torch.Generator(device="cuda").manual_seed(tokens)

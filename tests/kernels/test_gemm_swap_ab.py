@@ -103,7 +103,7 @@ def test_swap_ab_shared_token_tile_repeat_graph_replay_and_streams(
     ``tile_w`` 128, CTA pairs ``cluster`` 2): every token tile gives the same bytes (the same
     split and K order per output), launches repeat bitwise, a captured launch replays with
     new tokens, and launches on two streams at once keep their own workspaces."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, n, k = 7, 1000, 6144
     a, sa = random_operand(tokens, k, seed=seed)
@@ -170,7 +170,7 @@ def test_swap_ab_multicast_matches_reference(schedule, tokens, n, k, out_dtype):
 def test_swap_ab_tiles_agree_and_graph_replays():
     """Every token tile that fits gives the same bytes (same K order per output, same
     two-stream split), and a captured launch replays with new tokens."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
 
     tokens, n, k = 7, 384, 2048
     a, sa = random_operand(tokens, k, seed=11)
@@ -212,10 +212,10 @@ def test_swap_ab_tiles_agree_and_graph_replays():
 @pytest.mark.parametrize("tokens,k", [(1, 128), (5, 4160), (64, 43008)])
 def test_token_conversion_is_the_dequantized_tokens_in_fragment_order(tokens, k):
     """The ``bf16_tokens`` pre-pass writes dequant(A) exactly, each 128-K stage's columns
-    in the weight fragment's order (gemm_sm90.tokens.bf16_slot); scale bytes 97-157 and
+    in the weight fragment's order (gemm_sm90.device.tokens.bf16_slot); scale bytes 97-157 and
     a NaN scale included."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers
-    from mxfp8_fusion.kernels.gemm_sm90.tokens import bf16_slot
+    from mxfp8_fusion.kernels.gemm_sm90.device.tokens import bf16_slot
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
 
     a, sa = random_operand(tokens, k, spread=30, seed=31)
     sa.view(torch.uint8)[scale_offset(0, 1, k)] = 255  # row 0, group 1: a NaN scale

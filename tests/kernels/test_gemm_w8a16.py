@@ -1,4 +1,4 @@
-"""The SM90 W8A16 GEMM (kernels/gemm_sm90/w8a16.py) on an sm_90 GPU: straight from BF16
+"""The SM90 W8A16 GEMM (kernels/gemm_sm90/host/w8a16.py) on an sm_90 GPU: straight from BF16
 slices, against an FP64 oracle on the same operands, bitwise equal to the same config on the
 concatenated input, to CUDA Graph replay and to the compiled model.
 
@@ -17,8 +17,8 @@ from helpers.gemm import random_operand, requires_cutlass, requires_sm90
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import reference
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
-from mxfp8_fusion.kernels.gemm_sm90 import w8a16
+from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
 

@@ -16,9 +16,10 @@ import torch
 from helpers.gemm import requires_cutlass
 
 from mxfp8_fusion.kernels.gemm_sm90 import config as gemm_config
-from mxfp8_fusion.kernels.gemm_sm90 import select as gemm_select
-from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-from mxfp8_fusion.kernels.gemm_sm90.tokens import bf16_slot
+from mxfp8_fusion.kernels.gemm_sm90.device.tokens import bf16_slot
+from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
+from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
+from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 SHAPES = [(4096, 12288), (7168, 14336), (7168, 43008), (2048, 7168), (11008, 4096), (4096, 11008)]
 TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096]
@@ -66,8 +67,8 @@ def test_compiles_for_sm90a_without_gpu():
         import sys, torch, warnings
         warnings.filterwarnings("error", message=r"cutlass\\.", category=DeprecationWarning)
         warnings.filterwarnings("error", message="This static loop has")
-        from mxfp8_fusion.kernels.gemm_sm90 import w8a16
-        from mxfp8_fusion.kernels.gemm_sm90.select import choose_config
+        from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
+        from mxfp8_fusion.kernels.gemm_sm90.tuning.select import choose_config
         assert "cutlass" not in sys.modules
         bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
         seen = set()
@@ -81,9 +82,9 @@ def test_compiles_for_sm90a_without_gpu():
         dtypes = [(bf16, None), (fp16, fp32), (bf16, bf16)]
         for i, (cfg, n, widths) in enumerate(cases):
             out, bias = dtypes[i % 3]
-            w8a16.compile_gemm(cfg, n, widths, n, out, bias)
+            host.compile_gemm(cfg, n, widths, n, out, bias)
         cfg = choose_config(4096, 4096, 1024, activation="bf16")
-        w8a16.compile_gemm(cfg, 4096, (128,) * 8, 4096, bf16, None)
+        host.compile_gemm(cfg, 4096, (128,) * 8, 4096, bf16, None)
         print("compiled", len(cases) + 1)
         """
     )
@@ -165,3 +166,19 @@ def test_the_swap_ab_natural_fragment_holds_the_k_the_tokens_have():
                 word = t // 2 + 2 * hi
                 byte = 16 * kb + 4 * word + 2 * (t % 2)
                 assert byte == 16 * kb + 2 * t + 8 * hi
+
+
+def test_each_host_path_refuses_the_other_activations_config():
+    """Both activations share one plan (gemm_sm90.host.gemm.launches), which refuses a config
+    of the other: a W8A16 config for a W8A8 call and the reverse."""
+    from mxfp8_fusion.format import Activation
+
+    gpu = (132, "NVIDIA H200")
+    w8a16_cfg = gemm_select.choose_config(8, 4096, 4096, activation="bf16")
+    w8a8_cfg = gemm_select.choose_config(8, 4096, 4096)
+    with pytest.raises(ValueError, match=r"^config: expected a W8A8 \(activation 'mxfp8'\)"):
+        host.launches(8, 4096, 4096, 4096, torch.bfloat16, None, gpu, w8a16_cfg)
+    with pytest.raises(ValueError, match=r"^config: expected a W8A16 \(activation 'bf16'\)"):
+        w8a16.launches(8, 4096, (4096,), 4096, torch.bfloat16, None, gpu, w8a8_cfg)
+    plan = host.launches(8, 4096, (4096,), 4096, torch.bfloat16, None, gpu, None, Activation.W8A16)
+    assert plan.gemm.kind == "gemm w8a16" and plan.before is None

@@ -1,4 +1,4 @@
-"""The stream-K workspaces the host makes for the SM90 GEMM (gemm_sm90.buffers), on a CPU: for
+"""The stream-K workspaces the host makes for the SM90 GEMM (gemm_sm90.host.buffers), on a CPU: for
 every config the measured table, the heuristic and the tune's search space can produce, the
 partial sums and flags allocated are the ones recorded in
 ``tests/helpers/gemm_workspaces.json`` (written by the host code as it stood before the
@@ -11,8 +11,10 @@ from pathlib import Path
 
 from helpers.ptx_hashes import config_fields
 
-from mxfp8_fusion.kernels.gemm_sm90 import buffers, search, select, table, workspace
+from mxfp8_fusion.kernels.gemm_sm90 import workspace
 from mxfp8_fusion.kernels.gemm_sm90.constants import WG_THREADS
+from mxfp8_fusion.kernels.gemm_sm90.host import buffers
+from mxfp8_fusion.kernels.gemm_sm90.tuning import search, select, table
 
 GOLDEN = Path(__file__).resolve().parents[1] / "helpers" / "gemm_workspaces.json"
 # shapes beyond the table's: the decode points, narrow and odd weights the heuristic serves

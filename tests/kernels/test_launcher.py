@@ -60,8 +60,8 @@ def test_gemm_entries_take_the_hosts_arguments(monkeypatch, schedule):
     """Both kernels and both tiled schedules: the bias and a tiled build's workspace are
     absent (None) where the build has none."""
     _target(monkeypatch)
-    from mxfp8_fusion.kernels.gemm_sm90 import host as g
     from mxfp8_fusion.kernels.gemm_sm90 import workspace
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
     from mxfp8_fusion.kernels.runtime import launcher
 
     is_tiled = schedule["kernel"] == "tiled"
@@ -108,11 +108,11 @@ def test_builds_are_named_by_data():
 @pytest.mark.slow
 @pytest.mark.parametrize("tokens", [16, 300])
 def test_w8a16_entries_take_the_hosts_arguments(monkeypatch, tokens):
-    """The W8A16 host (gemm_sm90.w8a16) assembles what its swap-AB (16 tokens) and tiled
+    """The W8A16 host (gemm_sm90.host.w8a16) assembles what its swap-AB (16 tokens) and tiled
     (300) entries take from three slices: the slots past them absent, the workspace as the
     build has it."""
     _target(monkeypatch)
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers, w8a16
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers, w8a16
     from mxfp8_fusion.kernels.runtime import launcher
 
     launched = []

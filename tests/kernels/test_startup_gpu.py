@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
 
 def _outputs(tokens_list, n, k):
     """Quantizer and GEMM outputs at each token count (both kernels: swap-AB and tiled)."""
-    from mxfp8_fusion.kernels.gemm_sm90 import host as gemm_sm90
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as gemm_sm90
     from mxfp8_fusion.kernels.quantize import host as quantize_slice
 
     b, sb = random_operand(n, k, seed=1)

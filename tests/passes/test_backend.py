@@ -385,7 +385,7 @@ def test_reduce_overhead_with_fresh_kernel_buffers():
     during cudagraph trees' warm-up, which sends the thread's allocations to the graph's
     private pool: kept buffers must come from outside it (a kept one inside failed the
     pool's check: "tensors in the cudagraph pool not tracked as outputs")."""
-    from mxfp8_fusion.kernels.gemm_sm90 import buffers as gemm_sm90_buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers as gemm_sm90_buffers
 
     gemm_sm90_buffers.kept_buffers.clear()
     model = CatLinear(512, n=256).cuda()

@@ -30,7 +30,7 @@ Each CTA has 1 + C warpgroups:
   behind the TMA stream (docs/gemm_log.md, 'Numbers behind the kernel sources').
 
 With ``bf16_tokens`` the tokens arrive already BF16, converted once by a launch before the
-GEMM (gemm_sm90.tokens): the producer loads the stage's BF16 token tile (two K halves)
+GEMM (gemm_sm90.device.tokens): the producer loads the stage's BF16 token tile (two K halves)
 instead of the FP8 one and its scales, and a consumer keeps a stage until its wgmmas, which
 read that tile, are done. Every CTA converting all the tokens had been a large part of a
 consumer's conversion work at 32 tokens (docs/gemm_log.md, 'Numbers behind the kernel
@@ -71,7 +71,8 @@ from cutlass.memory import SmemAllocator
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
 from ...runtime.launcher import address
-from ..common import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import (
     chunk_slots,
     chunk_views,
     convert_fragment,
@@ -83,15 +84,6 @@ from ..common import (
     tma_load,
     tma_load_chunks,
     tma_views,
-)
-from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from ..slices import (
-    convert_fragment_natural,
-    load_fragment_natural,
-    load_stage_from_slices,
-    pair_selector,
-    slice_tma,
-    slice_views,
 )
 from ..workspace import PARTS_PER_SLOT
 from .parts import (
@@ -137,8 +129,8 @@ class MXFP8SwapABGemmSm90(SwapABParts):
     @cute.jit
     def _launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream):
         """Build the TMA atoms and shared storage, and launch. ``tokens`` is the FP8 tokens
-        tensor, the BF16 one (``bf16_tokens``) or, in a W8A16 build (``self.slices``), the
-        tuple of the slices' BF16 tensors, each read through an atom of its own."""
+        tensor, the BF16 one (``bf16_tokens``) or whatever the variant's token hooks read
+        (W8A16: the tuple of the slices' BF16 tensors, an atom each; swap_ab.w8a16)."""
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
         tn = self.tn
@@ -153,10 +145,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             # two K halves per stage
             a8_layout = smem_layout(fp8, 8, TILE_K8, 1)  # unused
             a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
-            if cutlass.const_expr(self.slices):
-                tma_a, gA = slice_tma(tokens, a16_layout, tn, multicast=self.cluster > 1)
-            else:
-                tma_a, gA = tma_load(tokens, a16_layout, (tn, TILE_K16), multicast=self.cluster > 1)
+            tma_a, gA = self._token_tma(tokens, a16_layout, tn)
             tma_sa, gSA = tma_sw, gSW  # unused
             self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
         else:
@@ -241,13 +230,10 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         group, rank = self._group_rank(cta)
         begin = group * self.units // self.num_groups
         end = (group + 1) * self.units // self.num_groups
+        a_atoms, sa_atoms = self._token_atoms(tma_a, tma_sa)
         if warp == 0:
-            if cutlass.const_expr(self.slices):
-                for atom in (tma_w, *tma_a, tma_sw):
-                    cpasync.prefetch_descriptor(atom)
-            else:
-                for atom in (tma_w, tma_a, tma_sw, tma_sa):
-                    cpasync.prefetch_descriptor(atom)
+            for atom in (tma_w, *a_atoms, tma_sw, *sa_atoms):
+                cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
         load_pipe = fp8_load_pipe(
             st.load_bar.data_ptr(), self.stages, WG_THREADS * self.stage_consumers, self.tx_bytes,
@@ -283,12 +269,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         tma_sa, gSA_full, sW8, sA8, sSW, sSA, load_pipe,
     ):  # fmt: skip
         tWs, tWg = tma_views(tma_w, sW8, gW_full, (self.tile_w, TILE_K8))
-        if cutlass.const_expr(self.slices):
-            slice_copies = slice_views(tma_a, sA8, gA_full, self.tn)
-            tAs, tAg = None, None
-        else:
-            a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
-            tAs, tAg = tma_views(tma_a, sA8, gA_full, a_tile)
+        token_views = self._token_views(tma_a, sA8, gA_full)
         tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
         tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -306,38 +287,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            if cutlass.const_expr(self.slices):
-                # from the slice holding stage kt; with clusters, as below, K half ``rank``
-                # into this stage of both CTAs
-                slot = lambda h: 2 * ps.index + h  # noqa: E731
-                if cutlass.const_expr(self.cluster > 1):
-                    multicast = {
-                        "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
-                        "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
-                    }
-                    load_stage_from_slices(
-                        slice_copies, self.slice_stages, 0, kt, (rank,), slot, bar, multicast
-                    )
-                else:
-                    load_stage_from_slices(
-                        slice_copies, self.slice_stages, 0, kt, (0, 1), slot, bar, {}
-                    )
-            elif cutlass.const_expr(self.cluster > 1):
-                # K half ``rank`` of the token tile, into this stage of both CTAs (the full
-                # barrier of each counts both halves)
-                cute.copy(
-                    tma_a, tAg[(None, 0, 2 * kt + rank)], tAs[(None, 2 * ps.index + rank)],
-                    tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1),
-                    cache_policy=cutlass.Int64(L2_EVICT_NORMAL),
-                )  # fmt: skip
-            elif cutlass.const_expr(self.bf16_tokens):
-                for h in cutlass.range_constexpr(2):
-                    cute.copy(
-                        tma_a, tAg[(None, 0, 2 * kt + h)], tAs[(None, 2 * ps.index + h)],
-                        tma_bar_ptr=bar,
-                    )  # fmt: skip
-            else:
-                cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
+            self._load_token_stage(tma_a, token_views, ps, kt, rank, bar)
             cute.copy(
                 tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
@@ -439,23 +389,14 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         stages from ``rel`` on unreleased. Returns the advanced ``ls`` and ``rel``."""
         w8, sw, a8, sa, a16 = smem
         tiled_mma, frag, frag_words, tCrB, acc = mma
-        if cutlass.const_expr(self.slices):
-            selector = pair_selector(t)
+        selector = self._fragment_selector(t)
         for _i in range(count):
             load_pipe.consumer_wait(ls)
-            if cutlass.const_expr(self.slices):
-                # the tokens are in natural K order (TMA'd from the slices): so is the weight
-                w_words, w_scales = load_fragment_natural(
-                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t,
-                    sw + ls.index * CHUNK_BYTES,
-                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-                )  # fmt: skip
-            else:
-                w_words, w_scales = load_fragment_bytes(
-                    w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                    sw + ls.index * CHUNK_BYTES,
-                    (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-                )  # fmt: skip
+            w_words, w_scales = self._load_weight_fragment(
+                w8 + ls.index * (self.tile_w * TILE_K8), row0, t,
+                sw + ls.index * CHUNK_BYTES,
+                (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+            )  # fmt: skip
             if cutlass.const_expr(not self.bf16_tokens):
                 a_units = self._load_tokens(ct, a8, sa, ls.index)
             # the previous stage's wgmma has read the fragment registers and token tile
@@ -470,10 +411,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 # generic-proxy stores -> visible to wgmma (async proxy) after the barrier
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=1 + cw, number_of_threads=WG_THREADS)
-            if cutlass.const_expr(self.slices):
-                convert_fragment_natural(w_words, w_scales, selector, frag_words)
-            else:
-                convert_fragment(w_words, w_scales, W_GROUPS, frag_words)
+            self._convert_weight_fragment(w_words, w_scales, selector, frag_words)
             if cutlass.const_expr(not self.bf16_tokens):
                 load_pipe.consumer_release(ls)
             # the token tile: this stage's own (bf16_tokens), else this consumer's
@@ -491,3 +429,52 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             for _a in cutlass.range_constexpr(stride):
                 ls.advance()
         return ls, rel
+
+    # --- what a variant overrides (the W8A16 one: swap_ab/w8a16.py's SlicesTokens) --------
+
+    def _token_tma(self, tokens, a16_layout, tn: int):
+        """``bf16_tokens``: the TMA atom and global view of the BF16 token tile."""
+        return tma_load(tokens, a16_layout, (tn, TILE_K16), multicast=self.cluster > 1)
+
+    def _token_atoms(self, tma_a, tma_sa):
+        """The tokens' TMA atoms to prefetch: those before the weight scales' atom, and after."""
+        return (tma_a,), (tma_sa,)
+
+    def _token_views(self, tma_a, sA8, gA_full):
+        """The producer's shared and global views of the token tile."""
+        a_tile = (self.tn, TILE_K16) if self.bf16_tokens else (self.tn, TILE_K8)
+        return tma_views(tma_a, sA8, gA_full, a_tile)
+
+    @cute.jit
+    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar):
+        """The producer's TMA of stage ``kt``'s token tile into stage ``ps.index``."""
+        tAs, tAg = views
+        if cutlass.const_expr(self.cluster > 1):
+            # K half ``rank`` of the token tile, into this stage of both CTAs (the full
+            # barrier of each counts both halves)
+            cute.copy(
+                tma_a, tAg[(None, 0, 2 * kt + rank)], tAs[(None, 2 * ps.index + rank)],
+                tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1),
+                cache_policy=cutlass.Int64(L2_EVICT_NORMAL),
+            )  # fmt: skip
+        elif cutlass.const_expr(self.bf16_tokens):
+            for h in cutlass.range_constexpr(2):
+                cute.copy(
+                    tma_a, tAg[(None, 0, 2 * kt + h)], tAs[(None, 2 * ps.index + h)],
+                    tma_bar_ptr=bar,
+                )  # fmt: skip
+        else:
+            cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
+
+    def _fragment_selector(self, t):
+        """What the weight conversion needs besides the stage (nothing in natural order)."""
+        return None
+
+    def _load_weight_fragment(self, stage, row0, t, scales, scale_row0):
+        """This thread's weight bytes and scales of a stage, in the permuted K order of the
+        converted token tile (gemm_sm90.device.common)."""
+        return load_fragment_bytes(stage, row0, t, W_GROUPS, scales, scale_row0)
+
+    def _convert_weight_fragment(self, w_words, w_scales, selector, frag_words):
+        """The weight bytes into the A fragment's BF16 words."""
+        convert_fragment(w_words, w_scales, W_GROUPS, frag_words)

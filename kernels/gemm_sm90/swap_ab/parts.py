@@ -13,7 +13,8 @@ from cutlass import Int32, Uint32
 
 from ....format import CHUNK_BYTES, ceil_div, row_blocks
 from .. import workspace
-from ..common import (
+from ..constants import TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import (
     Sm90Gemm,
     add_parts,
     chunk_word,
@@ -25,7 +26,6 @@ from ..common import (
     store_smem_word,
     wait_flag,
 )
-from ..constants import TILE_K8, TILE_K16, WG_THREADS
 
 TILE_W = 64  # weight rows per consumer warpgroup: one wgmma M
 K_STEPS = TILE_K8 // 16  # k16 wgmmas per stage
@@ -50,13 +50,9 @@ class SwapABParts(Sm90Gemm):
     def __init__(self, cfg, n: int, k: int, ld_out: int, bias_dtype, out_dtype):
         super().__init__(n, k, ld_out, bias_dtype, out_dtype)
         self.tn = cfg.tokens_tile
-        # tokens already BF16 in the weight fragment's K order (gemm_sm90.tokens): TMA'd with
+        # tokens already BF16 in the weight fragment's K order (gemm_sm90.device.tokens): TMA'd with
         # the stage, no conversion here
         self.bf16_tokens = bool(cfg.bf16_tokens)
-        # W8A16 builds: the slices' widths (the tokens read straight from them, BF16 through
-        # TMA as with bf16_tokens; gemm_sm90.slices), and each one's K stages
-        self.slices = ()
-        self.slice_stages = ()
         self.stages = cfg.stages
         self.consumers = cfg.consumers
         # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it

@@ -1,7 +1,11 @@
-"""The swap-AB GEMM's W8A16 entry (imports cutlass: load lazily): ``out[:M] =
+"""The swap-AB GEMM's W8A16 variant (imports cutlass: load lazily): ``out[:M] =
 cat(slices, -1) @ dequant(W).T (+ bias)`` for M <= the token tile, the tokens read as they
-are from up to eight BF16 slices (gemm_sm90.slices), the weight converted as in the W8A8
-kernel, in natural K order."""
+are from up to eight BF16 slices (gemm_sm90.device.slices), the weight converted as in the
+W8A8 kernel, in natural K order.
+
+A composition: :class:`SlicesTokens` overrides the base kernel's token hooks (where the
+token tile comes from, and the weight's K order that goes with it), ``SlicesEntry`` the
+entry's arguments; the base kernel (swap_ab.kernel) has no W8A16 branch of its own."""
 
 from __future__ import annotations
 
@@ -9,11 +13,59 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..slices import SlicesEntry, slice_operands
+from ..device.slices import (
+    SlicesEntry,
+    convert_fragment_natural,
+    load_fragment_natural,
+    load_stage_from_slices,
+    pair_selector,
+    slice_operands,
+    slice_tma,
+    slice_views,
+)
 from .kernel import MXFP8SwapABGemmSm90
+from .parts import L2_EVICT_NORMAL
 
 
-class W8A16SwapABGemmSm90(SlicesEntry, MXFP8SwapABGemmSm90):
+class SlicesTokens:
+    """The swap-AB kernel's token tile read from BF16 slices through TMA, one atom per slice
+    (mixed in before the kernel class): the weight then is converted in natural K order."""
+
+    def _token_tma(self, tokens, a16_layout, tn: int):
+        return slice_tma(tokens, a16_layout, tn, multicast=self.cluster > 1)
+
+    def _token_atoms(self, tma_a, tma_sa):
+        return tuple(tma_a), ()
+
+    def _token_views(self, tma_a, sA8, gA_full):
+        return slice_views(tma_a, sA8, gA_full, self.tn)
+
+    @cute.jit
+    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar):
+        # from the slice holding stage kt; with clusters, K half ``rank`` into this stage
+        # of both CTAs
+        slot = lambda h: 2 * ps.index + h  # noqa: E731
+        if cutlass.const_expr(self.cluster > 1):
+            multicast = {
+                "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
+                "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
+            }
+            load_stage_from_slices(views, self.slice_stages, 0, kt, (rank,), slot, bar, multicast)
+        else:
+            load_stage_from_slices(views, self.slice_stages, 0, kt, (0, 1), slot, bar, {})
+
+    def _fragment_selector(self, t):
+        return pair_selector(t)
+
+    def _load_weight_fragment(self, stage, row0, t, scales, scale_row0):
+        # the tokens are in natural K order (TMA'd from the slices): so is the weight
+        return load_fragment_natural(stage, row0, t, scales, scale_row0)
+
+    def _convert_weight_fragment(self, w_words, w_scales, selector, frag_words):
+        convert_fragment_natural(w_words, w_scales, selector, frag_words)
+
+
+class W8A16SwapABGemmSm90(SlicesEntry, SlicesTokens, MXFP8SwapABGemmSm90):
     """The swap-AB kernel on BF16 slices of widths ``widths`` (multiples of 128, K their sum);
     ``cfg`` has ``bf16_tokens`` (the tokens arrive BF16 through TMA)."""
 

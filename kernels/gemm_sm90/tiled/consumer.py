@@ -3,7 +3,7 @@
 Consumer warpgroups own 64 rows of the output tile each (k-split 64-row tiles: the same rows,
 one K half of every FP8 stage each). Per K 64 a consumer converts its A rows from the TMA'd
 FP8 stage straight into the register fragments of an RS wgmma (BF16, or FP16 with the rows'
-reference exponents: gemm_sm90.f16) and runs four m64 x tile_n x k16 wgmmas against the
+reference exponents: gemm_sm90.device.f16) and runs four m64 x tile_n x k16 wgmmas against the
 converted 16-bit B stage. At the end of a segment it unscales the sums (FP16 path), then
 stores them, or under stream-K keeps them as its tile's tail or publishes them; the fixup
 adds the lower CTAs' published parts in K order and stores the tile.
@@ -18,7 +18,8 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
-from ..common import (
+from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
+from ..device.common import (
     add_parts,
     convert_fragment,
     load_fragment_bytes,
@@ -27,9 +28,7 @@ from ..common import (
     store_flag,
     wait_flag,
 )
-from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
-from ..f16 import RING_TO_LOW, times_pow2
-from ..slices import load_fragment_bf16, place_fragment_bf16
+from ..device.f16 import RING_TO_LOW, times_pow2
 from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
@@ -138,7 +137,7 @@ class ConsumerRole(TiledSchedule):
     def _mainloops(self, mode, mmas, sBs, ls, rs, rel, row_lows, k_half, args):
         """The segment's K loop on the tile's path: BF16 (mode 1) or FP16."""
         ct, acc, st, row0, scale_row0, load_pipe, conv_pipe, k_stages = args
-        if cutlass.const_expr(self.slices):  # BF16 activations: the BF16 path only
+        if cutlass.const_expr(self.bf16_path_only):
             ls, rs, rel = self._mainloop(
                 ct, mmas[0], sBs[0], acc, st, row0, scale_row0, load_pipe, conv_pipe,
                 ls, rs, rel, None, k_stages, k_half,
@@ -184,7 +183,7 @@ class ConsumerRole(TiledSchedule):
         row_base = tm * self.tile_m + (0 if cutlass.const_expr(self.k_split) else cwg * 64)
         # every part is unscaled before it is stored or added: the factors are powers of
         # two, so the sum of unscaled parts is the unscaled sum
-        if cutlass.const_expr(not self.slices):  # W8A16 tiles take the BF16 path only
+        if cutlass.const_expr(not self.bf16_path_only):
             if mode == 0:
                 self._unscale(acc, thr, buf, row0)
         if cutlass.const_expr(self.stream_k):
@@ -271,26 +270,15 @@ class ConsumerRole(TiledSchedule):
             for h in halves:
                 conv_pipe.consumer_wait(rs)
                 groups = (2 * h, 2 * h + 1)  # the K half's scale groups
-                if cutlass.const_expr(self.slices):
-                    # BF16 A, TMA'd: no conversion (gemm_sm90.slices)
-                    half_stage = a8 + (2 * ls.index + h) * (self.tile_m * TILE_K16 * 2)
-                    words = load_fragment_bf16(half_stage, row0, t)
-                else:
-                    words, scales = load_fragment_bytes(
-                        a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
-                        sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
-                    )  # fmt: skip
+                words, scales = self._load_a_half(a8, sa, ls, h, row0, t, groups, scale_row0)
                 # the fragment is overwritten next: wait for the previous half's wgmmas, which
                 # read it (and their B stage), only now, so that this half's shared-memory
                 # loads overlap them
                 warpgroup.wait_group(0)
-                if cutlass.const_expr(self.slices):
-                    place_fragment_bf16(words, frag_words)
-                else:
-                    rel = self._release_b16(conv_pipe, rel, rs)
-                    convert_fragment(words, scales, groups, frag_words, row_lows)
-                    if cutlass.const_expr(h == halves[-1]):
-                        load_pipe.consumer_release(ls)
+                rel = self._place_a_half(
+                    words, scales, groups, frag_words, row_lows, conv_pipe, rel, rs, load_pipe,
+                    ls, h == halves[-1],
+                )  # fmt: skip
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(TILE_K16 // 16):
                     cute.gemm(
@@ -301,19 +289,40 @@ class ConsumerRole(TiledSchedule):
                         acc,
                     )
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.slices):
-                    # BF16 A goes from its shared-memory loads straight to the wgmmas: nothing
-                    # before them waits for the loads, and an mbarrier arrive does not either
-                    # (ptxas: the arrive issued with the loads in flight, and the producer's
-                    # next TMA raced them: docs/gemm_log.md, variant 53). The wgmmas' issue
-                    # waits for the loaded registers, so the stages are released after it.
-                    rel = self._release_b16(conv_pipe, rel, rs)
-                    if cutlass.const_expr(h == halves[-1]):
-                        load_pipe.consumer_release(ls)
+                rel = self._after_half_issued(conv_pipe, rel, rs, load_pipe, ls, h == halves[-1])
                 for _s in cutlass.range_constexpr(stride):
                     rs.advance()
             ls.advance()
         return ls, rs, rel
+
+    # --- what a variant overrides (the W8A16 one: tiled/w8a16.py's SlicesA) ---------------
+
+    bf16_path_only = False
+    """Whether every tile takes the BF16 path: then no FP16 mainloop or unscale is built."""
+
+    def _load_a_half(self, a8, sa, ls, h, row0, t, groups, scale_row0):
+        """This thread's A bytes of K half ``h`` of stage ``ls.index`` and their scales."""
+        return load_fragment_bytes(
+            a8 + ls.index * (self.tile_m * TILE_K8), row0, t, groups,
+            sa + ls.index * (self.a_chunks * CHUNK_BYTES), scale_row0, self.a_chunks,
+        )  # fmt: skip
+
+    def _place_a_half(
+        self, words, scales, groups, frag_words, row_lows, conv_pipe, rel, rs, load_pipe, ls,
+        last,
+    ):  # fmt: skip
+        """A's half into the fragment, after the previous half's wgmmas (``wait_group``):
+        converted from FP8, which consumes the loads, so the 16-bit B stage behind and, after
+        the last half, the FP8 stage are released here. Returns the advanced ``rel``."""
+        rel = self._release_b16(conv_pipe, rel, rs)
+        convert_fragment(words, scales, groups, frag_words, row_lows)
+        if last:
+            load_pipe.consumer_release(ls)
+        return rel
+
+    def _after_half_issued(self, conv_pipe, rel, rs, load_pipe, ls, last):
+        """After the half's wgmmas are issued: nothing more for FP8 A. Returns ``rel``."""
+        return rel
 
     @cute.jit
     def _release_b16(self, conv_pipe, rel, rs):
@@ -348,7 +357,7 @@ class ConsumerRole(TiledSchedule):
         cost as much as several of its K stages (docs/gemm_log.md, 'Numbers behind the
         kernel sources'). So the rounded pairs are transposed across each quad first
         (quad_transpose): a thread then holds 8 consecutive columns of a row and stores them
-        as 16 bytes, which every output allows (gemm_sm90.host refuses one whose address or
+        as 16 bytes, which every output allows (gemm_sm90.host.gemm refuses one whose address or
         row stride is not 16-byte aligned). Where a row or its 8 columns pass M or N, they
         are stored one by one."""
         coords = thr.partition_C(cute.make_identity_tensor((64, self.tile_n)))

@@ -3,7 +3,7 @@
 Converter warpgroups turn the B (weight) half of each FP8 stage into scaled 16-bit stages of
 K 64 in shared memory, which the consumers' RS wgmmas read. Per 32-element unit: two
 16-byte shared loads, 16 pair conversions, four 16-byte shared stores, conflict-free under
-the 128-byte swizzle, K permuted per scale group as the A fragment is (gemm_sm90.common).
+the 128-byte swizzle, K permuted per scale group as the A fragment is (gemm_sm90.device.common).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import cutlass.pipeline as pipeline
 from cutlass import Int32, Uint32
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
-from ..common import (
+from ..constants import TILE_K8, TILE_K16
+from ..device.common import (
     chunk_word,
     dequant_pair,
     load_smem_words,
     mul_bf16x2,
     scale_factors,
 )
-from ..constants import TILE_K8, TILE_K16
-from ..f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
+from ..device.f16 import RING_TO_LOW, dequant_pair_f16, f16_factor
 from .schedule import HALVES, REF_STAGES, TiledSchedule
 
 
@@ -54,7 +54,7 @@ class WeightConverterRole(TiledSchedule):
             ]
             ref_pipe.consumer_release(rfs)
             rfs.advance()
-            if cutlass.const_expr(self.slices):  # BF16 activations: the BF16 path only
+            if cutlass.const_expr(self.bf16_path_only):
                 ls, cs = self._convert_tile(
                     ct, st, b_row0, load_pipe, conv_pipe, ls, cs, None, k1 - k0
                 )

@@ -3,9 +3,9 @@
 Both operands are converted from E4M3 to 16-bit and multiplied by 16-bit wgmma with FP32
 accumulation. Per output tile one of two paths, both exact up to summation order:
 
-* FP16 (gemm_sm90.f16): each value times 2**(s - ref[row]), two instructions per pair; the
+* FP16 (gemm_sm90.device.f16): each value times 2**(s - ref[row]), two instructions per pair; the
   epilogue multiplies by 2**(ref_a - 127) * 2**(ref_b - 127). Taken when every row of the
-  tile's A and B has its scale bytes within 21 of each other (gemm_sm90.refs scans them in
+  tile's A and B has its scale bytes within 21 of each other (gemm_sm90.device.refs scans them in
   a launch before the GEMM);
 * BF16 otherwise: each value times 2**(s - 127), four instructions per pair.
 
@@ -53,7 +53,8 @@ from cutlass.memory import SmemAllocator
 
 from ....format import CHUNK_BYTES, ROW_BLOCK, SCALE_BIAS
 from ...runtime.launcher import address
-from ..common import (
+from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import (
     chunk_slots,
     chunk_views,
     fp8_load_pipe,
@@ -66,8 +67,6 @@ from ..common import (
     tma_load_chunks,
     tma_views,
 )
-from ..constants import CHUNK_WORDS, TILE_K8, TILE_K16, WG_THREADS
-from ..slices import load_stage_from_slices, slice_tma, slice_views
 from ..workspace import PARTS_PER_SLOT
 from .consumer import ConsumerRole
 from .convert import WeightConverterRole
@@ -93,7 +92,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     ):  # fmt: skip
         """Launch on ``stream``. ``bias`` is None in a build without bias; ``partials`` and
         ``flags`` (the stream-K workspace) are None in a build without stream-K. ``refs_a`` and
-        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.refs)."""
+        ``refs_b`` hold the per-row FP16 references of A and B (gemm_sm90.device.refs)."""
         addrs = tuple(address(p) for p in (a, sa, b, sb, bias, out))
         mA, mSA, mB, mSB, mD, mBias = gemm_tensors(self, addrs, m, sa_chunks, self.b_chunks)
         self._launch(mA, mSA, mB, mSB, mD, mBias, m, refs_a, refs_b, partials, flags, stream)
@@ -101,8 +100,8 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
     @cute.jit
     def _launch(self, tokens, mSA, mB, mSB, mD, mBias, m, refs_a, refs_b, partials, flags, stream):
         """Build the TMA atoms and shared storage, and launch. ``tokens`` is the FP8 tokens
-        tensor or, in a W8A16 build (``self.slices``), the tuple of the slices' BF16 tensors,
-        each read through an atom of its own into BF16 stages (no A scales)."""
+        tensor or whatever the variant's A hooks read (W8A16: the tuple of the slices' BF16
+        tensors, an atom each, into BF16 stages with no A scales; tiled.w8a16)."""
         fp8 = cutlass.Float8E4M3FN
         bf16 = cutlass.BFloat16
         refs_a, refs_b = address(refs_a), address(refs_b)
@@ -112,25 +111,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         b16_layout = smem_layout(bf16, self.tile_n, TILE_K16, self.stages16)
         # one 512-byte scale chunk per operand per stage: tile N <= 128 rows lie in one chunk
         s_layout = chunk_slots(self.stages8)
-        if cutlass.const_expr(self.slices):
-            # two K halves of BF16 per stage; no A scales (the slot below is unused)
-            a_type = bf16
-            a_layout = smem_layout(bf16, self.tile_m, TILE_K16, 2 * self.stages8)
-            tma_a, gA = slice_tma(tokens, a_layout, self.tile_m)
-            sa_slots = 1
-            sa_layout = chunk_slots(sa_slots)
-            tma_sa, gSA = None, None
-            a_bytes = self.tile_m * TILE_K8 * 2
-            scale_bytes = CHUNK_BYTES
-        else:
-            a_type = fp8
-            a_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
-            sa_slots = self.stages8 * self.a_chunks
-            sa_layout = chunk_slots(sa_slots)
-            tma_a, gA = tma_load(tokens, a_layout, (self.tile_m, TILE_K8))
-            tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
-            a_bytes = self.tile_m * TILE_K8
-            scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
+        a_type, a_layout, tma_a, gA, sa_slots, sa_layout, tma_sa, gSA, a_bytes, scale_bytes = (
+            self._a_operand(tokens, mSA)
+        )
         tma_b, gB = tma_load(mB, b8_layout, (self.tile_n, TILE_K8))
         tma_sb, gSB = tma_load_chunks(mSB, s_layout)
         self.tx_bytes = a_bytes + self.tile_n * TILE_K8 + scale_bytes
@@ -222,13 +205,10 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
+        a_atoms, sa_atoms = self._a_atoms(tma_a, tma_sa)
         if warp == 0:
-            if cutlass.const_expr(self.slices):
-                for atom in (*tma_a, tma_b, tma_sb):
-                    cpasync.prefetch_descriptor(atom)
-            else:
-                for atom in (tma_a, tma_b, tma_sa, tma_sb):
-                    cpasync.prefetch_descriptor(atom)
+            for atom in (*a_atoms, tma_b, *sa_atoms, tma_sb):
+                cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(self.storage)
         # the B converters and the A-converting consumers both read each FP8 stage
         readers = self.convert_threads + self.consumers * WG_THREADS
@@ -290,14 +270,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
         self, tma_a, gA_full, tma_b, gB_full, tma_sa, gSA_full, tma_sb, gSB_full,
         sA, sB8, sSA, sSB, load_pipe, m,
     ):  # fmt: skip
-        if cutlass.const_expr(self.slices):
-            slice_copies = slice_views(tma_a, sA, gA_full, self.tile_m)
-            tAsA, tAgA, tSAs, tSAg = None, None, None, None
-            tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
-        else:
-            tAsA, tAgA = tma_views(tma_a, sA, gA_full, (self.tile_m, TILE_K8))
-            tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
-            tSAs, tSAg = chunk_views(tma_sa, sSA, gSA_full)
+        a_views = self._a_views(tma_a, sA, gA_full)
+        tBsB, tBgB = tma_views(tma_b, sB8, gB_full, (self.tile_n, TILE_K8))
+        tSAs, tSAg = self._a_scale_views(tma_sa, sSA, gSA_full)
         tSBs, tSBg = chunk_views(tma_sb, sSB, gSB_full)
         k_tiles = self.k_tiles
         u, stop, hop = self._my_units(m)
@@ -309,16 +284,9 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             for kt in range(k0, k1):
                 load_pipe.producer_acquire(ps)
                 bar = load_pipe.producer_get_barrier(ps)
-                if cutlass.const_expr(self.slices):
-                    # from the slice holding stage kt, both K halves (rows past M: zeros)
-                    load_stage_from_slices(
-                        slice_copies, self.slice_stages, tm, kt, (0, 1),
-                        lambda h: 2 * ps.index + h, bar, {},
-                    )  # fmt: skip
-                else:
-                    cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
+                self._load_a_stage(tma_a, a_views, ps, tm, kt, bar)
                 cute.copy(tma_b, tBgB[(None, tn, kt)], tBsB[(None, ps.index)], tma_bar_ptr=bar)
-                for c in cutlass.range_constexpr(0 if self.slices else self.a_chunks):
+                for c in cutlass.range_constexpr(self.staged_a_chunks):
                     # past the last chunk (the tile's rows past M) TMA fills zeros
                     cute.copy(
                         tma_sa,
@@ -336,7 +304,7 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
 
     @cute.jit
     def _tile_refs(self, lane, refs_a, refs_b, m, st, ref_pipe):
-        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90.refs)
+        """Warp 1: per tile, the reference bytes of its A rows and B rows (gemm_sm90.device.refs)
         into the ring as ``ref - 127``, and the tile's path: BF16 if any valid row is -1."""
         refs = st.refs.data_ptr().toint()
         u, stop, hop = self._my_units(m)
@@ -367,3 +335,42 @@ class MXFP8TiledGemmSm90(WeightConverterRole, ConsumerRole):
             ps.advance()
             u = self._next_unit(seg_end, hop)
         ref_pipe.producer_tail(ps)
+
+    # --- what a variant overrides (the W8A16 one: tiled/w8a16.py's SlicesA) ---------------
+
+    def _a_operand(self, tokens, mSA):
+        """A's shared-memory type and stage layout, its TMA atom and global view, the A
+        scale slots, their layout, atom and view, and the bytes one stage's A and scales
+        bring (FP8 A with its scale chunks)."""
+        a_type = fp8 = cutlass.Float8E4M3FN
+        a_layout = smem_layout(fp8, self.tile_m, TILE_K8, self.stages8)
+        sa_slots = self.stages8 * self.a_chunks
+        sa_layout = chunk_slots(sa_slots)
+        tma_a, gA = tma_load(tokens, a_layout, (self.tile_m, TILE_K8))
+        tma_sa, gSA = tma_load_chunks(mSA, sa_layout)
+        a_bytes = self.tile_m * TILE_K8
+        scale_bytes = (self.a_chunks + 1) * CHUNK_BYTES
+        return a_type, a_layout, tma_a, gA, sa_slots, sa_layout, tma_sa, gSA, a_bytes, scale_bytes
+
+    def _a_atoms(self, tma_a, tma_sa):
+        """A's TMA atoms to prefetch: those before B's atom, and those after it."""
+        return (tma_a,), (tma_sa,)
+
+    def _a_views(self, tma_a, sA, gA_full):
+        """The producer's shared and global views of A's stage."""
+        return tma_views(tma_a, sA, gA_full, (self.tile_m, TILE_K8))
+
+    def _a_scale_views(self, tma_sa, sSA, gSA_full):
+        """The producer's shared and global views of A's scale chunks."""
+        return chunk_views(tma_sa, sSA, gSA_full)
+
+    @cute.jit
+    def _load_a_stage(self, tma_a, views, ps, tm, kt, bar):
+        """The producer's TMA of row tile ``tm``'s stage ``kt`` of A into stage ``ps.index``."""
+        tAsA, tAgA = views
+        cute.copy(tma_a, tAgA[(None, tm, kt)], tAsA[(None, ps.index)], tma_bar_ptr=bar)
+
+    @property
+    def staged_a_chunks(self) -> int:
+        """A scale chunks the producer loads per stage."""
+        return self.a_chunks

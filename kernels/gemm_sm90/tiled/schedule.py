@@ -13,8 +13,8 @@ from cutlass import Int32
 
 from ....format import ROW_BLOCK, ceil_div, row_blocks
 from .. import workspace
-from ..common import Sm90Gemm
 from ..constants import TILE_K8, TILE_K16, WG_THREADS
+from ..device.common import Sm90Gemm
 
 HALVES = TILE_K8 // TILE_K16  # 16-bit stages (K 64) per FP8 stage (K 128)
 REF_STAGES = 2  # the ring of per-tile references and paths (gemm_sm90.tiled)
@@ -42,8 +42,8 @@ REGS = {
     (1, 3, True): (32, 64, 128),
 }
 CONVERT_WG0 = 1  # warpgroups 1.. convert B; the last two or three convert A, run the wgmma
-# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90.refs) ahead
-# of the tile and publishes them and the tile's path (gemm_sm90.f16) in a two-stage ring
+# Warp 1 of warpgroup 0 reads each tile's per-row FP16 reference bytes (gemm_sm90.device.refs) ahead
+# of the tile and publishes them and the tile's path (gemm_sm90.device.f16) in a two-stage ring
 # (REF_STAGES): words [0, tile_m) A rows, then 128 B rows (ref - 127), then the mode (1 =
 # BF16).
 SCAN_THREADS = 32
@@ -107,10 +107,6 @@ class TiledSchedule(Sm90Gemm):
         self.num_ctas_cap = cfg.num_ctas
         # a stream-K workspace part's values per thread (gemm_sm90.workspace)
         self.frag = workspace.frag(cfg)
-        # W8A16 builds: the slices' widths (A read straight from them, BF16 through TMA;
-        # gemm_sm90.slices), and each one's K stages
-        self.slices = ()
-        self.slice_stages = ()
 
     def _tiles(self, m):
         """Output tiles of ``m`` tokens."""

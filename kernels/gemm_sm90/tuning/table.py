@@ -11,7 +11,7 @@ with the toolchain in use is taken first, else that device's latest one.
 
 Regenerate on the GPU with
 
-    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90/table.json
+    python benchmarks/gemm.py --tune --rounds 5 --out benchmarks/results/gemm_tune.json --write-table kernels/gemm_sm90/tuning/table.json
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import functools
 import json
 from importlib import metadata
 from pathlib import Path
+
+from ....format import Activation
 
 PATH = Path(__file__).with_name("table.json")
 TOOLCHAIN_PACKAGE = "nvidia-cutlass-dsl"
@@ -45,7 +47,7 @@ def _toolchain() -> str | None:
 
 @functools.cache
 def shapes(
-    device: str | None, num_sms: int, activation: str = "mxfp8"
+    device: str | None, num_sms: int, activation: Activation = Activation.W8A8
 ) -> dict[tuple[int, int], tuple]:
     """``{(N, K): ((measured tokens, schedule fields), ...)}`` of the table for ``device``
     (its name as CUDA reports it) with ``num_sms`` SMs, measured with ``activation`` (a
@@ -55,7 +57,7 @@ def shapes(
         for t in tables()
         if t["device"] == device
         and t["sms"] == num_sms
-        and t.get("activation", "mxfp8") == activation
+        and Activation.of(t.get("activation", Activation.W8A8)) is Activation.of(activation)
     ]
     same = [t for t in found if t["toolchain"].get(TOOLCHAIN_PACKAGE) == _toolchain()]
     if not (same or found):

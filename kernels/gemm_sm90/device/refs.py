@@ -1,5 +1,5 @@
 """Per-row FP16 reference bytes of both GEMM operands, for the tiled kernel's FP16 path
-(gemm_sm90.f16). Imports cutlass: load lazily.
+(gemm_sm90.device.f16). Imports cutlass: load lazily.
 
 One CTA per 128-row block of A or of B reads the block's whole blocked-scale stripe (K / 128
 chunks of 512 bytes, contiguous): warp w takes chunks w, w + 16, ..., lane l the 16 bytes of
@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.memory import SmemAllocator
 
-from ...format import (
+from ....format import (
     CHUNK_BYTES,
     GROUP_BLOCK,
     ROW_BLOCK,
@@ -25,7 +25,7 @@ from ...format import (
     row_blocks,
     scale_groups,
 )
-from ..runtime.launcher import address
+from ...runtime.launcher import address
 from .common import load_smem_words, store_smem_word
 from .f16 import (
     BYTES_MAX_INIT,

@@ -24,9 +24,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-from ...format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
-from ..runtime.ptx import asm_u32, inline_ptx
-from .constants import CHUNK_WORDS, TILE_K8, UNROLL_CHUNK
+from ....format import CHUNK_BYTES, ROW_BLOCK, SCALE_NAN_BYTE, ceil_div
+from ...runtime.ptx import asm_u32, inline_ptx
+from ..constants import CHUNK_WORDS, TILE_K8, UNROLL_CHUNK
 from .f16 import dequant_pair_f16, f16_factor
 
 # E8M0 bytes up to this one give a BF16-normal factor 2**(s - 7) (see dequant_pair)
@@ -129,7 +129,7 @@ def convert_fragment(words, scale_words, groups, frag_words, lows=None):
     second factor (scale bytes above ONE_FACTOR_MAX) is one branch for the whole fragment.
 
     With ``lows`` (``ref - 15`` of the two rows) the fragment is FP16 instead, each value
-    times 2**(s - ref) (gemm_sm90.f16).
+    times 2**(s - ref) (gemm_sm90.device.f16).
     """
     n = len(groups)
     big = Int32(0)

@@ -3,7 +3,7 @@
 Hopper's wgmma has no block scales. An E4M3 value times its power-of-two E8M0 scale is
 exactly a BF16 value, so both kernels scale the FP8 operands into BF16 and run BF16 wgmma
 with FP32 accumulation: the result differs from the exact-FP32 reference only by summation
-order (gemm_sm90.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
+order (gemm_sm90.device.common). (FP8 wgmma per 32-K group plus an FP32 promotion ``acc += tmp *
 sa * sb`` was slower and its FP8 tensor-core group sums truncate small products;
 docs/gemm_log.md.)
 
@@ -12,22 +12,22 @@ docs/gemm_log.md.)
   consumer warpgroups convert their A rows straight into RS-wgmma register fragments,
   converter warpgroups turn the weight tile into 16-bit shared memory. Tiles whose rows'
   scales span at most 21 binades take FP16 wgmma with per-row reference exponents (half
-  the conversion work, gemm_sm90.f16), found by a scan launch before the GEMM
-  (gemm_sm90.refs); the others BF16.
+  the conversion work, gemm_sm90.device.f16), found by a scan launch before the GEMM
+  (gemm_sm90.device.refs); the others BF16.
 * gemm_sm90.swap_ab (up to 64 tokens): the operands swap, the weight is the wgmma M operand
   converted into register fragments, the tokens the N operand; the (64-row weight tile, K
   stage) units are split evenly over all SMs (stream-K, a small per-stream workspace for
   the partial sums). The GEMM then streams the weight once, at half of BF16's bytes. With
   ``bf16_tokens`` (measured faster at 32 tokens on most shapes: docs/gemm_log.md; the
   heuristic takes it from 17 tokens on) a launch before it converts the tokens to BF16 once
-  (gemm_sm90.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
+  (gemm_sm90.device.tokens), so that no CTA converts all of them; with ``tile_w`` 128 two
   consumer warpgroups share each stage's token tile, on 64 weight rows each; with
   ``cluster`` 2 CTA pairs share it through TMA multicast.
 
 This module is the host side of one call: :func:`refusal` (a call it refuses is the
 caller's to serve: the ops run the reference, with a one-time warning naming the reason),
 :func:`launches` (what the call launches; :func:`builds` lists it for warm-up),
-the config (``gemm_sm90.select.choose_config``: the measured table, else a heuristic; the config
+the config (``gemm_sm90.tuning.select.choose_config``: the measured table, else a heuristic; the config
 classes are in ``gemm_sm90.config``), the compile cache :func:`compile_gemm` (keyed on
 compile-time facts; the token count M is a runtime value) and the launch (integer arguments
 through a reusable buffer: see runtime/launcher.py). buffers.py holds the per-stream
@@ -37,23 +37,28 @@ workspaces and the small launches that run before a GEMM.
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
-from ...format import CHUNK_BYTES, GROUP, padded_rows
-from ..runtime import launcher
-from ..runtime.launcher import int32, pointer, raw_stream
+from ....format import CHUNK_BYTES, GROUP, Activation, padded_rows
+from ...runtime import launcher
+from ...runtime.launcher import int32, pointer, raw_stream
+from ..config import GemmConfig, SwapABConfig
+from ..constants import MAX_SLICES
+from ..tuning.select import choose_config
 from . import buffers
-from .config import GemmConfig, SwapABConfig
-from .select import choose_config
 
-_TORCH_TO_CUTLASS = {
+_PACKAGE = __package__.rpartition(".")[0]  # gemm_sm90: the kernel modules are named under it
+
+CUTLASS_TYPES = {
     torch.bfloat16: "BFloat16",
     torch.float16: "Float16",
     torch.float32: "Float32",
 }
+"""The ``cutlass`` numeric type's name of each output and bias dtype the kernels take."""
 
 
 def _served(a_values, a_scales, b_values, b_scales, bias, out):
@@ -82,7 +87,7 @@ def _served(a_values, a_scales, b_values, b_scales, bias, out):
         return "values and out must be 16-byte aligned"
     if a_scales.data_ptr() % 16 or b_scales.data_ptr() % 16:
         return "scale buffers must be 16-byte aligned"
-    if bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1):
+    if bias is not None and (bias.dtype not in CUTLASS_TYPES or bias.stride(-1) != 1):
         return "bias must be a contiguous BF16, FP16 or FP32 vector"
     return m, n, k
 
@@ -94,15 +99,44 @@ def refusal(a_values, a_scales, b_values, b_scales, bias, out) -> str | None:
     return shape if isinstance(shape, str) else None
 
 
-def compile_args(cfg: GemmConfig, out_dtype, bias_dtype) -> tuple:
-    """Compile-time placeholders of ``cfg``'s kernel arguments (see launcher.compile_kernel):
-    A values, A scales, B values, B scales, bias (None in a build without bias), out, M, the
-    A scale chunk count; then the swap-AB kernel's stream-K workspace (partial sums, flags),
-    or the tiled kernel's per-row FP16 references of A and of B (gemm_sm90.refs) and its
-    stream-K workspace (None in a build without stream-K)."""
+# The kernel class of each (kernel, activation), by module (under gemm_sm90) and name: the
+# one place a kernel variant is named. A variant composes a base kernel with what differs
+# (the W8A16 entries: gemm_sm90.device.slices.SlicesEntry over the W8A8 kernels).
+KERNELS = {
+    ("tiled", Activation.W8A8): ("tiled.kernel", "MXFP8TiledGemmSm90"),
+    ("swap-ab", Activation.W8A8): ("swap_ab.kernel", "MXFP8SwapABGemmSm90"),
+    ("tiled", Activation.W8A16): ("tiled.w8a16", "W8A16TiledGemmSm90"),
+    ("swap-ab", Activation.W8A16): ("swap_ab.w8a16", "W8A16SwapABGemmSm90"),
+}
+# What names a build of each activation (launcher.Build.kind): in the disk cache's entries
+# and the warm-up's notices.
+_BUILD_KINDS = {Activation.W8A8: "gemm", Activation.W8A16: "gemm w8a16"}
+
+
+def kernel_class(cfg: GemmConfig):
+    """The kernel class that ``cfg`` builds (imports cutlass)."""
+    module, name = KERNELS[(cfg.kernel, cfg.activation)]
+    return getattr(importlib.import_module(f"{_PACKAGE}.{module}"), name)
+
+
+def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
+    """Compile-time placeholders of ``cfg``'s kernel arguments (see launcher.compile_kernel).
+    First A: W8A8, its values and scales; W8A16 (``a`` the slices' widths), the slices and
+    their row strides (``MAX_SLICES`` each, None past the build's). Then B's values and
+    scales, bias (None in a build without bias), out, M, and for W8A8 the A scale chunk
+    count; then the swap-AB kernel's stream-K workspace (partial sums, flags), or the tiled
+    kernel's per-row FP16 references of A and of B (gemm_sm90.device.refs) and its stream-K
+    workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
-    bias = pointer(_TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    args = (fp8, scales, fp8, scales, bias, pointer(_TORCH_TO_CUTLASS[out_dtype]), int32(), int32())
+    bias = pointer(CUTLASS_TYPES[bias_dtype]) if bias_dtype else None
+    out = pointer(CUTLASS_TYPES[out_dtype])
+    if cfg.activation.quantized:
+        args = (fp8, scales, fp8, scales, bias, out, int32(), int32())
+    else:
+        unused = (None,) * (MAX_SLICES - len(a))
+        slices = (*(pointer("BFloat16") for _ in a), *unused)
+        strides = (*(int32() for _ in a), *unused)
+        args = (*slices, *strides, fp8, scales, bias, out, int32())
     workspace = (pointer("Float32"), pointer("Int32"))
     if isinstance(cfg, SwapABConfig):
         return (*args, *workspace)
@@ -112,63 +146,82 @@ def compile_args(cfg: GemmConfig, out_dtype, bias_dtype) -> tuple:
 
 def compiled_config(cfg: GemmConfig) -> GemmConfig:
     """The config ``cfg``'s kernel is compiled for: ``fp16_tiles`` only decides what the host
-    runs before the launch, so both values share one compile (no new config on the common
-    path)."""
-    if isinstance(cfg, SwapABConfig) or cfg.fp16_tiles:
+    runs before a W8A8 launch, so both values share one compile (no new config on the common
+    path). W8A16 configs have every tile on the BF16 path."""
+    if isinstance(cfg, SwapABConfig) or cfg.fp16_tiles or not cfg.activation.quantized:
         return cfg
     return replace(cfg, fp16_tiles=True)
 
 
-def compile_gemm(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
-    """Compile ``cfg``'s kernel for the compile-time facts (N, K, the output's row stride, its
-    dtype and the bias dtype or None); the token count M stays a runtime value. Works on a
-    CPU under ``CUTE_DSL_ARCH``."""
+def compile_gemm(cfg: GemmConfig, n: int, a, ld_out: int, out_dtype, bias_dtype):
+    """Compile ``cfg``'s kernel for the compile-time facts: N, A's (W8A8: K; W8A16: the
+    slices' widths), the output's row stride, its dtype and the bias dtype or None; the
+    token count M stays a runtime value. Works on a CPU under ``CUTE_DSL_ARCH``."""
     import cutlass
 
-    out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
-    bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    if isinstance(cfg, SwapABConfig):
-        from .swap_ab.kernel import MXFP8SwapABGemmSm90 as kernel_class
-    else:
-        from .tiled.kernel import MXFP8TiledGemmSm90 as kernel_class
-
-    kernel = kernel_class(cfg, n, k, ld_out, bias_ty, out_ty)
-    return launcher.compile_kernel(kernel, compile_args(cfg, out_dtype, bias_dtype), buffers.ARCH)
+    out_ty = getattr(cutlass, CUTLASS_TYPES[out_dtype])
+    bias_ty = getattr(cutlass, CUTLASS_TYPES[bias_dtype]) if bias_dtype else None
+    kernel = kernel_class(cfg)(cfg, n, a, ld_out, bias_ty, out_ty)
+    args = compile_args(cfg, a, out_dtype, bias_dtype)
+    return launcher.compile_kernel(kernel, args, buffers.ARCH)
 
 
-def gemm_build(cfg: GemmConfig, n: int, k: int, ld_out: int, out_dtype, bias_dtype):
+def gemm_build(cfg: GemmConfig, n: int, a, ld_out: int, out_dtype, bias_dtype):
     """The kernel binary of a call (see launcher.Build): ``cfg`` as compiled
-    (:func:`compiled_config`) and the compile-time facts of :func:`compile_gemm`."""
-    facts = (compiled_config(cfg), n, k, ld_out, out_dtype, bias_dtype)
-    return launcher.Build("gemm", facts, buffers.ARCH, compile_gemm)
+    (:func:`compiled_config`) and the compile-time facts of :func:`compile_gemm` (``a``: K,
+    or the W8A16 slices' widths)."""
+    a = a if cfg.activation.quantized else tuple(a)
+    facts = (compiled_config(cfg), n, a, ld_out, out_dtype, bias_dtype)
+    return launcher.Build(_BUILD_KINDS[cfg.activation], facts, buffers.ARCH, compile_gemm)
 
 
 class Launches(NamedTuple):
     """What one call launches: the GEMM ``config``, the launch before it (``before``: the
-    swap-AB token conversion of ``bf16_tokens`` configs, the tiled kernel's reference scan
-    of ``fp16_tiles`` configs, else None) and the GEMM's build."""
+    swap-AB token conversion of ``bf16_tokens`` W8A8 configs, the tiled kernel's reference
+    scan of ``fp16_tiles`` configs, else None) and the GEMM's build."""
 
     config: GemmConfig
     before: launcher.Build | None
     gemm: launcher.Build
 
 
-def launches(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu, config=None):
+def launches(
+    m: int, n: int, a, ld_out: int, out_dtype, bias_dtype, gpu, config=None,
+    activation: Activation = Activation.W8A8,
+) -> Launches:  # fmt: skip
     """The :class:`Launches` of a call of ``m`` tokens on ``gpu`` ((SM count, device name):
-    :func:`gpu_of`; ``config`` overrides the choice). The call runs exactly these; warm-up
-    compiles them (:func:`builds`)."""
-    cfg = config or choose_config(m, n, k, *gpu)
+    :func:`gpu_of`) with ``activation``; ``a`` is K (W8A8) or the slices' widths (W8A16);
+    ``config`` overrides the choice (it must be of ``activation``). The call runs exactly
+    these; warm-up compiles them (:func:`builds`, through ``kernels.dispatch.builds``)."""
+    k = a if activation.quantized else sum(a)
+    cfg = config or choose_config(m, n, k, *gpu, activation=activation)
+    check_config(cfg, activation)
+    before = None
     if isinstance(cfg, SwapABConfig):
-        before = buffers.tokens_build(k) if cfg.bf16_tokens else None
-    else:
-        before = buffers.refs_build(k) if cfg.fp16_tiles else None
-    return Launches(cfg, before, gemm_build(cfg, n, k, ld_out, out_dtype, bias_dtype))
+        if cfg.bf16_tokens and activation.quantized:  # W8A16 tokens arrive BF16
+            before = buffers.tokens_build(k)
+    elif cfg.fp16_tiles:
+        before = buffers.refs_build(k)
+    return Launches(cfg, before, gemm_build(cfg, n, a, ld_out, out_dtype, bias_dtype))
 
 
-def builds(m: int, n: int, k: int, ld_out: int, out_dtype, bias_dtype, gpu) -> list:
+def builds(m: int, n: int, a, ld_out: int, out_dtype, bias_dtype, gpu, activation=Activation.W8A8):
     """The kernel builds a call of ``m`` tokens launches on ``gpu`` (see :func:`launches`)."""
-    plan = launches(m, n, k, ld_out, out_dtype, bias_dtype, gpu)
+    plan = launches(m, n, a, ld_out, out_dtype, bias_dtype, gpu, None, activation)
     return [plan.gemm] if plan.before is None else [plan.before, plan.gemm]
+
+
+def check_config(cfg: GemmConfig, activation: Activation) -> None:
+    """Refuse a config of the other activation (each kernel variant reads its own A).
+
+    Raises:
+        ValueError: naming the config and the activation it should have.
+    """
+    if cfg.activation is not activation:
+        raise ValueError(
+            f"config: expected a {activation.name} (activation {activation.value!r}) config, "
+            f"got {cfg}"
+        )
 
 
 @functools.cache
@@ -185,7 +238,8 @@ def run(a_values, a_scales, b_values, b_scales, bias, out, config: GemmConfig | 
     out row stride, out dtype, bias dtype).
 
     Raises:
-        ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is a
+        ValueError: where :func:`refusal` gives a reason (saying it), or ``config`` is not
+            a W8A8 config (a W8A16 one reads BF16 slices: ``gemm_sm90.host.w8a16.run``) or is a
             swap-AB config whose token tile is below M; nothing is launched.
     """
     shape = _served(a_values, a_scales, b_values, b_scales, bias, out)

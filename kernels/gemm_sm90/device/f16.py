@@ -1,7 +1,7 @@
 """The FP16 operand path of the tiled SM90 GEMM (imports cutlass: load lazily).
 
 Converting E4M3 to BF16 takes four ALU instructions per pair of values (PRMT, SHL, AND,
-HMUL2: gemm_sm90.common); to FP16 it takes two (``cvt.rn.f16x2.e4m3x2`` is exact, then one
+HMUL2: gemm_sm90.device.common); to FP16 it takes two (``cvt.rn.f16x2.e4m3x2`` is exact, then one
 HMUL2 by the scale), which made the large GEMM markedly faster (docs/gemm_log.md,
 'Numbers behind the kernel sources'). FP16 has only 5 exponent bits, so each row r of an
 operand gets a reference exponent ``ref[r]`` and its values are converted as
@@ -17,7 +17,7 @@ Byte 0 is left out of the smallest: it is the RCEIL byte of an all-zero group. A
 group with byte 0 holds values of at most 448 * 2**-127; where its d falls below -14 the
 factor is 0 and they drop out (the BF16 path drops them below 2**-133). A row with a NaN
 scale (255), or a wider spread, sends its whole output tile down the BF16 path.
-gemm_sm90.refs computes every row's reference in a launch before the GEMM; the GEMM
+gemm_sm90.device.refs computes every row's reference in a launch before the GEMM; the GEMM
 decides per output tile, before the tile's first conversion.
 """
 
@@ -28,8 +28,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir import ir
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ...format import SCALE_BIAS, SCALE_NAN_BYTE
-from ..runtime.ptx import asm_u32, inline_ptx
+from ....format import SCALE_BIAS, SCALE_NAN_BYTE
+from ...runtime.ptx import asm_u32, inline_ptx
 
 # e4m3 * 2**d is exact in FP16 for d in [-15, 7]; the path uses [-14, 7] so that every
 # factor 2**d is a normal FP16 number (exponent field d + 15 >= 1, see f16_factor)

@@ -3,13 +3,15 @@
 quantization), the weight converted exactly as in the W8A8 kernels (no cutlass import until
 a compile).
 
-The same two kernels serve it as the W8A8 GEMM (gemm_sm90.host), built with BF16 A: the
+The same two kernels serve it as the W8A8 GEMM (gemm_sm90.host.gemm), built with BF16 A: the
 swap-AB kernel reads each stage's token tile from the slice holding it through TMA, as its
 ``bf16_tokens`` schedule reads converted tokens; the tiled kernel TMAs BF16 A stages from
-the slices and moves them into its register fragments unconverted (gemm_sm90.slices). The
-config comes from ``select.choose_config(..., activation="bf16")``. A build is compiled per
+the slices and moves them into its register fragments unconverted (gemm_sm90.device.slices). The
+config comes from ``select.choose_config(..., activation=Activation.W8A16)``. A build is compiled per
 (config, N, the slices' widths, out's row stride, out and bias dtypes); the token count and
-the slices' addresses and row strides are runtime values.
+the slices' addresses and row strides are runtime values. The compile, the build and the
+plan are gemm_sm90.host.gemm's, for both activations; this module holds what only a W8A16 call
+has: its refusal and its launch arguments.
 
 :func:`refusal` says why a call is not served (FP16 slices among others: their FP16 values
 times the weight are exact only on the FP16 path, whose per-row references BF16 tiles
@@ -21,14 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from ...format import padded_rows
-from ..runtime import launcher
-from ..runtime.launcher import int32, pointer, raw_stream
+from ....format import Activation, padded_rows
+from ...runtime import launcher
+from ...runtime.launcher import raw_stream
+from ..config import GemmConfig, SwapABConfig
+from ..constants import MAX_SLICES
 from . import buffers
-from .config import GemmConfig, SwapABConfig
-from .constants import MAX_SLICES
-from .host import _TORCH_TO_CUTLASS, Launches, gpu_of
-from .select import choose_config
+from . import gemm as host
+from .gemm import CUTLASS_TYPES, Launches, gpu_of
 
 _STAGE = 128  # the K of one stage: a slice's width must hold whole stages
 
@@ -67,7 +69,7 @@ def _served(slices, b_values, b_scales, bias, out):
         return "out's rows must start 16-byte aligned and be at least M"
     if b_values.data_ptr() % 16 or b_scales.data_ptr() % 16 or out.data_ptr() % 16:
         return "the weight, its scales and out must be 16-byte aligned"
-    if bias is not None and (bias.dtype not in _TORCH_TO_CUTLASS or bias.stride(-1) != 1):
+    if bias is not None and (bias.dtype not in CUTLASS_TYPES or bias.stride(-1) != 1):
         return "bias must be a contiguous BF16, FP16 or FP32 vector"
     return m, n, tuple(widths), tuple(strides)
 
@@ -78,73 +80,29 @@ def refusal(slices, b_values, b_scales, bias, out) -> str | None:
     return served if isinstance(served, str) else None
 
 
-def compile_args(cfg: GemmConfig, widths: tuple[int, ...], out_dtype, bias_dtype) -> tuple:
-    """Compile-time placeholders of ``cfg``'s W8A16 kernel arguments: the slices and their
-    row strides (``MAX_SLICES`` each, None past the build's), the weight values and scale
-    chunks, bias (None without), out, M; then the tiled kernel's per-row references (every
-    row on the BF16 path) and the stream-K workspace (None in a tiled build without)."""
-    unused = (None,) * (MAX_SLICES - len(widths))
-    slices = (*(pointer("BFloat16") for _ in widths), *unused)
-    strides = (*(int32() for _ in widths), *unused)
-    bias = pointer(_TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    weight = (pointer("Float8E4M3FN"), pointer("Int32"), bias)
-    args = (*slices, *strides, *weight, pointer(_TORCH_TO_CUTLASS[out_dtype]), int32())
-    workspace = (pointer("Float32"), pointer("Int32"))
-    if isinstance(cfg, SwapABConfig):
-        return (*args, *workspace)
-    refs = (pointer("Int32", 4), pointer("Int32", 4))
-    return (*args, *refs, *(workspace if cfg.stream_k else (None, None)))
-
-
-def compile_gemm(cfg: GemmConfig, n: int, widths, ld_out: int, out_dtype, bias_dtype):
-    """Compile ``cfg``'s W8A16 kernel for the slices' ``widths`` and the other compile-time
-    facts of gemm_sm90.host.compile_gemm. Works on a CPU under ``CUTE_DSL_ARCH``."""
-    import cutlass
-
-    out_ty = getattr(cutlass, _TORCH_TO_CUTLASS[out_dtype])
-    bias_ty = getattr(cutlass, _TORCH_TO_CUTLASS[bias_dtype]) if bias_dtype else None
-    if isinstance(cfg, SwapABConfig):
-        from .swap_ab.w8a16 import W8A16SwapABGemmSm90 as kernel_class
-    else:
-        from .tiled.w8a16 import W8A16TiledGemmSm90 as kernel_class
-
-    kernel = kernel_class(cfg, n, tuple(widths), ld_out, bias_ty, out_ty)
-    args = compile_args(cfg, tuple(widths), out_dtype, bias_dtype)
-    return launcher.compile_kernel(kernel, args, buffers.ARCH)
-
-
-def gemm_build(cfg: GemmConfig, n: int, widths, ld_out: int, out_dtype, bias_dtype):
-    """The W8A16 kernel binary of a call (see launcher.Build)."""
-    facts = (cfg, n, tuple(widths), ld_out, out_dtype, bias_dtype)
-    return launcher.Build("gemm w8a16", facts, buffers.ARCH, compile_gemm)
-
-
 def launches(m, n, widths, ld_out, out_dtype, bias_dtype, gpu, config=None) -> Launches:
-    """What a W8A16 call of ``m`` tokens launches on ``gpu`` ((SM count, device name)):
-    the GEMM alone (nothing runs before it). ``config`` overrides the choice (it must be a
-    BF16-activation config)."""
-    cfg = config or choose_config(m, n, sum(widths), *gpu, activation="bf16")
-    return Launches(cfg, None, gemm_build(cfg, n, widths, ld_out, out_dtype, bias_dtype))
+    """What a W8A16 call of ``m`` tokens launches on ``gpu`` (gemm_sm90.host.gemm.launches with
+    W8A16): the GEMM alone (nothing runs before it)."""
+    return host.launches(
+        m, n, tuple(widths), ld_out, out_dtype, bias_dtype, gpu, config, Activation.W8A16
+    )
 
 
 def builds(m, n, widths, ld_out, out_dtype, bias_dtype, gpu) -> list:
     """The kernel builds a W8A16 call of ``m`` tokens launches on ``gpu`` (for warm-up)."""
-    return [launches(m, n, widths, ld_out, out_dtype, bias_dtype, gpu).gemm]
+    return host.builds(m, n, tuple(widths), ld_out, out_dtype, bias_dtype, gpu, Activation.W8A16)
 
 
 def run(slices, b_values, b_scales, bias, out, config: GemmConfig | None = None) -> None:
     """``out[:M] = cat(slices, -1) @ dequant(B).T (+ bias)`` on the current stream; no sync.
 
     Raises:
-        ValueError: where :func:`refusal` gives a reason, or ``config`` is not a BF16
-            activation config or is a swap-AB one whose token tile is below M; nothing is
-            launched.
+        ValueError: where :func:`refusal` gives a reason, or ``config`` is not a W8A16
+            config or is a swap-AB one whose token tile is below M; nothing is launched.
     """
     served = _served(slices, b_values, b_scales, bias, out)
     if isinstance(served, str):
         raise ValueError(f"the SM90 W8A16 GEMM does not serve this call: {served}")
-    if config is not None and config.activation != "bf16":
-        raise ValueError(f"config: expected activation 'bf16', got {config}")
     _run(*served, slices, b_values, b_scales, bias, out, config)
 
 

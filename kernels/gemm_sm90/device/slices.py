@@ -10,7 +10,7 @@ each), as the tokens of the swap-AB kernel's ``bf16_tokens`` schedule are.
 The order of K inside a stage decides how each operand's registers are filled:
 
 * tiled kernel (the tokens are the wgmma A operand, in registers): the weight's 16-bit tile
-  is written in the permuted K order of gemm_sm90.common, in which thread (g, t) holds
+  is written in the permuted K order of gemm_sm90.device.common, in which thread (g, t) holds
   elements 8t..8t+7 of each 32-element group of its rows. Those are 16 consecutive bytes
   of a BF16 row as TMA stored it, so a consumer fills its fragment with one 16-byte shared
   load per row and group (:func:`load_fragment_bf16`): no conversion at all.
@@ -28,8 +28,9 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..runtime.launcher import address
-from ..runtime.ptx import asm_u32
+from ...runtime.launcher import address
+from ...runtime.ptx import asm_u32
+from ..constants import TILE_K8, TILE_K16
 from .common import (
     _LANE_MASK,
     chunk_word,
@@ -40,7 +41,6 @@ from .common import (
     tma_load,
     tma_views,
 )
-from .constants import TILE_K8, TILE_K16
 
 K_BLOCKS = TILE_K8 // 16  # k16 blocks per 128-K stage: one 16-byte chunk of an FP8 row each
 # PRMT selectors of bytes 0-1 and 2-3 of a word, each sign-extended into a 16-bit lane
@@ -130,7 +130,7 @@ def place_fragment_bf16(words, frag_words):
 @dsl_user_op
 def dequant_pair_sel(word, factor, selector, *, loc=None, ip=None) -> Int32:
     """The bytes ``selector`` picks (:data:`LOW_PAIR` or :data:`HIGH_PAIR`) of ``word`` as a
-    BF16x2 of ``e4m3 * 2**-120 * factor`` (gemm_sm90.common.dequant_pair, with the byte pair
+    BF16x2 of ``e4m3 * 2**-120 * factor`` (gemm_sm90.device.common.dequant_pair, with the byte pair
     chosen at run time)."""
     return asm_u32(
         "{\n.reg .b32 t;\n"
@@ -178,7 +178,7 @@ def load_fragment_natural(stage, row0, t, scales, scale_row0):
 def convert_fragment_natural(words, scale_words, selector, frag_words):
     """:func:`load_fragment_natural`'s words -> the BF16 A fragment (Int32 view): fragment
     word rr + 2 hi + 4 kb is the pair (row g + 8 rr, k 2t + 8 hi) of block kb, exact
-    (E4M3 times its E8M0 scale, as gemm_sm90.common.convert_fragment converts)."""
+    (E4M3 times its E8M0 scale, as gemm_sm90.device.common.convert_fragment converts)."""
     big = Int32(0)
     rests = []
     for rr in cutlass.range_constexpr(2):
@@ -213,7 +213,7 @@ def slice_operands(kernel, slices, strides, b, sb, bias, out, m, weight_chunks: 
     """Inside a W8A16 ``@cute.jit`` entry: the slices' BF16 tensors (the first
     ``len(kernel.slices)`` of the entry's ``slices`` pointers and row ``strides``; the rest
     are None), and the weight, its ``weight_chunks`` scale chunks, out and bias as
-    gemm_sm90.common's gemm_tensors makes them (``kernel`` supplies the compile-time
+    gemm_sm90.device.common's gemm_tensors makes them (``kernel`` supplies the compile-time
     facts)."""
     count = len(kernel.slices)
     addrs = [address(p) for p in slices[:count]]

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import functools
 
-from ...format import ceil_div, fail
-from . import proven, table
-from .config import (
+from ....format import Activation, ceil_div, fail
+from ..config import (
     SWAP_AB_MAX_TOKENS,
     GemmConfig,
     SwapABConfig,
@@ -23,6 +22,7 @@ from .config import (
     swap_ab_token_limit,
     tiled_config,
 )
+from . import proven, table
 
 # Time of a 192-row tile over a 128-row one (tile N 128, 4096 tokens: 0.394 vs 0.281 ms per
 # round of 132 tiles). Three consumer warpgroups keep the tensor pipe busier than two, so a
@@ -66,7 +66,7 @@ def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``), or
     ``"tiled"`` with ``tile_m``, ``tile_n``, ``converters``, ``stream_k`` and optionally
     ``stages`` (FP8, 16-bit) and ``fp16_tiles``; either optionally ``activation`` (``"bf16"``:
-    W8A16).
+    W8A16; without it W8A8).
 
     Raises:
         ValueError: naming ``entry`` where it holds a field its kernel has not; naming the
@@ -78,7 +78,7 @@ def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     known = {"kernel", "activation", *fields, *(() if swap_ab else _TILED_OPTIONAL)}
     if not known.issuperset(entry):
         fail(ValueError, "entry", f"only the fields {sorted(known)}", sorted(set(entry) - known))
-    activation = entry.get("activation", "mxfp8")
+    activation = Activation.of(entry.get("activation", Activation.W8A8))
     if swap_ab:
         return swap_ab_config(
             tokens, num_sms, **{k: entry[k] for k in fields}, activation=activation
@@ -96,11 +96,11 @@ def schedule(cfg: GemmConfig) -> dict:
     tile's standard split and ``fp16_tiles`` only where False. The tools' contenders carry
     it in their receipts, and the table is written from it."""
     entry: dict = {"kernel": cfg.kernel}
-    if cfg.activation != "mxfp8":
-        entry["activation"] = cfg.activation
+    if not cfg.activation.quantized:
+        entry["activation"] = cfg.activation.value
     if isinstance(cfg, SwapABConfig):
         return {**entry, **{f: getattr(cfg, f) for f in cfg.schedule_fields}}
-    if not cfg.fp16_tiles and cfg.activation == "mxfp8":  # W8A16: always, said by activation
+    if not cfg.fp16_tiles and cfg.activation.quantized:  # W8A16: always, said by activation
         entry["fp16_tiles"] = False
     if own_stages(cfg):
         entry["stages"] = [cfg.stages, cfg.stages16]
@@ -120,7 +120,7 @@ def table_entry(
     k: int,
     num_sms: int = 132,
     device: str | None = table.MEASURED_DEVICE,
-    activation: str = "mxfp8",
+    activation: Activation = Activation.W8A8,
 ) -> dict | None:
     """The measured table's entry for ``tokens`` at (N, K) on ``device`` (its name as CUDA
     reports it) with ``num_sms`` SMs and ``activation``, or None where no such table holds
@@ -142,18 +142,19 @@ def choose_config(
     k: int,
     num_sms: int = 132,
     device: str | None = table.MEASURED_DEVICE,
-    activation: str = "mxfp8",
+    activation: Activation = Activation.W8A8,
 ) -> GemmConfig:
     """Kernel and tile by (tokens, N, K) on ``device`` with ``num_sms`` SMs (by default the
     H200 the table was measured on): the measured table where it has the shape (and the
     entry's kernel holds ``tokens``), else :func:`heuristic_config`.
 
-    ``activation`` ``"bf16"`` (W8A16, the A operand read as BF16 from its slices): the
-    measured W8A16 table where it has the shape, else the schedule the W8A8 choice makes,
-    with BF16 activations (:func:`with_bf16_activations`).
+    ``activation`` W8A16 (the A operand read as BF16 from its slices; its string ``"bf16"``
+    is taken too): the measured W8A16 table where it has the shape, else the schedule the
+    W8A8 choice makes, for that activation (:func:`for_activation`).
 
-    Only a schedule proven on a GPU (gemm_sm90.proven) is chosen; any other gives way to
+    Only a schedule proven on a GPU (gemm_sm90.tuning.proven) is chosen; any other gives way to
     :data:`PROVEN_FALLBACK`, whole 128 x 128 tiles, which serve every token count."""
+    activation = Activation.of(activation)
     cfg = _choice(tokens, n, k, num_sms, device, activation)
     if proven.holds(schedule(cfg)):
         return cfg
@@ -165,30 +166,42 @@ PROVEN_FALLBACK = (128, 128, 2, 0)
 choice: the tiled kernel's first schedule, whole tiles (tests hold it proven)."""
 
 
-def _choice(tokens, n, k, num_sms, device, activation) -> GemmConfig:
+def _choice(tokens, n, k, num_sms, device, activation: Activation) -> GemmConfig:
     """:func:`choose_config` before the proven-schedule rule."""
     entry = table_entry(tokens, n, k, num_sms, device, activation)
     if entry is not None and tokens <= (token_limit(entry) or tokens):
         return config_of(entry, tokens, num_sms)
-    if activation == "bf16":
-        return with_bf16_activations(choose_config(tokens, n, k, num_sms, device), tokens)
+    if not activation.quantized:
+        w8a8 = choose_config(tokens, n, k, num_sms, device)
+        return for_activation(w8a8, tokens, activation)
     return heuristic_config(tokens, n, k, num_sms)
 
 
-def with_bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:
-    """``cfg``'s schedule for BF16 activations (W8A16): swap-AB reads the tokens through TMA
+def for_activation(cfg: GemmConfig, tokens: int, activation: Activation) -> GemmConfig:
+    """``cfg``'s schedule for ``activation``: the one mapping from a W8A8 schedule (the
+    choice's, the tune's candidates) to the config that serves the same call.
+
+    W8A8: ``cfg`` itself. W8A16 (BF16 activations): swap-AB reads the tokens through TMA
     as ``bf16_tokens`` does; tiled takes the BF16 path with the stage counts that fit BF16
     A stages (config.tiled_config). 192-row tiles become 128-row ones: they won W8A8
     points by spreading A's conversion over three consumers, which W8A16 does not have,
-    and with BF16 A only two FP8 stages of them fit."""
+    and with BF16 A only two FP8 stages of them fit. 64-row tiles (two consumers splitting
+    K) become 128-row stream-K tiles of the same width: their W8A16 builds gave varying
+    bits on an H100 (docs/gemm_log.md), so they are not proven."""
+    activation = Activation.of(activation)
+    if activation.quantized:
+        return cfg
     if isinstance(cfg, SwapABConfig):
         return swap_ab_config(
-            tokens, cfg.num_ctas, cfg.consumers, True, cfg.tile_w, cfg.cluster, "bf16"
+            tokens, cfg.num_ctas, cfg.consumers, True, cfg.tile_w, cfg.cluster, activation
         )
     if cfg.tile_m == 192:
-        return tiled_config(128, 128, 2, cfg.stream_k, cfg.num_ctas, activation="bf16")
+        return tiled_config(128, 128, 2, cfg.stream_k, cfg.num_ctas, activation=activation)
+    if cfg.tile_m == 64:
+        converters = 2 if cfg.tile_n == 128 else 1
+        return tiled_config(128, cfg.tile_n, converters, 1, cfg.num_ctas, activation=activation)
     return tiled_config(
-        cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k, cfg.num_ctas, activation="bf16"
+        cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k, cfg.num_ctas, activation=activation
     )
 
 

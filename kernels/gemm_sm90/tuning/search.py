@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import proven
-from .config import (
+from ....format import Activation
+from ..config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
     GemmConfig,
@@ -18,7 +18,8 @@ from .config import (
     swap_ab_config,
     tiled_config,
 )
-from .select import _busiest, _tile_costs, schedule
+from . import proven
+from .select import _busiest, _tile_costs, for_activation, schedule
 
 
 def main_heuristic(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
@@ -37,7 +38,12 @@ def main_heuristic(tokens: int, n: int, k: int, num_sms: int) -> GemmConfig:
 
 
 def candidates(
-    tokens: int, n: int, k: int, num_sms: int, leave_out=(), activation: str = "mxfp8"
+    tokens: int,
+    n: int,
+    k: int,
+    num_sms: int,
+    leave_out=(),
+    activation: Activation = Activation.W8A8,
 ) -> list[GemmConfig]:
     """The configs the tune times at one point: swap-AB up to 64 tokens (converting the
     tokens in every CTA or once before the GEMM) and with 128-row weight stages from 9 to 128
@@ -49,10 +55,11 @@ def candidates(
     the stream-K configs without the reference scan (``fp16_tiles`` False). A config whose
     schedule (``select.schedule``) holds every field of one of the partial schedules in
     ``leave_out`` (e.g. ``{"kernel": "tiled", "stream_k": 1}``) is dropped, and so is one
-    not proven on a GPU (gemm_sm90.proven).
+    not proven on a GPU (gemm_sm90.tuning.proven).
 
-    ``activation`` ``"bf16"`` (W8A16): the same schedules with BF16 activations (every tile on
-    the BF16 path, the stage counts that fit BF16 A stages; :func:`bf16_activations`)."""
+    ``activation`` W8A16: the same schedules as the choice maps them for BF16 activations
+    (``select.for_activation``: every tile on the BF16 path, the stage counts that fit BF16
+    A stages, 192-row tiles as 128-row ones), each once."""
 
     def tiled(tile_m, tile_n, converters, stream_k=0, stages=None):
         return tiled_config(tile_m, tile_n, converters, stream_k, num_sms, stages)
@@ -99,23 +106,9 @@ def candidates(
             for cfg in found
             if cfg.kernel == "tiled" and cfg.stream_k == 1 and not own_stages(cfg)
         ]
-    if activation == "bf16":
-        found = [bf16_activations(cfg, tokens) for cfg in found]
+    found = [for_activation(cfg, tokens, Activation.of(activation)) for cfg in found]
     found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
     return [cfg for cfg in dict.fromkeys(found) if proven.holds(schedule(cfg))]
-
-
-def bf16_activations(cfg: GemmConfig, tokens: int) -> GemmConfig:
-    """``cfg``'s schedule with BF16 activations, its tile kept (the choice's own mapping,
-    ``select.with_bf16_activations``, also trades 192-row tiles for 128-row ones): swap-AB
-    with its tokens through TMA, tiled with the standard W8A16 stage counts."""
-    if cfg.kernel == "swap-ab":
-        return swap_ab_config(
-            tokens, cfg.num_ctas, cfg.consumers, True, cfg.tile_w, cfg.cluster, "bf16"
-        )
-    return tiled_config(
-        cfg.tile_m, cfg.tile_n, cfg.converters, cfg.stream_k, cfg.num_ctas, activation="bf16"
-    )
 
 
 def _holds(cfg: GemmConfig, part: dict) -> bool:

@@ -6,7 +6,7 @@ converting them in every CTA: with 33-64 tokens each CTA converted as many token
 per stage as weight elements, and every CTA converted all the tokens. This launch converts
 each token element once, exactly (E4M3 times its E8M0 scale is a BF16 value), into a
 ``[m, K]`` BF16 buffer whose K order inside each 32-element scale group is the one the
-weight fragment uses (gemm_sm90.common), so a TMA box of it is the BF16 token tile the
+weight fragment uses (gemm_sm90.device.common), so a TMA box of it is the BF16 token tile the
 kernel used to build in shared memory.
 
 One thread per 16-byte unit of FP8 (half a scale group); consecutive threads take
@@ -20,10 +20,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from ...format import CHUNK_BYTES, ROW_BLOCK
-from ..runtime.launcher import address
+from ....format import CHUNK_BYTES, ROW_BLOCK
+from ...runtime.launcher import address
+from ..constants import TILE_K8
 from .common import chunk_word, dequant_pair, load_gmem_word, mul_bf16x2, scale_factors
-from .constants import TILE_K8
 
 THREADS = 128
 UNITS = TILE_K8 // 16  # 16-byte units per row and 128-K stage

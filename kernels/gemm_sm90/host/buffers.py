@@ -10,31 +10,31 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...format import padded_rows
-from ..capability import CUTE_GEMM_TARGET
-from ..runtime import launcher
-from ..runtime.launcher import int32, pointer, raw_stream
-from . import workspace
+from ....format import padded_rows
+from ...capability import CUTE_GEMM_TARGET
+from ...runtime import launcher
+from ...runtime.launcher import int32, pointer, raw_stream
+from .. import workspace
 
 if TYPE_CHECKING:
-    from .config import GemmConfig
+    from ..config import GemmConfig
 
 ARCH = CUTE_GEMM_TARGET  # the GEMM and the launches before it (the capability table)
 
 
 def compile_tokens(k: int):
-    """The swap-AB kernel's token conversion (gemm_sm90.tokens) for K: arguments A values,
+    """The swap-AB kernel's token conversion (gemm_sm90.device.tokens) for K: arguments A values,
     A scales, the BF16 tokens, M."""
-    from .tokens import TokensToBF16Sm90
+    from ..device.tokens import TokensToBF16Sm90
 
     args = (pointer("Float8E4M3FN"), pointer("Uint8"), pointer("BFloat16"), int32())
     return launcher.compile_kernel(TokensToBF16Sm90(k), args, ARCH)
 
 
 def compile_refs(k: int):
-    """The per-row FP16 reference scan (gemm_sm90.refs) for K: arguments A scales, B scales,
+    """The per-row FP16 reference scan (gemm_sm90.device.refs) for K: arguments A scales, B scales,
     the references, M, N."""
-    from .refs import RowReferencesSm90
+    from ..device.refs import RowReferencesSm90
 
     args = (pointer("Uint8"), pointer("Uint8"), pointer("Int32"), int32(), int32())
     return launcher.compile_kernel(RowReferencesSm90(k), args, ARCH)
@@ -110,7 +110,7 @@ def made_outside_graph_pools(make, device: torch.device):
 
 
 def row_references(a_scales, b_scales, m: int, n: int, k: int) -> torch.Tensor:
-    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90.refs) on the current
+    """Launch the scan for the tiled kernel's FP16 path (gemm_sm90.device.refs) on the current
     stream: one int32 per row of A (padded to 128 rows), then per row of B, holding the
     row's reference byte or -1 if the row must take the BF16 path. No sync."""
     device = a_scales.device
