@@ -14,12 +14,17 @@ from .constants import TILE_K8, TILE_K16
 
 # The swap-AB kernel's token tiles (its wgmma N): each thread of a consumer warpgroup loads
 # whole 16-byte units of the tile's tokens (8 per token and stage).
-SWAP_AB_TILES = (8, 16, 32, 64, 128)
+SWAP_AB_TILES = (8, 16, 32, 64, 128, 192, 256)
 # The most tokens a swap-AB launch serves, by tile_w: it streams the weight once, converting
 # it in registers, while every CTA converts all tokens (so its cost grows with them). The
 # 128-token tile only with tile_w 128 (BF16 tokens through TMA; a 64 x 128 accumulator per
-# consumer). The one statement of the limit: everything else reads it here.
+# consumer). The one statement of the limit: everything else reads it here. W8A16 goes
+# further (tile_w 128 up to 256 tokens; token_tiles any count): see swap_ab_token_limit.
 SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
+# W8A16 row-split tiles (tile_w 64 per consumer): the most tokens in one token tile (a wgmma
+# N), and the token tiles a token_tiles schedule takes
+W8A16_TOKEN_LIMIT = 256
+TOKEN_TILES = (128, 192, 256)
 SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
 SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
@@ -86,7 +91,8 @@ class SwapABConfig:
     """
 
     tokens_tile: int
-    """The most tokens a launch serves (the wgmma N): 8, 16, 32 or 64; 128 with tile_w 128."""
+    """The most tokens a launch serves (the wgmma N): 8, 16, 32 or 64; 128 with tile_w 128;
+    192 or 256 with W8A16 row-split tiles; with ``token_tiles`` the token tile."""
     stages: int
     """FP8 weight stages."""
     consumers: int = 3
@@ -106,11 +112,16 @@ class SwapABConfig:
     activation: Activation = Activation.W8A8
     """W8A16: the tokens are BF16 read straight from their slices through TMA, as
     ``bf16_tokens`` reads converted ones (which it therefore requires)."""
+    token_tiles: int = 0
+    """0: every token in one tile, the (weight tile, K stage) units split over the CTAs
+    (stream-K). 128, 192 or 256 (W8A16 row-split tiles, no clusters): the tokens in tiles of
+    that many, each persistent CTA taking whole (token tile, weight tile) pairs over all of
+    K, so the launch serves any token count."""
 
     kernel = "swap-ab"
     schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
     """The fields of its schedule (select.schedule): the token tile and stages follow from
-    the token count."""
+    the token count (``token_tiles``, where not 0, is held too)."""
 
     def __post_init__(self):
         object.__setattr__(self, "activation", Activation.of(self.activation))
@@ -121,22 +132,34 @@ class SwapABConfig:
         ):
             fail(ValueError, "cluster", "1, or 2 with bf16_tokens and an even num_ctas",
                  self.cluster)  # fmt: skip
+        w8a16 = not self.activation.quantized
         if self.tile_w != 64 and not (
             self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
         ):
             fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
-        if self.tokens_tile not in SWAP_AB_TILES or self.tokens_tile > swap_ab_token_limit(
-            self.tile_w
+        if self.token_tiles and not (
+            self.token_tiles in TOKEN_TILES and w8a16 and self.tile_w == 128 and self.cluster == 1
         ):
-            fail(ValueError, "tokens_tile", "8, 16, 32 or 64 (128 with tile_w 128)",
-                 self.tokens_tile)  # fmt: skip
+            fail(ValueError, "token_tiles", f"0, or one of {TOKEN_TILES} with BF16 activations, "
+                 "tile_w 128 and cluster 1", self.token_tiles)  # fmt: skip
+        limit = swap_ab_token_limit(self.tile_w, self.activation)
+        if (
+            self.tokens_tile not in SWAP_AB_TILES
+            or self.tokens_tile > limit
+            or (self.token_tiles and self.tokens_tile != self.token_tiles)
+        ):
+            fail(ValueError, "tokens_tile", f"one of {SWAP_AB_TILES} up to {limit} for this "
+                 "schedule (token_tiles: that tile)", self.tokens_tile)  # fmt: skip
 
 
 GemmConfig = TiledConfig | SwapABConfig
 
 
-def swap_ab_token_limit(tile_w: int = 64) -> int:
-    """The most tokens a swap-AB launch with ``tile_w`` weight rows per stage serves."""
+def swap_ab_token_limit(tile_w: int = 64, activation: Activation | str = Activation.W8A8) -> int:
+    """The most tokens one token tile of a swap-AB launch with ``tile_w`` weight rows per
+    stage holds (a ``token_tiles`` launch serves any count, in tiles)."""
+    if tile_w > 64 and not Activation.of(activation).quantized:
+        return W8A16_TOKEN_LIMIT
     return SWAP_AB_TOKEN_LIMIT.get(tile_w, SWAP_AB_MAX_TOKENS)
 
 
@@ -198,10 +221,12 @@ def swap_ab_config(
     tile_w: int = 64,
     cluster: int = 1,
     activation: Activation | str = Activation.W8A8,
+    token_tiles: int = 0,
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
-    with ``tile_w`` 128): wgmma N = the next power of two >= tokens (at least 8), as many
-    FP8 stages (up to 16) as shared memory holds.
+    with ``tile_w`` 128; 256 with W8A16 row-split tiles; any count with ``token_tiles``):
+    wgmma N = the next power of two >= tokens (at least 8; 192 between 129 and 192 tokens;
+    ``token_tiles`` where given), as many FP8 stages (up to 16) as shared memory holds.
 
     By default three consumer warpgroups (512 threads, 128 registers each). Four (640
     threads, 96 registers) fit up to 32 tokens but measured slower at 1 and 16 tokens
@@ -213,15 +238,18 @@ def swap_ab_config(
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
             2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`SwapABConfig` does.
     """
-    limit = swap_ab_token_limit(tile_w)
-    if tokens > limit:
+    activation = Activation.of(activation)
+    limit = swap_ab_token_limit(tile_w, activation)
+    if tokens > limit and not token_tiles:
         fail(ValueError, "tokens", f"at most {limit} for this swap-AB schedule", tokens)
     tokens_tile = 8
     while tokens_tile < tokens:
         tokens_tile *= 2
+    if 128 < tokens <= 192:  # a wgmma N of 192 (24 x 8): a quarter fewer padded tokens
+        tokens_tile = 192
+    tokens_tile = token_tiles or tokens_tile
     if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
-    activation = Activation.of(activation)
     bf16_tokens = bf16_tokens or not activation.quantized
     if bf16_tokens:
         # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
@@ -236,7 +264,7 @@ def swap_ab_config(
     return SwapABConfig(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
-        activation=activation,
+        activation=activation, token_tiles=token_tiles,
     )  # fmt: skip
 
 
@@ -248,8 +276,10 @@ def label(cfg: GemmConfig) -> str:
     w8a16 = "" if cfg.activation.quantized else " w8a16"
     if isinstance(cfg, SwapABConfig):
         pairs = " mc2" if cfg.cluster == 2 else ""
-        if cfg.tile_w == 128:
-            return f"swap-ab w128 bf16-tokens{pairs}{w8a16}"
+        if cfg.token_tiles:
+            return f"swap-ab w{cfg.tile_w} token-tiles {cfg.token_tiles}{w8a16}"
+        if cfg.tile_w > 64:
+            return f"swap-ab w{cfg.tile_w} bf16-tokens{pairs}{w8a16}"
         text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"
         return text + (" bf16-tokens" if cfg.bf16_tokens else "") + pairs + w8a16
     tail = ("", " stream-k", " stream-k-tail")[cfg.stream_k]

@@ -55,9 +55,10 @@ def frag(cfg) -> int:
 
 def floats(cfg) -> int | None:
     """FP32 partial sums the host allocates for a launch of ``cfg``: every slot of up to
-    ``cfg.num_ctas`` CTAs, at least ``MIN_COLUMNS`` wide; None for a tiled launch without
-    stream-K, which has no workspace."""
-    if not (isinstance(cfg, SwapABConfig) or cfg.stream_k):
+    ``cfg.num_ctas`` CTAs, at least ``MIN_COLUMNS`` wide; None for a launch without stream-K
+    (a tiled one without it, a swap-AB one with ``token_tiles``), which has no workspace."""
+    stream_k = not cfg.token_tiles if isinstance(cfg, SwapABConfig) else cfg.stream_k
+    if not stream_k:
         return None
     columns = max(MIN_COLUMNS, part_columns(cfg))
     return cfg.num_ctas * slots_per_cta(cfg) * PARTS_PER_SLOT * PART_ROWS * columns

@@ -9,7 +9,9 @@ row tile at every tile height) by N 4000 (a partial column tile) by K 4096 (32 s
 is one full wave and a rest of 124 tiles of 128 x 128 on 132 SMs (a stream-K tail), 60 of
 192 x 128, 108 of 128 x 64, 116 of 64 x 128, 84 of 64 x 64; the swap-AB schedules stream
 63 weight tiles of 32 stages, split over all CTAs, at 40 tokens (100 with 128-row weight
-stages). W8A16 reads three slices of widths 1024, 1920 and 1152, one a column view of a
+stages; W8A16 also 160 and 256, its 192- and 256-token tiles); the token-tiled ones take
+1000 tokens in partial token tiles, more than a wave of (token tile, weight tile) pairs.
+W8A16 reads three slices of widths 1024, 1920 and 1152, one a column view of a
 wider buffer. W8A8's tokens mix rows whose scales allow the FP16 path with rows that do not.
 Tolerance: tests/helpers/gemm.py (W8A8) and tests/kernels/test_gemm_w8a16.py (W8A16).
 """
@@ -30,14 +32,22 @@ N, K, WIDTHS = 4000, 4096, (1024, 1920, 1152)
 POISON = float("nan")
 
 
-def _tokens(entry: dict) -> int:
-    if entry["kernel"] == "swap-ab":
-        return 100 if entry["tile_w"] == 128 else 40
-    return 1000
+def _token_counts(entry: dict) -> tuple[int, ...]:
+    if entry["kernel"] == "swap-ab" and not entry.get("token_tiles"):
+        if entry["tile_w"] == 64:
+            return (40,)
+        # W8A16 128-row stages hold up to 256 tokens (a 192- and a 256-token tile)
+        return (100,) if entry.get("activation") != "bf16" else (100, 160, 256)
+    return (1000,)
 
 
-def _label(entry: dict) -> str:
-    return select.config_of(entry, _tokens(entry)).__class__.__name__ + str(sorted(entry.items()))
+CASES = [(entry, tokens) for entry in proven.entries() for tokens in _token_counts(entry)]
+
+
+def _label(case) -> str:
+    entry, tokens = case
+    cfg = select.config_of(entry, tokens)
+    return f"{cfg.__class__.__name__}{sorted(entry.items())}-{tokens}"
 
 
 def _runs(launch, tokens: int, dtype=torch.bfloat16) -> torch.Tensor:
@@ -69,9 +79,9 @@ def _w8a8_tokens(tokens: int):
     return values, torch.cat([narrow[1].view(-1), wide[1].view(-1)])
 
 
-@pytest.mark.parametrize("entry", proven.entries(), ids=_label)
-def test_twenty_runs_give_the_same_bits_within_the_bound(entry):
-    tokens = _tokens(entry)
+@pytest.mark.parametrize("case", CASES, ids=[_label(c) for c in CASES])
+def test_twenty_runs_give_the_same_bits_within_the_bound(case):
+    entry, tokens = case
     cfg = select.config_of(entry, tokens)
     b, sb = random_operand(N, K, None, spread=8 if cfg.activation == "mxfp8" else 30, seed=5)
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)

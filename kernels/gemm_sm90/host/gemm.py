@@ -124,7 +124,8 @@ def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
     First A: W8A8, its values and scales; W8A16 (``a`` the slices' widths), the slices and
     their row strides (``MAX_SLICES`` each, None past the build's). Then B's values and
     scales, bias (None in a build without bias), out, M, and for W8A8 the A scale chunk
-    count; then the swap-AB kernel's stream-K workspace (partial sums, flags), or the tiled
+    count; then the swap-AB kernel's stream-K workspace (partial sums, flags; None with
+    ``token_tiles``), or the tiled
     kernel's per-row FP16 references of A and of B (gemm_sm90.device.refs) and its stream-K
     workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
@@ -138,8 +139,8 @@ def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
         strides = (*(int32() for _ in a), *unused)
         args = (*slices, *strides, fp8, scales, bias, out, int32())
     workspace = (pointer("Float32"), pointer("Int32"))
-    if isinstance(cfg, SwapABConfig):
-        return (*args, *workspace)
+    if isinstance(cfg, SwapABConfig):  # token tiles: no stream-K, no workspace
+        return (*args, *((None, None) if cfg.token_tiles else workspace))
     refs = (pointer("Int32", 4), pointer("Int32", 4))
     return (*args, *refs, *(workspace if cfg.stream_k else (None, None)))
 

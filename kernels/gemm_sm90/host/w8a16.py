@@ -124,7 +124,7 @@ def _run(m, n, widths, strides, slices, b_values, b_scales, bias, out, config) -
     bias_dtype = bias.dtype if bias is not None else None
     plan = launches(m, n, widths, out.stride(0), out.dtype, bias_dtype, gpu_of(dev), config)
     cfg = plan.config
-    if isinstance(cfg, SwapABConfig) and m > cfg.tokens_tile:
+    if isinstance(cfg, SwapABConfig) and m > cfg.tokens_tile and not cfg.token_tiles:
         raise ValueError(f"config tokens_tile={cfg.tokens_tile} is below the {m} tokens")
     unused = (None,) * (MAX_SLICES - len(widths))
     args = (

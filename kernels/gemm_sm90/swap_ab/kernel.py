@@ -178,7 +178,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             w8_layout, a8_layout, a16_layout, s_layout, mPartials, mFlags,
         ).launch  # fmt: skip
         launch(
-            grid=[self.num_ctas, 1, 1],
+            grid=self._grid(m),
             block=[(1 + self.consumers) * WG_THREADS, 1, 1],
             cluster=(self.cluster, 1, 1),
             min_blocks_per_mp=1,
@@ -246,22 +246,37 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
-        if warp == 0:
-            sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
-            if cutlass.const_expr(self.bf16_tokens):
-                sA8 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-            else:
-                sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
-            sSW = st.sSW.get_tensor(s_layout)
-            sSA = st.sSA.get_tensor(s_layout)
-            self._producer(
-                cta, begin, end, rank, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full,
-                tma_sa, gSA_full, sW8, sA8, sSW, sSA, load_pipe,
-            )  # fmt: skip
-        elif wg >= 1:
-            sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-            self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16, mD,
-                           mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
+        roles = (cta, begin, end, rank, m, st, load_pipe)
+        if cutlass.const_expr(self.registers is None):
+            # written out here rather than through the roles' methods below, which give
+            # the same program in another PTX order (the W8A8 builds' PTX is pinned)
+            if warp == 0:
+                sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
+                if cutlass.const_expr(self.bf16_tokens):
+                    sA8 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                else:
+                    sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+                sSW = st.sSW.get_tensor(s_layout)
+                sSA = st.sSA.get_tensor(s_layout)
+                self._producer(
+                    cta, begin, end, rank, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full,
+                    tma_sa, gSA_full, sW8, sA8, sSW, sSA, load_pipe,
+                )  # fmt: skip
+            elif wg >= 1:
+                sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+                self._consumer(wg - 1, tidx % WG_THREADS, cta, begin, end, st, tiled_mma, sA16,
+                               mD, mBias, m, mPartials, mFlags, load_pipe)  # fmt: skip
+        elif wg == 0:
+            # the producer warpgroup gives registers to the consumers' accumulators; each
+            # role's code is apart (swap_ab.parts), so that ptxas holds each to its count
+            cute.arch.setmaxregister_decrease(self.registers[0])
+            if warp == 0:
+                self._run_producer(roles, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full,
+                                   tma_sa, gSA_full, w8_layout, a8_layout, a16_layout, s_layout)  # fmt: skip
+        else:
+            cute.arch.setmaxregister_increase(self.registers[1])
+            self._run_consumer(roles, wg - 1, tidx % WG_THREADS, tiled_mma, a16_layout, mD,
+                               mBias, mPartials, mFlags)  # fmt: skip
 
     @cute.jit
     def _producer(
@@ -287,7 +302,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 tma_w, tWg[(None, tile, kt)], tWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
             )  # fmt: skip
-            self._load_token_stage(tma_a, token_views, ps, kt, rank, bar)
+            self._load_token_stage(tma_a, token_views, ps, kt, rank, bar, 0)
             cute.copy(
                 tma_sw, tSWg[(None, 0, w_chunk0 + kt)], tSWs[(None, ps.index)], tma_bar_ptr=bar,
                 cache_policy=evict_first,
@@ -446,8 +461,9 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         return tma_views(tma_a, sA8, gA_full, a_tile)
 
     @cute.jit
-    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar):
-        """The producer's TMA of stage ``kt``'s token tile into stage ``ps.index``."""
+    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar, token_tile):
+        """The producer's TMA of stage ``kt``'s token tile into stage ``ps.index`` (token tile
+        ``token_tile``: 0 but in a ``token_tiles`` build, which only W8A16 has)."""
         tAs, tAg = views
         if cutlass.const_expr(self.cluster > 1):
             # K half ``rank`` of the token tile, into this stage of both CTAs (the full

@@ -42,6 +42,22 @@ L2_EVICT_FIRST = 0x12F0000000000000
 L2_EVICT_NORMAL = 0x1000000000000000
 
 
+# Registers per thread: the register file over every thread of a CTA, and what the
+# producer warpgroup keeps where the consumers take the rest (setmaxnreg counts are
+# multiples of 8)
+_REGISTERS = 65536
+_PRODUCER_REGISTERS = 40
+
+
+def consumer_registers(consumers: int) -> tuple[int, int]:
+    """(producer, consumer) registers per thread of a W8A16 row-split build: a consumer holds
+    64 weight rows x the token tile in FP32 (up to 128 registers at 256 tokens) besides its
+    weight fragment; an even split (168 each with two consumers) spilled at every token
+    tile."""
+    rest = _REGISTERS - _PRODUCER_REGISTERS * WG_THREADS
+    return _PRODUCER_REGISTERS, min(256, rest // (consumers * WG_THREADS) // 8 * 8)
+
+
 class SwapABParts(Sm90Gemm):
     """The swap-AB kernel's compile-time geometry and its consumers' helpers. The kernel
     class (gemm_sm90.swap_ab) derives from it, so every member its methods read is declared
@@ -55,10 +71,6 @@ class SwapABParts(Sm90Gemm):
         self.bf16_tokens = bool(cfg.bf16_tokens)
         self.stages = cfg.stages
         self.consumers = cfg.consumers
-        # each consumer takes every C-th stage; with bf16_tokens it holds its stage until it
-        # has its next one, so the producer needs a stage beyond the C held
-        if self.stages < self.consumers + int(self.bf16_tokens):
-            raise ValueError(f"stages must be at least consumers (+1 with bf16_tokens), got {cfg}")
         self.num_ctas_cap = cfg.num_ctas
         # weight rows per stage: 64, every consumer on alternate stages of them; or (row
         # split) 64 per consumer, all of them on every stage and its one token tile
@@ -66,6 +78,17 @@ class SwapABParts(Sm90Gemm):
         self.row_split = self.tile_w != TILE_W
         if self.row_split and (not self.bf16_tokens or self.tile_w != TILE_W * self.consumers):
             raise ValueError(f"tile_w above 64 needs bf16_tokens and 64 rows per consumer: {cfg}")
+        # each consumer takes every C-th stage (row split: every stage); with bf16_tokens it
+        # holds its stage until it has its next one, so the producer needs a stage beyond
+        # those held
+        held = 1 if self.row_split else self.consumers
+        if self.stages < held + int(self.bf16_tokens):
+            raise ValueError(f"stages must be at least {held + int(self.bf16_tokens)}: {cfg}")
+        # token_tiles: tokens in tiles of tn, whole (token tile, weight tile) pairs per CTA
+        # (swap_ab.token_tiles); 0: one token tile, stream-K over the weight
+        self.token_tiles = cfg.token_tiles
+        w8a16 = not cfg.activation.quantized
+        self.registers = consumer_registers(self.consumers) if self.row_split and w8a16 else None
         # consumer warpgroups that read each stage: all of them with the row split
         self.stage_consumers = self.consumers if self.row_split else 1
         # the stream-K workspace's slots (and flags) per CTA and a part's values per thread
@@ -83,6 +106,13 @@ class SwapABParts(Sm90Gemm):
         self.units = ceil_div(self.w_tiles, self.cluster) * self.k_tiles
         self.num_groups = min(self.num_ctas_cap // self.cluster, self.units)
         self.num_ctas = self.num_groups * self.cluster
+
+    def _grid(self, m):
+        """The launch's CTAs: every one the units are split over (token tiles: up to one per
+        (token tile, weight tile) pair, swap_ab.token_tiles)."""
+        if cutlass.const_expr(self.token_tiles):
+            return [cutlass.min(self._tiles(m), self.num_ctas_cap), 1, 1]
+        return [self.num_ctas, 1, 1]
 
     def _group_rank(self, cta):
         """(CTA group, rank in it) of ``cta``: the CTA itself and 0 without clusters."""
@@ -132,7 +162,7 @@ class SwapABParts(Sm90Gemm):
         head or middle part is published for the CTA holding the tail."""
         slot = self._slot(cta, cw)
         if u == tile * self.k_tiles and seg_end == tile_end:
-            self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
+            self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw, 0)
         elif seg_end == tile_end:
             # the tile's tail: the fixup waits for the lower CTAs' parts at the end
             for i in cutlass.range_constexpr(cute.size(acc)):
@@ -176,7 +206,7 @@ class SwapABParts(Sm90Gemm):
         )  # fmt: skip
         for i in cutlass.range_constexpr(cute.size(acc)):
             acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
-        self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw)
+        self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw, 0)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
         for c in range(first + ct, group, WG_THREADS):
@@ -235,13 +265,47 @@ class SwapABParts(Sm90Gemm):
                         store_smem_word(base + ((chunk ^ (row % 8)) << 4) + 4 * t, v)
 
     @cute.jit
-    def _store_tile(self, thr, acc, mD, mBias, m, tile, cw):
-        """Accumulator (weight row, token) -> out[token, column], bias in FP32: column tile *
-        64 + row (row split: tile * tile_w + 64 cw + row)."""
+    def _store_tile(self, thr, acc, mD, mBias, m, tile, cw, token0):
+        """Accumulator (weight row, token) -> out[token0 + token, column], bias in FP32:
+        column tile * 64 + row (row split: tile * tile_w + 64 cw + row)."""
         coords = thr.partition_C(cute.make_identity_tensor((TILE_W, self.tn)))
         row0 = tile * self.tile_w + cw * TILE_W if self.row_split else tile * TILE_W
         for i in cutlass.range_constexpr(cute.size(acc)):
             row, token = coords[i]
             col = row0 + row
-            if token < m and col < self.n:
-                self.store_output(mD, mBias, token, col, acc[i])
+            if token0 + token < m and col < self.n:
+                self.store_output(mD, mBias, token0 + token, col, acc[i])
+
+    @cute.jit
+    def _run_producer(
+        self, roles, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full, tma_sa, gSA_full,
+        w8_layout, a8_layout, a16_layout, s_layout,
+    ):  # fmt: skip
+        """Warp 0: the producer of the build's schedule."""
+        cta, begin, end, rank, m, st, load_pipe = roles
+        sW8 = st.sW8.get_tensor(w8_layout.outer, swizzle=w8_layout.inner)
+        if cutlass.const_expr(self.bf16_tokens):
+            sA8 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        else:
+            sA8 = st.sA8.get_tensor(a8_layout.outer, swizzle=a8_layout.inner)
+        sSW = st.sSW.get_tensor(s_layout)
+        sSA = st.sSA.get_tensor(s_layout)
+        if cutlass.const_expr(self.token_tiles):
+            self._tiles_producer(cta, m, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full,
+                                 sW8, sA8, sSW, load_pipe)  # fmt: skip
+        else:
+            self._producer(
+                cta, begin, end, rank, tma_w, gW_full, tma_a, gA_full, tma_sw, gSW_full,
+                tma_sa, gSA_full, sW8, sA8, sSW, sSA, load_pipe,
+            )  # fmt: skip
+
+    @cute.jit
+    def _run_consumer(self, roles, cw, ct, tiled_mma, a16_layout, mD, mBias, mPartials, mFlags):
+        """Consumer warpgroup ``cw`` (thread ``ct`` of it) of the build's schedule."""
+        cta, begin, end, _rank, m, st, load_pipe = roles
+        sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        if cutlass.const_expr(self.token_tiles):
+            self._tiles_consumer(cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, load_pipe)
+        else:
+            self._consumer(cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m,
+                           mPartials, mFlags, load_pipe)  # fmt: skip

@@ -25,6 +25,7 @@ from ..device.slices import (
 )
 from .kernel import MXFP8SwapABGemmSm90
 from .parts import L2_EVICT_NORMAL
+from .token_tiles import TokenTiles
 
 
 class SlicesTokens:
@@ -41,7 +42,7 @@ class SlicesTokens:
         return slice_views(tma_a, sA8, gA_full, self.tn)
 
     @cute.jit
-    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar):
+    def _load_token_stage(self, tma_a, views, ps, kt, rank, bar, token_tile):
         # from the slice holding stage kt; with clusters, K half ``rank`` into this stage
         # of both CTAs
         slot = lambda h: 2 * ps.index + h  # noqa: E731
@@ -50,9 +51,11 @@ class SlicesTokens:
                 "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
                 "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
             }
-            load_stage_from_slices(views, self.slice_stages, 0, kt, (rank,), slot, bar, multicast)
+            load_stage_from_slices(
+                views, self.slice_stages, token_tile, kt, (rank,), slot, bar, multicast
+            )
         else:
-            load_stage_from_slices(views, self.slice_stages, 0, kt, (0, 1), slot, bar, {})
+            load_stage_from_slices(views, self.slice_stages, token_tile, kt, (0, 1), slot, bar, {})
 
     def _fragment_selector(self, t):
         return pair_selector(t)
@@ -65,9 +68,10 @@ class SlicesTokens:
         convert_fragment_natural(w_words, w_scales, selector, frag_words)
 
 
-class W8A16SwapABGemmSm90(SlicesEntry, SlicesTokens, MXFP8SwapABGemmSm90):
+class W8A16SwapABGemmSm90(SlicesEntry, SlicesTokens, TokenTiles, MXFP8SwapABGemmSm90):
     """The swap-AB kernel on BF16 slices of widths ``widths`` (multiples of 128, K their sum);
-    ``cfg`` has ``bf16_tokens`` (the tokens arrive BF16 through TMA)."""
+    ``cfg`` has ``bf16_tokens`` (the tokens arrive BF16 through TMA); with ``token_tiles``
+    the tokens in tiles, any count of them (swap_ab.token_tiles)."""
 
     def __init__(self, cfg, n: int, widths: tuple[int, ...], ld_out: int, bias_dtype, out_dtype):
         super().__init__(cfg, n, widths, ld_out, bias_dtype, out_dtype)

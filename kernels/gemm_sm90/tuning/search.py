@@ -13,6 +13,8 @@ from ....format import Activation
 from ..config import (
     SWAP_AB_MAX_TOKENS,
     SWAP_AB_WIDE_MAX_TOKENS,
+    TOKEN_TILES,
+    W8A16_TOKEN_LIMIT,
     GemmConfig,
     own_stages,
     swap_ab_config,
@@ -59,7 +61,8 @@ def candidates(
 
     ``activation`` W8A16: the same schedules as the choice maps them for BF16 activations
     (``select.for_activation``: every tile on the BF16 path, the stage counts that fit BF16
-    A stages, 192-row tiles as 128-row ones), each once."""
+    A stages, 192-row tiles as 128-row ones), each once, and those only W8A16 has
+    (:func:`_w8a16_only`)."""
 
     def tiled(tile_m, tile_n, converters, stream_k=0, stages=None):
         return tiled_config(tile_m, tile_n, converters, stream_k, num_sms, stages)
@@ -106,9 +109,30 @@ def candidates(
             for cfg in found
             if cfg.kernel == "tiled" and cfg.stream_k == 1 and not own_stages(cfg)
         ]
-    found = [for_activation(cfg, tokens, Activation.of(activation)) for cfg in found]
+    activation = Activation.of(activation)
+    found = [for_activation(cfg, tokens, activation) for cfg in found]
+    if not activation.quantized:
+        found += _w8a16_only(tokens, num_sms)
     found = [cfg for cfg in found if not any(_holds(cfg, part) for part in leave_out)]
     return [cfg for cfg in dict.fromkeys(found) if proven.holds(schedule(cfg))]
+
+
+def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
+    """The W8A16 schedules no W8A8 one maps to: 128-row weight stages holding up to 256
+    tokens in one tile (stream-K over the weight, alone and on CTA pairs), and from 64
+    tokens on the token-tiled ones, at each token tile (swap_ab.token_tiles)."""
+    found = []
+    if SWAP_AB_WIDE_MAX_TOKENS < tokens <= W8A16_TOKEN_LIMIT:
+        found += [
+            swap_ab_config(tokens, num_sms, 2, True, 128, pairs, Activation.W8A16)
+            for pairs in (1, 2)
+        ]
+    if tokens >= 64:
+        found += [
+            swap_ab_config(tokens, num_sms, 2, True, 128, 1, Activation.W8A16, tile)
+            for tile in TOKEN_TILES
+        ]
+    return found
 
 
 def _holds(cfg: GemmConfig, part: dict) -> bool:

@@ -56,14 +56,16 @@ _HEURISTIC_PAIRS_16_MIN_N = 4096
 _HEURISTIC_W128_MIN_N = 7168
 
 
-# the fields a tiled entry holds only where they are not the default
+# the fields an entry holds only where they are not the default
 _TILED_OPTIONAL = ("stages", "fp16_tiles")
+_SWAP_AB_OPTIONAL = ("token_tiles",)
 
 
 def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry gives ``tokens`` on ``num_sms`` SMs. An entry holds a
     schedule's fields: ``kernel`` ``"swap-ab"`` with ``consumers``, ``bf16_tokens``,
-    ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``), or
+    ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``;
+    optionally ``token_tiles``), or
     ``"tiled"`` with ``tile_m``, ``tile_n``, ``converters``, ``stream_k`` and optionally
     ``stages`` (FP8, 16-bit) and ``fp16_tiles``; either optionally ``activation`` (``"bf16"``:
     W8A16; without it W8A8).
@@ -75,14 +77,16 @@ def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """
     swap_ab = entry["kernel"] == SwapABConfig.kernel
     fields = SwapABConfig.schedule_fields if swap_ab else TiledConfig.schedule_fields
-    known = {"kernel", "activation", *fields, *(() if swap_ab else _TILED_OPTIONAL)}
+    optional = _SWAP_AB_OPTIONAL if swap_ab else _TILED_OPTIONAL
+    known = {"kernel", "activation", *fields, *optional}
     if not known.issuperset(entry):
         fail(ValueError, "entry", f"only the fields {sorted(known)}", sorted(set(entry) - known))
     activation = Activation.of(entry.get("activation", Activation.W8A8))
     if swap_ab:
         return swap_ab_config(
-            tokens, num_sms, **{k: entry[k] for k in fields}, activation=activation
-        )
+            tokens, num_sms, **{k: entry[k] for k in fields}, activation=activation,
+            token_tiles=entry.get("token_tiles", 0),
+        )  # fmt: skip
     stages = entry.get("stages")
     return tiled_config(
         entry["tile_m"], entry["tile_n"], entry["converters"], entry["stream_k"], num_sms,
@@ -99,6 +103,8 @@ def schedule(cfg: GemmConfig) -> dict:
     if not cfg.activation.quantized:
         entry["activation"] = cfg.activation.value
     if isinstance(cfg, SwapABConfig):
+        if cfg.token_tiles:
+            entry["token_tiles"] = cfg.token_tiles
         return {**entry, **{f: getattr(cfg, f) for f in cfg.schedule_fields}}
     if not cfg.fp16_tiles and cfg.activation.quantized:  # W8A16: always, said by activation
         entry["fp16_tiles"] = False
@@ -108,10 +114,11 @@ def schedule(cfg: GemmConfig) -> dict:
 
 
 def token_limit(entry: dict) -> int | None:
-    """The most tokens a swap-AB entry serves (None for a tiled one: any count)."""
-    if entry["kernel"] != SwapABConfig.kernel:
+    """The most tokens a swap-AB entry serves (None for a tiled one or a token-tiled one:
+    any count)."""
+    if entry["kernel"] != SwapABConfig.kernel or entry.get("token_tiles"):
         return None
-    return swap_ab_token_limit(entry["tile_w"])
+    return swap_ab_token_limit(entry["tile_w"], entry.get("activation", Activation.W8A8))
 
 
 def table_entry(
