@@ -252,9 +252,11 @@ def swap_ab_config(
         fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
     bf16_tokens = bf16_tokens or not activation.quantized
     if bf16_tokens:
-        # per stage the weight, its scales and the BF16 token tile; consumers 2..: an FP32
-        # partial-sum tile (not with tile_w 128: each consumer finishes its own rows)
-        per_stage = tile_w * TILE_K8 + tokens_tile * TILE_K8 * 2 + CHUNK_BYTES + 16
+        # per stage (of K 128; of 64 with token tiles) the weight, its scales and the BF16
+        # token tile; consumers 2..: an FP32 partial-sum tile (not with tile_w 128: each
+        # consumer finishes its own rows)
+        stage_k = TILE_K16 if token_tiles else TILE_K8
+        per_stage = tile_w * stage_k + tokens_tile * stage_k * 2 + CHUNK_BYTES + 16
         fixed = (consumers - 1) * 64 * tokens_tile * 4 * (tile_w == 64) + 6144
     else:
         per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16

@@ -155,19 +155,23 @@ def pair_selector(t):
 
 
 @cute.jit
-def load_fragment_natural(stage, row0, t, scales, scale_row0):
+def load_fragment_natural(stage, row0, t, scales, scale_row0, blocks: int = K_BLOCKS):
     """Swap-AB kernel: the FP8 words and scale words behind thread (g, t)'s A fragment in
-    natural K order, from a 128-byte-swizzled FP8 stage (rows of K 128) at byte address
-    ``stage``: rows ``row0`` and ``row0 + 8``; per k16 block kb (chunk kb of the row) the
+    natural K order, from a swizzled FP8 stage of ``blocks`` k16 blocks per row at byte
+    address ``stage`` (8: rows of K 128, 128-byte swizzle; 4: rows of K 64, 64-byte
+    swizzle): rows ``row0`` and ``row0 + 8``; per k16 block kb (chunk kb of the row) the
     words holding bytes 2t, 2t + 1 and 2t + 8, 2t + 9; per row its scale word (tile row r is
     row ``scale_row0 + r`` of the 512-byte chunk at ``scales``). Returns
-    (``words[16 rr + 2 kb + hi]``, ``scale_words[rr]``)."""
+    (``words[2 blocks rr + 2 kb + hi]``, ``scale_words[rr]``)."""
     words = []
     scale_words = []
     for rr in cutlass.range_constexpr(2):
         row = row0 + 8 * rr
-        for kb in cutlass.range_constexpr(K_BLOCKS):
-            base = stage + row * TILE_K8 + ((kb ^ (row % 8)) << 4) + 4 * (t // 2)
+        for kb in cutlass.range_constexpr(blocks):
+            if cutlass.const_expr(blocks == K_BLOCKS):
+                base = stage + row * TILE_K8 + ((kb ^ (row % 8)) << 4) + 4 * (t // 2)
+            else:  # 64-byte rows: the 64-byte swizzle pairs rows
+                base = stage + row * 64 + ((kb ^ ((row >> 1) % 4)) << 4) + 4 * (t // 2)
             for hi in cutlass.range_constexpr(2):
                 words.append(load_smem_words(base + 8 * hi, 1, 4))
         scale_words.append(load_smem_words(scales + chunk_word(scale_row0 + row) * 4, 1, 4))
@@ -175,28 +179,31 @@ def load_fragment_natural(stage, row0, t, scales, scale_row0):
 
 
 @cute.jit
-def convert_fragment_natural(words, scale_words, selector, frag_words):
-    """:func:`load_fragment_natural`'s words -> the BF16 A fragment (Int32 view): fragment
-    word rr + 2 hi + 4 kb is the pair (row g + 8 rr, k 2t + 8 hi) of block kb, exact
-    (E4M3 times its E8M0 scale, as gemm_sm90.device.common.convert_fragment converts)."""
+def convert_fragment_natural(words, scale_words, selector, frag_words, blocks=K_BLOCKS, group0=0):
+    """:func:`load_fragment_natural`'s words (of ``blocks`` k16 blocks) -> the BF16 A
+    fragment (Int32 view): fragment word rr + 2 hi + 4 kb is the pair (row g + 8 rr, k 2t +
+    8 hi) of block kb, exact (E4M3 times its E8M0 scale, as
+    gemm_sm90.device.common.convert_fragment converts). Block kb's scale is byte ``group0 +
+    kb / 2`` of its row's scale word (``group0`` 2 for the second K half of a chunk)."""
     big = Int32(0)
     rests = []
+    groups = blocks // 2
     for rr in cutlass.range_constexpr(2):
-        for j in cutlass.range_constexpr(K_BLOCKS // 2):  # the stage's four scale groups
-            s = Int32(scale_words[rr][0] >> (8 * j)) & 0xFF
+        for j in cutlass.range_constexpr(groups):  # the stage's scale groups
+            s = Int32(scale_words[rr][0] >> (8 * (group0 + j))) & 0xFF
             factor, rest, is_big = scale_factors(s)
             rests.append(rest)
             big = big | is_big
             for kb in cutlass.range_constexpr(2 * j, 2 * j + 2):
                 for hi in cutlass.range_constexpr(2):
-                    word = words[16 * rr + 2 * kb + hi][0]
+                    word = words[2 * blocks * rr + 2 * kb + hi][0]
                     frag_words[rr + 2 * hi + 4 * kb] = dequant_pair_sel(word, factor, selector)
     if big != 0:  # scale bytes above ONE_FACTOR_MAX: the second, exact factor
         for rr in cutlass.range_constexpr(2):
-            for kb in cutlass.range_constexpr(K_BLOCKS):
+            for kb in cutlass.range_constexpr(blocks):
                 for hi in cutlass.range_constexpr(2):
                     idx = rr + 2 * hi + 4 * kb
-                    frag_words[idx] = mul_bf16x2(frag_words[idx], rests[4 * rr + kb // 2])
+                    frag_words[idx] = mul_bf16x2(frag_words[idx], rests[groups * rr + kb // 2])
 
 
 class SlicesEntry:

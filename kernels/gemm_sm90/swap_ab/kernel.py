@@ -137,17 +137,18 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         mPartials, mFlags = self._workspace(address(partials), address(flags))
 
         tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
-        w8_layout = smem_layout(fp8, self.tile_w, TILE_K8, self.stages)
+        sk = self.stage_k
+        w8_layout = smem_layout(fp8, self.tile_w, sk, self.stages)
         s_layout = chunk_slots(self.stages)
-        tma_w, gW = tma_load(mW, w8_layout, (self.tile_w, TILE_K8))
+        tma_w, gW = tma_load(mW, w8_layout, (self.tile_w, sk))
         tma_sw, gSW = tma_load_chunks(mSW, s_layout)
         if cutlass.const_expr(self.bf16_tokens):
-            # two K halves per stage
+            # the stage's K halves of 64 (one with stage_k 64)
             a8_layout = smem_layout(fp8, 8, TILE_K8, 1)  # unused
-            a16_layout = smem_layout(bf16, tn, TILE_K16, 2 * self.stages)
+            a16_layout = smem_layout(bf16, tn, TILE_K16, self.stages * sk // TILE_K16)
             tma_a, gA = self._token_tma(tokens, a16_layout, tn)
             tma_sa, gSA = tma_sw, gSW  # unused
-            self.tx_bytes = self.tile_w * TILE_K8 + tn * TILE_K8 * 2 + CHUNK_BYTES
+            self.tx_bytes = self.tile_w * sk + tn * sk * 2 + CHUNK_BYTES
         else:
             a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
             # per consumer warpgroup: the stage's two K halves of BF16 tokens

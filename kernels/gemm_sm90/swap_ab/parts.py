@@ -87,6 +87,10 @@ class SwapABParts(Sm90Gemm):
         # token_tiles: tokens in tiles of tn, whole (token tile, weight tile) pairs per CTA
         # (swap_ab.token_tiles); 0: one token tile, stream-K over the weight
         self.token_tiles = cfg.token_tiles
+        # K per stage: 64 with token tiles (a 256-token tile's stage is 40 KB, so five of
+        # them fit where two of K 128 did), else 128
+        self.stage_k = TILE_K16 if self.token_tiles else TILE_K8
+        self.k_stages = self.k // self.stage_k
         w8a16 = not cfg.activation.quantized
         self.registers = consumer_registers(self.consumers) if self.row_split and w8a16 else None
         # consumer warpgroups that read each stage: all of them with the row split
