@@ -14,11 +14,14 @@ toolkit.
 from __future__ import annotations
 
 import itertools
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\* (0x[0-9a-f]{16}) \*/")
@@ -73,3 +76,46 @@ def arrives_before_loads_return(cubin: bytes) -> list[str]:
         if re.search(r"\bLDS\b|\bLDS\.", text) and board != _NO_BARRIER:
             pending[board] = offset
     return found
+
+
+# The DSL reads CUTE_DSL_KEEP once, when it is first loaded: an earlier test of the session
+# that compiled in this process would leave the cubin unkept, so builds are compiled in a
+# fresh interpreter, which writes their cubins where it is told.
+_COMPILE = textwrap.dedent(
+    """
+    import json, sys, torch
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
+    entry, tokens, n, cases = json.loads(sys.argv[1])
+    cfg = select.config_of(entry, tokens)
+    for widths, path in cases:
+        build = host.compile_gemm(cfg, n, tuple(widths), n, torch.bfloat16, None)
+        with open(path, "wb") as f:
+            f.write(build.__cubin__)
+    """
+)
+
+
+def compile_cubins(entry: dict, tokens: int, n: int, slice_widths, folder: Path) -> list[bytes]:
+    """The sm_90a cubins of the W8A16 build of schedule ``entry`` at ``tokens`` on N ``n``,
+    one per slice-widths tuple in ``slice_widths``, compiled on this machine (no GPU)."""
+    cases = [(w, str(folder / f"{i}.cubin")) for i, w in enumerate(slice_widths)]
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUTE_DSL_KEEP="cubin")
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE, json.dumps([entry, tokens, n, cases])],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [Path(path).read_bytes() for _, path in cases]
+
+
+def local_memory_accesses(cubin: bytes) -> list[str]:
+    """The instructions of ``cubin`` that store to or load from local memory (``STL``,
+    ``LDL``): register spills, in these kernels, which keep no arrays in local memory."""
+    return [text for _, text, _, _ in instructions(cubin) if re.search(r"\b(STL|LDL)\b", text)]
+
+
+def sets_register_counts(cubin: bytes) -> bool:
+    """Whether ``cubin`` moves registers between warpgroups (``USETMAXREG``): ptxas drops a
+    ``setmaxnreg`` it cannot honour, with only a build-time note."""
+    return any("USETMAXREG" in text for _, text, _, _ in instructions(cubin))

@@ -321,21 +321,29 @@ def test_choose_config_looks_up_the_table(monkeypatch):
 
 
 def test_measured_table_is_well_formed():
-    """Every row of the committed table holds a valid config's schedule for its token
-    count (the config's own schedule: nothing it would not write), rows ascend, swap-AB
-    rows stay within the kernel's token range, and the table's choice is the config's."""
+    """Every row of every committed table (per device and activation) holds a valid
+    config's schedule for its token count (the config's own schedule: nothing it would not
+    write) of the table's activation, rows ascend, swap-AB rows stay within the kernel's
+    token range, and the table's choice is the config's."""
+    from mxfp8_fusion.format import Activation
     from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
-    shapes = table.shapes(table.MEASURED_DEVICE, 132)
-    assert shapes and list(shapes) == table.measured_shapes()
-    for (n, k), rows in shapes.items():
-        assert n > 0 and k % 32 == 0 and rows
-        buckets = [t for t, _ in rows]
-        assert buckets == sorted(set(buckets)), (n, k)
-        for t, entry in rows:
-            cfg = gemm_select.config_of(entry, t)
-            assert gemm_select.schedule(cfg) == entry
-            assert gemm_select.choose_config(t, n, k) == cfg
+    assert table.shapes(table.MEASURED_DEVICE, 132)
+    seen = []
+    for measured in table.tables():
+        device, sms = measured["device"], measured["sms"]
+        activation = Activation.of(measured.get("activation", Activation.W8A8))
+        shapes = table.shapes(device, sms, activation)
+        seen += list(shapes)
+        for (n, k), rows in shapes.items():
+            assert n > 0 and k % 32 == 0 and rows
+            buckets = [t for t, _ in rows]
+            assert buckets == sorted(set(buckets)), (n, k)
+            for t, entry in rows:
+                cfg = gemm_select.config_of(entry, t)
+                assert cfg.activation is activation and gemm_select.schedule(cfg) == entry
+                assert gemm_select.choose_config(t, n, k, sms, device, activation) == cfg
+    assert list(dict.fromkeys(seen)) == table.measured_shapes()
 
 
 def test_the_table_is_keyed_by_device_name_not_only_sm_count():
@@ -356,7 +364,7 @@ def test_a_table_measured_with_the_toolchain_in_use_is_taken_first(monkeypatch):
     """Of one device's tables, the one its toolchain measured, else the latest written."""
     from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
-    (measured,) = table.tables()
+    (measured,) = [t for t in table.tables() if t["device"] == table.MEASURED_DEVICE]
     version = measured["toolchain"][table.TOOLCHAIN_PACKAGE]
     latest = {**measured, "toolchain": {table.TOOLCHAIN_PACKAGE: "0.0"}, "shapes": []}
     monkeypatch.setattr(table, "tables", lambda: (measured, latest))

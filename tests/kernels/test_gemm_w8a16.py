@@ -17,7 +17,9 @@ from helpers.gemm import random_operand, requires_cutlass, requires_sm90
 
 import mxfp8_fusion as mf
 from mxfp8_fusion import reference
+from mxfp8_fusion.kernels.gemm_sm90.config import TOKEN_TILES, swap_ab_config
 from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
+from mxfp8_fusion.kernels.gemm_sm90.host.gemm import gpu_of
 from mxfp8_fusion.kernels.gemm_sm90.tuning import select as gemm_select
 
 pytestmark = [pytest.mark.gpu, requires_cutlass, requires_sm90]
@@ -70,6 +72,25 @@ CASES = [  # (tokens, N, widths): every kernel form the choice makes, odd N and 
 @pytest.mark.parametrize(("tokens", "n", "widths"), CASES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_slices_match_the_oracle_and_the_concatenation_bit_for_bit(tokens, n, widths, out_dtype):
+    _check_against_the_concatenation(tokens, n, widths, out_dtype, None)
+
+
+@pytest.mark.parametrize("tile", TOKEN_TILES)
+@pytest.mark.parametrize(
+    ("tokens", "n", "widths"), [(300, 200, (128, 384)), (1000, 640, (1024, 512))]
+)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_token_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
+    tile, tokens, n, widths, out_dtype
+):
+    """Partial token and weight tiles, strided slices (odd token counts), bias."""
+    cfg = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", token_tiles=tile)
+    _check_against_the_concatenation(tokens + 1, n, widths, out_dtype, cfg)
+
+
+def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
+    """``cfg`` (None: the choice) from the slices: the rows past M untouched, within the
+    bound, and the bits of the same config on the concatenated input."""
     # scale exponents 117 +- 30 reach 2**20 times the values: BF16 holds such sums, FP16
     # (max 65504) only those of exponents near 117
     spread = 30 if out_dtype == torch.bfloat16 else 3
@@ -77,9 +98,10 @@ def test_slices_match_the_oracle_and_the_concatenation_bit_for_bit(tokens, n, wi
     slices = _slices(tokens, widths, seed=tokens, wide=tokens % 2 == 1)
     bias = torch.randn(n, device="cuda", dtype=out_dtype)
     out = torch.full((tokens + 3, n), 1234.0, device="cuda", dtype=out_dtype)
-    w8a16.run(slices, values, scales, bias, out)
+    w8a16.run(slices, values, scales, bias, out, config=cfg)
     concatenated = torch.full_like(out, 1234.0)
-    cfg = gemm_select.choose_config(tokens, n, sum(widths), activation="bf16")
+    gpu = gpu_of(torch.cuda.current_device())  # what the call above chose on
+    cfg = cfg or gemm_select.choose_config(tokens, n, sum(widths), *gpu, activation="bf16")
     w8a16.run([torch.cat(slices, -1)], values, scales, bias, concatenated, config=cfg)
     torch.cuda.synchronize()
     assert (out[tokens:] == 1234.0).all()

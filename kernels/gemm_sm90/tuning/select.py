@@ -156,8 +156,9 @@ def choose_config(
     entry's kernel holds ``tokens``), else :func:`heuristic_config`.
 
     ``activation`` W8A16 (the A operand read as BF16 from its slices; its string ``"bf16"``
-    is taken too): the measured W8A16 table where it has the shape, else the schedule the
-    W8A8 choice makes, for that activation (:func:`for_activation`).
+    is taken too): the measured W8A16 table where it has the shape, else 256-token tiles
+    where they fill most SMs, else the schedule the W8A8 choice makes, for that activation
+    (:func:`for_activation`).
 
     Only a schedule proven on a GPU (gemm_sm90.tuning.proven) is chosen; any other gives way to
     :data:`PROVEN_FALLBACK`, whole 128 x 128 tiles, which serve every token count."""
@@ -179,9 +180,27 @@ def _choice(tokens, n, k, num_sms, device, activation: Activation) -> GemmConfig
     if entry is not None and tokens <= (token_limit(entry) or tokens):
         return config_of(entry, tokens, num_sms)
     if not activation.quantized:
+        if _w8a16_token_tiles(tokens, n, num_sms):
+            return swap_ab_config(
+                tokens, num_sms, 2, True, 128, 1, activation, token_tiles=_W8A16_TOKEN_TILE
+            )  # fmt: skip
         w8a8 = choose_config(tokens, n, k, num_sms, device)
         return for_activation(w8a8, tokens, activation)
     return heuristic_config(tokens, n, k, num_sms)
+
+
+# W8A16 without a measured table: 256-token tiles (swap_ab.token_tiles) where they fill at
+# least this share of the SMs, else the W8A8 choice's schedule. In the H100 W8A16 tune
+# (benchmarks/results/gemm_tune_w8a16.json) they were the fastest at every point of 1024
+# tokens and more but one (N 2048: 64 tiles), and at 512 tokens on N 7168 (112 tiles);
+# where fewer tiles fill the SMs other schedules won.
+_W8A16_TOKEN_TILE = 256
+_W8A16_TOKEN_TILES_FILL = 0.8
+
+
+def _w8a16_token_tiles(tokens: int, n: int, num_sms: int) -> bool:
+    tiles = ceil_div(tokens, _W8A16_TOKEN_TILE) * ceil_div(n, 128)
+    return tokens > 256 and tiles >= _W8A16_TOKEN_TILES_FILL * num_sms
 
 
 def for_activation(cfg: GemmConfig, tokens: int, activation: Activation) -> GemmConfig:
