@@ -7,41 +7,70 @@ import pytest
 import w8a16 as bench
 
 CHECKS = {"within_bound": True, "bitwise_concatenated": True, "bitwise_graph": True,
-          "err_vs_oracle": 1e-3}  # fmt: skip
+          "bitwise_repeats": True, "err_vs_oracle": 1e-3}  # fmt: skip
+RATE = 3e12  # bytes per second: the copy rate a run measures
+BIG = "reference_6x7168_to_7168"  # 318 MB of weight: the floor rule at 1-8 tokens
+SMALL = "moe_gate_up_7168_to_2048"  # 15 MB: the Humming rule
 
 
-def row(tokens, ours, humming=20.0, shape="drafter_fc_3x4096_to_4096", **checks):
+def row(tokens, ours, humming=20.0, shape="drafter_fc_3x4096_to_4096", cublas=30.0, **checks):
     n, widths = bench.SHAPES[shape]
-    us = {"ours": ours, "humming": humming, "humming_with_cat": humming + 5, "cublas_bf16": 30.0}
-    return bench.make_row(shape, tokens, n, widths, "cfg", us, {**CHECKS, **checks})
+    us = {"ours": ours, "humming": humming, "humming_with_cat": humming + 5, "cublas_bf16": cublas}
+    return bench.make_row(shape, tokens, n, widths, "cfg", us, {**CHECKS, **checks}, RATE)
 
 
-def test_the_floor_is_the_mxfp8_weight_read():
-    # 4096 x 12288 values and one scale byte per 32: 13.0 us at 4 TB/s (docs: BASELINES)
-    assert bench.floor_us(4096, 12288) == pytest.approx(12.98, abs=0.01)
+def test_the_floor_is_the_mxfp8_weight_read_at_the_measured_rate():
+    # 4096 x 12288 values and one scale byte per 32: 17.3 us at 3 TB/s
+    assert bench.floor_us(4096, 12288, RATE) == pytest.approx(17.30, abs=0.01)
+    assert bench.floor_us(4096, 12288, 2 * RATE) == pytest.approx(8.65, abs=0.01)
     r = row(8, 17.0)
     assert r.k == 12288 and r.slices == 3
-    assert r.ours_over_floor == pytest.approx(17.0 / 12.98, rel=1e-3)
+    assert r.ours_over_floor == pytest.approx(17.0 / 17.30, rel=1e-3)
 
 
 def test_every_target_met():
-    rows = [row(1, 17.0), row(8, 17.5), row(1024, 100.0, humming=110.0)]
+    rows = [
+        row(1, 15.0, shape=SMALL), row(8, 16.0, shape=SMALL),  # at most 0.95 of Humming
+        row(1, 110.0, 130.0, BIG), row(4, 115.0, 130.0, BIG),  # at most 1.25 of the floor
+        row(1024, 100.0, humming=130.0, cublas=95.0), row(4096, 300.0, 380.0, BIG, 280.0),
+    ]  # fmt: skip
     memory = {"output_bytes": 100, "ours_peak_bytes": 100}
     found = bench.targets(rows, memory, {"drafter": True}, {"drafter": 9.0})
     assert {name: t["state"] for name, t in found.items()} == dict.fromkeys(bench.TARGETS, "met")
-    assert found["geomean"]["geomean"] < 0.9
+    assert found["geomean"]["geomean"] < 0.85
 
 
 def test_each_target_can_be_missed_and_says_where():
-    rows = [row(1, 25.0), row(64, 21.0), row(128, 19.0, within_bound=False)]
+    rows = [
+        row(1, 25.0, shape=SMALL), row(64, 21.0), row(128, 19.0, within_bound=False),
+        row(8, 140.0, 150.0, BIG), row(2048, 90.0, 100.0, cublas=80.0),
+    ]  # fmt: skip
     memory = {"output_bytes": 100, "ours_peak_bytes": 300}
     found = bench.targets(rows, memory, {"drafter": False}, {"drafter": 15.0})
     assert all(t["state"] == "MISSED" for t in found.values())
     assert [p[:2] for p in found["every_point"]["slower_points"]] == [
-        ["drafter_fc_3x4096_to_4096", 1], ["drafter_fc_3x4096_to_4096", 64]
+        [SMALL, 1], ["drafter_fc_3x4096_to_4096", 64]
     ]  # fmt: skip
-    assert found["decode_floor"]["worst_over_floor"] == pytest.approx(25.0 / 12.98, rel=1e-3)
+    decode = found["decode_floor"]
+    assert decode["small_weights_over_humming"] == [[SMALL, 1, 1.25]]
+    floor = bench.floor_us(7168, 43008, RATE)
+    assert decode["big_weights_over_floor"] == [[BIG, 8, pytest.approx(140.0 / floor)]]
+    assert found["prefill_vs_cublas"]["worst"] == pytest.approx(90.0 / 80.0)
     assert found["numerics"]["points_failing"] == [["drafter_fc_3x4096_to_4096", 128]]
+
+
+def test_the_prefill_rule_reads_1024_to_4096_tokens_only():
+    rows = [row(512, 50.0, 60.0, cublas=10.0), row(1024, 100.0, 120.0, cublas=95.0)]
+    found = bench.targets(rows, None, {"drafter": True}, None)
+    assert found["prefill_vs_cublas"]["state"] == "met"
+    assert found["prefill_vs_cublas"]["points"] == [
+        ["drafter_fc_3x4096_to_4096", 1024, pytest.approx(100.0 / 95.0)]
+    ]
+
+
+def test_one_more_repeat_that_differs_fails_the_numerics():
+    found = bench.targets([row(1024, 1.0, bitwise_repeats=False)], None, {"d": True}, None)
+    assert found["numerics"]["state"] == "MISSED"
 
 
 def test_what_was_not_run_is_not_measured(tmp_path):
