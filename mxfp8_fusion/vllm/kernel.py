@@ -6,8 +6,9 @@ Every MXFP8 linear method of vLLM (ModelOpt ``modelopt_mxfp8``, online
 this class first on CUDA and into the CPU list, where vLLM has no MXFP8 kernel and this
 library's plain-torch reference runs. On a GPU it serves only where :mod:`.policy` says so:
 by default where it measured at least as fast as vLLM's own choice. On sm_90 vLLM's choice
-is Humming, W8A16 (BF16 activations); ours runs W8A16 there too but has not been measured
-against it, so this class yields unless ``MXFP8_FUSION_VLLM_GPU_KERNEL=ours``.
+is Humming, W8A16 (BF16 activations); ours runs W8A16 there too, measured on an H100 slower
+than Humming at some shapes and token counts, so this class yields unless
+``MXFP8_FUSION_VLLM_GPU_KERNEL=ours``.
 ``VLLM_DISABLED_KERNELS=Mxfp8FusionLinearKernel`` leaves the choice to vLLM everywhere.
 
 What its calls do with the input, per :func:`.policy.decide`: W8A16 on sm_90
