@@ -41,6 +41,8 @@ def config_fields(cfg) -> dict:
 
     swap_ab = isinstance(cfg, SwapABConfig)
     w8a16 = {"activation": "bf16"} if cfg.activation == "bf16" else {}  # new since the list began
+    if swap_ab and cfg.token_tiles:  # new since the list began, and only where set
+        w8a16["token_tiles"] = cfg.token_tiles
     return dict(
         **w8a16,
         kernel=cfg.kernel,
@@ -71,7 +73,7 @@ def config_from_fields(fields: dict):
             tokens_tile=fields["tokens_tile"], stages=fields["stages"],
             consumers=fields["consumers"], bf16_tokens=bool(fields["bf16_tokens"]),
             tile_w=fields["tile_w"], cluster=fields["cluster"], num_ctas=fields["num_ctas"],
-            activation=activation,
+            activation=activation, token_tiles=fields.get("token_tiles", 0),
         )  # fmt: skip
     return gemm_config.TiledConfig(
         tile_m=fields["tile_m"], tile_n=fields["tile_n"], converters=fields["converters"],
@@ -107,22 +109,28 @@ def gemm_builds() -> list[dict]:
 
 
 def w8a16_builds(shapes) -> list[dict]:
-    """Every distinct W8A16 build the choice makes on ``shapes`` (one slice), each kernel and
-    schedule's first also from three (or two) slices, FP16 out and FP32 bias."""
-    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
+    """Every distinct W8A16 build the choice makes on ``shapes`` (one slice), on the default
+    device and on each device with a W8A16 table, each kernel and schedule's first also from
+    three (or two) slices, FP16 out and FP32 bias."""
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select, table
 
+    devices = [table.MEASURED_DEVICE]
+    devices += [t["device"] for t in table.tables() if t.get("activation") == "bf16"]
     builds, seen = [], set()
     for n, k in shapes:
         for tokens in _TOKENS:
-            fields = config_fields(select.choose_config(tokens, n, k, activation="bf16"))
-            key = json.dumps(fields, sort_keys=True)
-            if key not in seen and k % 128 == 0:
-                seen.add(key)
-                builds.append(dict(fields=fields, n=n, widths=[k], out="bfloat16", bias=None))
+            for device in dict.fromkeys(devices):
+                cfg = select.choose_config(tokens, n, k, 132, device, activation="bf16")
+                fields = config_fields(cfg)
+                key = json.dumps(fields, sort_keys=True)
+                if key not in seen and k % 128 == 0:
+                    seen.add(key)
+                    builds.append(dict(fields=fields, n=n, widths=[k], out="bfloat16", bias=None))
     firsts = {}
     for b in builds:
         f = b["fields"]
-        firsts.setdefault((f["kernel"], f["cluster"], f["tile_w"], f["stream_k"]), b)
+        schedule = (f["kernel"], f["cluster"], f["tile_w"], f["stream_k"], f.get("token_tiles"))
+        firsts.setdefault(schedule, b)
     for b in firsts.values():
         k = b["widths"][0]
         parts = 3 if k % 384 == 0 else 2 if k % 256 == 0 else 1
