@@ -149,14 +149,19 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
     assert shapes == [(1024, 8192)] and tokens_of(1024, 8192) == decode.DRAFTER_TOKENS
 
 
-def test_the_committed_table_is_the_one_its_receipt_gives():
-    """kernels/gemm_sm90/tuning/table.json holds exactly what the table writer makes of the tune
-    receipt it names (the SM count the receipt predates: the H200's 132)."""
+def test_the_committed_tables_are_the_ones_their_receipts_give():
+    """Each table of kernels/gemm_sm90/tuning/table.json (the H200's W8A8 one, the H100's
+    W8A16 one) is exactly what the table writer makes of the tune receipt it names (an SM
+    count the first receipt predates: the H200's 132)."""
     from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
-    (committed,) = table.tables()
-    receipt = json.loads((Path(__file__).parents[2] / committed["receipt"]).read_text())
-    assert report.table_of({"sms": 132, **receipt}) == committed
+    committed = table.tables()
+    assert [(t["device"], t.get("activation", "mxfp8")) for t in committed] == [
+        ("NVIDIA H200", "mxfp8"), ("NVIDIA H100 80GB HBM3", "bf16")
+    ]  # fmt: skip
+    for measured in committed:
+        receipt = json.loads((Path(__file__).parents[2] / measured["receipt"]).read_text())
+        assert report.table_of({"sms": 132, **receipt}) == measured
 
 
 def test_w8a16_points_name_bf16_activation_configs_that_round_trip():
@@ -193,7 +198,9 @@ def test_a_w8a16_table_stands_beside_the_w8a8_one_and_is_chosen(tmp_path, monkey
     path.write_text(table.PATH.read_text())
     report.write_table(receipt, str(path))
     written = json.loads(path.read_text())["tables"]
-    assert [t.get("activation", "mxfp8") for t in written] == ["mxfp8", "bf16"]
+    assert [(t["device"][-4:], t.get("activation", "mxfp8")) for t in written] == [
+        ("H200", "mxfp8"), ("HBM3", "bf16"), ("H200", "bf16")
+    ]  # fmt: skip
     monkeypatch.setattr(table, "PATH", path)
     for cache in (table.tables, table.shapes, select.choose_config):
         cache.cache_clear()
