@@ -68,6 +68,26 @@ def test_the_prefill_rule_reads_1024_to_4096_tokens_only():
     ]
 
 
+def test_a_target_with_no_point_in_its_range_is_not_measured():
+    found = bench.targets([row(64, 10.0)], None, {"drafter": True}, None)
+    assert found["prefill_vs_cublas"] == {
+        "target": bench.TARGETS["prefill_vs_cublas"],
+        "state": "not measured",
+        "why": "no point at 1024-4096 tokens",
+    }
+    assert found["decode_floor"]["state"] == "not measured"
+    empty = bench.targets([], None, {}, None)
+    assert {t["state"] for t in empty.values()} == {"not measured"}
+
+
+def test_the_receipt_names_the_measured_rate_of_the_floor():
+    receipt = bench.build_receipt([row(1, 10.0)], {}, {}, 15, None, RATE)
+    assert receipt["copy_bytes_per_s"] == RATE
+    assert "3.000 TB/s" in receipt["ratio"] and "measured in this run" in receipt["ratio"]
+    assert f"{bench.COPY_BYTES} bytes" in receipt["copy"]
+    assert receipt["rows"][0]["config"] == "cfg"
+
+
 def test_one_more_repeat_that_differs_fails_the_numerics():
     found = bench.targets([row(1024, 1.0, bitwise_repeats=False)], None, {"d": True}, None)
     assert found["numerics"]["state"] == "MISSED"
