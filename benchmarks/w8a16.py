@@ -71,10 +71,16 @@ TARGETS = {
 }
 STARTUP_LIMIT_S = 14.0
 COPY_BYTES = 1 << 30  # the copy that measures the floor's bandwidth: far beyond L2
+COPY_ROUNDS = 9  # replays of that copy; the median is the rate
+PREFILL = (1024, 4096)  # token range of the cuBLAS rule
+DECODE_MAX_TOKENS = 8  # token range (from 1) of the floor / Humming rule
 
 
 @dataclass
 class Row:
+    """One point of the sweep: a shape at a token count, each contender's time, the ratios
+    the targets read, and ours' checks."""
+
     shape: str
     tokens: int
     n: int
@@ -106,6 +112,9 @@ def floor_us(n: int, k: int, bytes_per_s: float) -> float:
 
 
 def make_row(shape, tokens, n, widths, config, us, checks, bytes_per_s) -> Row:
+    """The row of ``shape`` (``n`` outputs, slices ``widths`` wide) at ``tokens``: ``us`` per
+    contender, ``checks`` from :func:`check_point`, ``config`` ours' label, the floor at
+    ``bytes_per_s``."""
     floor = floor_us(n, sum(widths), bytes_per_s)
     return Row(
         shape=shape, tokens=tokens, n=n, k=sum(widths), slices=len(widths), config=config,
@@ -124,7 +133,7 @@ def targets(rows: list[Row], memory: dict | None, compiled: dict, startup: dict 
     ]
     geomean = math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else None
     prefill = [[r.shape, r.tokens, r.ours_over_cublas_bf16_time] for r in rows
-               if 1024 <= r.tokens <= 4096]  # fmt: skip
+               if PREFILL[0] <= r.tokens <= PREFILL[1]]  # fmt: skip
     big = [[r.shape, r.tokens, r.ours_over_floor] for r in _decode(rows, True)]
     small = [[r.shape, r.tokens, r.ours_over_humming_time] for r in _decode(rows, False)]
     failing = [
@@ -132,29 +141,41 @@ def targets(rows: list[Row], memory: dict | None, compiled: dict, startup: dict 
         for r in rows
         if not (r.within_bound and r.bitwise_concatenated and r.bitwise_graph and r.bitwise_repeats)
     ]
+    none = "no point was measured"
     found = {
-        "every_point": _state(bool(rows) and not slower, {"slower_points": slower}),
-        "geomean": _state(geomean is not None and geomean <= 0.85, {"geomean": geomean}),
+        "every_point": _state(
+            not slower, {"points": len(rows), "slower_points": slower}, bool(rows), none
+        ),
+        "geomean": _state(
+            geomean is not None and geomean <= 0.85,
+            {"points": len(rows), "geomean": geomean},
+            bool(rows),
+            none,
+        ),
         "prefill_vs_cublas": _state(
-            bool(prefill) and all(p[2] <= 1.10 for p in prefill),
+            all(p[2] <= 1.10 for p in prefill),
             {"worst": max((p[2] for p in prefill), default=None), "points": prefill},
+            bool(prefill),
+            f"no point at {PREFILL[0]}-{PREFILL[1]} tokens",
         ),
         "decode_floor": _state(
-            bool(big or small)
-            and all(p[2] <= 1.25 for p in big)
-            and all(p[2] <= 0.95 for p in small),
+            all(p[2] <= 1.25 for p in big) and all(p[2] <= 0.95 for p in small),
             {"big_weights_over_floor": big, "small_weights_over_humming": small},
+            bool(big or small),
+            f"no point at 1-{DECODE_MAX_TOKENS} tokens",
         ),
         "numerics": _state(
-            bool(rows) and not failing and bool(compiled) and all(compiled.values()),
+            not failing and bool(compiled) and all(compiled.values()),
             {"points_failing": failing, "compiled_bitwise": compiled},
+            bool(rows),
+            none,
         ),
         "memory": _state(memory["ours_peak_bytes"] <= memory["output_bytes"], memory)
         if memory
-        else {"state": "not measured", "why": f"{REFERENCE[0]} at {REFERENCE[1]} was not run"},
+        else _absent(f"{REFERENCE[0]} at {REFERENCE[1]} was not run"),
         "startup": _state(max(startup.values()) <= STARTUP_LIMIT_S, {"cold_warmup_s": startup})
         if startup
-        else {"state": "not measured", "why": "no benchmarks/results/startup_w8a16.json"},
+        else _absent("no benchmarks/results/startup_w8a16.json"),
     }
     return {name: {"target": TARGETS[name], **found[name]} for name in TARGETS}
 
@@ -163,12 +184,20 @@ def _decode(rows: list[Row], big: bool) -> list[Row]:
     """The 1-8-token rows on weights of BIG_WEIGHT_BYTES or more (``big``), or fewer."""
     return [
         r for r in rows
-        if r.tokens <= 8 and (weight_bytes(r.n, r.k) >= BIG_WEIGHT_BYTES) == big
+        if r.tokens <= DECODE_MAX_TOKENS and (weight_bytes(r.n, r.k) >= BIG_WEIGHT_BYTES) == big
     ]  # fmt: skip
 
 
-def _state(met: bool, numbers: dict) -> dict:
+def _state(met: bool, numbers: dict, measured: bool = True, why: str = "") -> dict:
+    """``met`` or ``MISSED`` with ``numbers``; ``not measured`` (``why``) where nothing the
+    target reads was measured, so an empty sweep neither meets nor misses it."""
+    if not measured:
+        return _absent(why)
     return {"state": "met" if met else "MISSED", **numbers}
+
+
+def _absent(why: str) -> dict:
+    return {"state": "not measured", "why": why}
 
 
 def startup_seconds(path: Path) -> dict | None:
@@ -303,7 +332,7 @@ def time_point(ops: Operands, slices, x, out, calls: int, rounds: int) -> dict:
     return median_replays(graphs, calls, rounds)
 
 
-def copy_bytes_per_s(rounds: int = 9) -> float:
+def copy_bytes_per_s(rounds: int = COPY_ROUNDS) -> float:
     """The device-to-device copy rate (bytes read and written per second) of COPY_BYTES, far
     beyond L2: the median of ``rounds`` CUDA Graph replays of one copy."""
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
@@ -381,11 +410,13 @@ def build_receipt(rows, shapes, machine, rounds, startup, bytes_per_s=None) -> d
         "mode": f"CUDA Graph replay of calls_per_graph calls cycling over weight copies (beyond L2), "
         f"CUDA events, median of {rounds} rounds, contenders interleaved, order rotated per round",
         "ratio": "ours_over_humming_time = ours_us / humming_us (below 1: ours faster); "
-        "ours_over_floor = ours_us / floor_us, the MXFP8 weight bytes (values and scales) at "
-        "copy_bytes_per_s",
+        "ours_over_cublas_bf16_time = ours_us / cublas_bf16_us; ours_over_floor = ours_us / "
+        "floor_us, the weight-read floor: the MXFP8 weight bytes (E4M3 values and E8M0 scales) "
+        f"at the copy rate measured in this run, copy_bytes_per_s = {_rate(bytes_per_s)}",
         "copy_bytes_per_s": bytes_per_s,
-        "copy": f"median of 9 CUDA Graph replays of one device-to-device copy of {COPY_BYTES} "
-        "bytes, counted read plus write, measured in this run",
+        "copy": f"median of {COPY_ROUNDS} CUDA Graph replays of one device-to-device copy of "
+        f"{COPY_BYTES} bytes (far beyond L2), counted read plus write, measured once at the "
+        "start of this run",
         "machine": machine,
         "shapes": shapes,
         "rows": [asdict(r) for r in rows],
@@ -393,7 +424,13 @@ def build_receipt(rows, shapes, machine, rounds, startup, bytes_per_s=None) -> d
     }
 
 
+def _rate(bytes_per_s: float | None) -> str:
+    return "not measured" if bytes_per_s is None else f"{bytes_per_s / 1e12:.3f} TB/s"
+
+
 def main() -> int:
+    """Measure the chosen shapes at the chosen token counts, writing the receipt after each
+    shape; exit 1 if a shape failed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))

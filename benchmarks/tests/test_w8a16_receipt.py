@@ -68,6 +68,66 @@ def test_the_prefill_rule_reads_1024_to_4096_tokens_only():
     ]
 
 
+def test_one_point_slower_than_humming_misses_every_point_and_equal_time_does_not():
+    rows = [row(16, 20.0), row(32, 10.0), row(64, 20.2)]
+    found = bench.targets(rows, None, {"drafter": True}, None)
+    assert found["every_point"]["state"] == "MISSED"
+    assert found["every_point"]["slower_points"] == [
+        ["drafter_fc_3x4096_to_4096", 64, pytest.approx(1.01)]
+    ]
+    assert bench.targets(rows[:2], None, {"d": True}, None)["every_point"]["state"] == "met"
+
+
+def test_the_geomean_is_met_at_0_85_and_missed_just_above():
+    at = [row(16, 20.0 * 0.85 * 0.9), row(32, 20.0 * 0.85 / 0.9)]  # geomean 0.85 exactly
+    found = bench.targets(at, None, {"drafter": True}, None)["geomean"]
+    assert found["state"] == "met" and found["geomean"] == pytest.approx(0.85)
+    above = [row(16, 20.0 * 0.85 * 0.9), row(32, 20.0 * 0.851 / 0.9)]
+    assert bench.targets(above, None, {"drafter": True}, None)["geomean"]["state"] == "MISSED"
+
+
+def test_the_decode_rule_splits_at_50_mb_of_mxfp8_weight():
+    # 11008 x 4096 is 46.5 MB (Humming rule), 4096 x 12288 is 51.9 MB (floor rule)
+    assert bench.weight_bytes(11008, 4096) < bench.BIG_WEIGHT_BYTES
+    assert bench.weight_bytes(4096, 12288) >= bench.BIG_WEIGHT_BYTES
+    floor = bench.floor_us(4096, 12288, RATE)
+    rows = [
+        row(1, 19.0, shape="mlp_up_4096_to_11008"),  # 0.95 of Humming: met
+        row(8, 1.25 * floor, humming=10.0),  # slower than Humming, but at 1.25 of the floor
+        row(16, 30.0, shape="mlp_up_4096_to_11008"),  # beyond 8 tokens: neither rule
+    ]
+    decode = bench.targets(rows, None, {"d": True}, None)["decode_floor"]
+    assert decode["state"] == "met"
+    assert decode["small_weights_over_humming"] == [["mlp_up_4096_to_11008", 1, 0.95]]
+    assert decode["big_weights_over_floor"] == [
+        ["drafter_fc_3x4096_to_4096", 8, pytest.approx(1.25)]
+    ]
+    rows[0] = row(1, 19.2, shape="mlp_up_4096_to_11008")  # 0.96 of Humming
+    assert bench.targets(rows, None, {"d": True}, None)["decode_floor"]["state"] == "MISSED"
+    rows[0], rows[1] = row(1, 19.0, shape="mlp_up_4096_to_11008"), row(8, 1.26 * floor)
+    assert bench.targets(rows, None, {"d": True}, None)["decode_floor"]["state"] == "MISSED"
+
+
+def test_a_target_with_no_point_in_its_range_is_not_measured():
+    found = bench.targets([row(64, 10.0)], None, {"drafter": True}, None)
+    assert found["prefill_vs_cublas"] == {
+        "target": bench.TARGETS["prefill_vs_cublas"],
+        "state": "not measured",
+        "why": "no point at 1024-4096 tokens",
+    }
+    assert found["decode_floor"]["state"] == "not measured"
+    empty = bench.targets([], None, {}, None)
+    assert {t["state"] for t in empty.values()} == {"not measured"}
+
+
+def test_the_receipt_names_the_measured_rate_of_the_floor():
+    receipt = bench.build_receipt([row(1, 10.0)], {}, {}, 15, None, RATE)
+    assert receipt["copy_bytes_per_s"] == RATE
+    assert "3.000 TB/s" in receipt["ratio"] and "measured in this run" in receipt["ratio"]
+    assert f"{bench.COPY_BYTES} bytes" in receipt["copy"]
+    assert receipt["rows"][0]["config"] == "cfg"
+
+
 def test_one_more_repeat_that_differs_fails_the_numerics():
     found = bench.targets([row(1024, 1.0, bitwise_repeats=False)], None, {"d": True}, None)
     assert found["numerics"]["state"] == "MISSED"
