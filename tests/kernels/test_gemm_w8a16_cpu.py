@@ -39,7 +39,7 @@ def test_the_choice_makes_only_bf16_activation_configs_that_fit():
     for cfg, (tokens, _n, _k) in chosen().items():
         assert cfg.activation == "bf16"
         if isinstance(cfg, gemm_config.SwapABConfig):
-            assert cfg.bf16_tokens and tokens <= cfg.tokens_tile
+            assert cfg.bf16_tokens and (cfg.token_tiles or tokens <= cfg.tokens_tile)
         else:
             assert not cfg.fp16_tiles
             assert gemm_config.tiled_smem_bytes(cfg) <= 227 * 1024

@@ -13,7 +13,7 @@ from cutlass import Int32, Uint32
 
 from ....format import CHUNK_BYTES, ceil_div, row_blocks
 from .. import workspace
-from ..constants import TILE_K8, TILE_K16, WG_THREADS
+from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
 from ..device.common import (
     Sm90Gemm,
     add_parts,
@@ -169,13 +169,15 @@ class SwapABParts(Sm90Gemm):
             self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw, 0)
         elif seg_end == tile_end:
             # the tile's tail: the fixup waits for the lower CTAs' parts at the end
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 1, slot] = acc[i]
+            for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                    mPartials[i, ct, 1, slot] = acc[i]
             owned = tile
         else:
             # head or middle of the tile: publish it for the CTA holding the tail
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mPartials[i, ct, 0, slot] = acc[i]
+            for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+                for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                    mPartials[i, ct, 0, slot] = acc[i]
             cute.arch.fence_acq_rel_gpu()
             cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
             if ct == 0:
@@ -208,8 +210,9 @@ class SwapABParts(Sm90Gemm):
             acc, first, group,
             lambda c: mPartials[None, ct, 0, self._slot(self._cta_of(c, rank), cw)],
         )  # fmt: skip
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
+        for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                acc[i] = acc[i] + mPartials[i, ct, 1, self._slot(cta, cw)]
         self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, rank), cw, 0)
         # every thread has read the parts: re-arm the flags for the next launch
         cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
@@ -274,11 +277,13 @@ class SwapABParts(Sm90Gemm):
         column tile * 64 + row (row split: tile * tile_w + 64 cw + row)."""
         coords = thr.partition_C(cute.make_identity_tensor((TILE_W, self.tn)))
         row0 = tile * self.tile_w + cw * TILE_W if self.row_split else tile * TILE_W
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            row, token = coords[i]
-            col = row0 + row
-            if token0 + token < m and col < self.n:
-                self.store_output(mD, mBias, token0 + token, col, acc[i])
+        # in chunks: one static loop of 96 or 128 (192- and 256-token tiles) is slow to trace
+        for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                row, token = coords[i]
+                col = row0 + row
+                if token0 + token < m and col < self.n:
+                    self.store_output(mD, mBias, token0 + token, col, acc[i])
 
     @cute.jit
     def _run_producer(
