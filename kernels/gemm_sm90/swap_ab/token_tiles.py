@@ -11,7 +11,7 @@ on timing or on the grid, and nothing is published or waited for.
 
 Its stages hold K 64, not 128: a 256-token tile's BF16 tokens are 32 KB per 64 K, so five
 stages fit in shared memory where two of K 128 did, and two stages had left the tensor
-cores waiting for the next one (docs/gemm_log.md, variant 54).
+cores waiting for the next one (docs/gemm_log.md, variants 54 and 55).
 
 Tiles run in groups of RASTER_TOKENS tokens: within a group the token tile turns fastest,
 so the CTAs at work at one time share a few weight tiles and a few token tiles, and each
