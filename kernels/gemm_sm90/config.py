@@ -24,7 +24,7 @@ SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
 # W8A16 row-split tiles (tile_w 64 per consumer): the most tokens in one token tile (a wgmma
 # N), and the token tiles a token_tiles schedule takes
 W8A16_TOKEN_LIMIT = 256
-TOKEN_TILES = (128, 192, 256)
+TOKEN_TILES = (64, 128, 192, 256)
 SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
 SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
@@ -117,6 +117,10 @@ class SwapABConfig:
     (stream-K). 128, 192 or 256 (W8A16 row-split tiles, no clusters): the tokens in tiles of
     that many, each persistent CTA taking whole (token tile, weight tile) pairs over all of
     K, so the launch serves any token count."""
+    split_tail: bool = False
+    """With ``token_tiles``: the tiles of the last, partial wave are split over K among the
+    CTAs that wave would leave idle, and each tile's parts summed in a fixed order by the
+    CTA of its last K part (swap_ab.token_tiles). Without it those CTAs wait."""
 
     kernel = "swap-ab"
     schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
@@ -142,6 +146,8 @@ class SwapABConfig:
         ):
             fail(ValueError, "token_tiles", f"0, or one of {TOKEN_TILES} with BF16 activations, "
                  "tile_w 128 and cluster 1", self.token_tiles)  # fmt: skip
+        if self.split_tail and not self.token_tiles:
+            fail(ValueError, "split_tail", "False without token_tiles", self.split_tail)
         limit = swap_ab_token_limit(self.tile_w, self.activation)
         if (
             self.tokens_tile not in SWAP_AB_TILES
@@ -222,6 +228,7 @@ def swap_ab_config(
     cluster: int = 1,
     activation: Activation | str = Activation.W8A8,
     token_tiles: int = 0,
+    split_tail: bool = False,
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128; 256 with W8A16 row-split tiles; any count with ``token_tiles``):
@@ -266,7 +273,7 @@ def swap_ab_config(
     return SwapABConfig(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
-        activation=activation, token_tiles=token_tiles,
+        activation=activation, token_tiles=token_tiles, split_tail=split_tail,
     )  # fmt: skip
 
 
@@ -279,7 +286,8 @@ def label(cfg: GemmConfig) -> str:
     if isinstance(cfg, SwapABConfig):
         pairs = " mc2" if cfg.cluster == 2 else ""
         if cfg.token_tiles:
-            return f"swap-ab w{cfg.tile_w} token-tiles {cfg.token_tiles}{w8a16}"
+            split = " split-tail" if cfg.split_tail else ""
+            return f"swap-ab w{cfg.tile_w} token-tiles {cfg.token_tiles}{split}{w8a16}"
         if cfg.tile_w > 64:
             return f"swap-ab w{cfg.tile_w} bf16-tokens{pairs}{w8a16}"
         text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"

@@ -56,8 +56,12 @@ def frag(cfg) -> int:
 def floats(cfg) -> int | None:
     """FP32 partial sums the host allocates for a launch of ``cfg``: every slot of up to
     ``cfg.num_ctas`` CTAs, at least ``MIN_COLUMNS`` wide; None for a launch without stream-K
-    (a tiled one without it, a swap-AB one with ``token_tiles``), which has no workspace."""
-    stream_k = not cfg.token_tiles if isinstance(cfg, SwapABConfig) else cfg.stream_k
+    (a tiled one without it, a swap-AB one with ``token_tiles`` but no ``split_tail``), which
+    has no workspace."""
+    if isinstance(cfg, SwapABConfig):
+        stream_k = not cfg.token_tiles or cfg.split_tail
+    else:
+        stream_k = cfg.stream_k
     if not stream_k:
         return None
     columns = max(MIN_COLUMNS, part_columns(cfg))

@@ -23,17 +23,21 @@ SMEM = 227 * 1024
 requires_nvdisasm = pytest.mark.skipif(nvdisasm() is None, reason="nvdisasm not installed")
 
 
-def _tiles(tile: int, tokens: int = 4096):
-    return gemm_config.swap_ab_config(tokens, 132, 2, True, 128, 1, W8A16, token_tiles=tile)
+def _tiles(tile: int, tokens: int = 4096, split_tail: bool = False):
+    return gemm_config.swap_ab_config(
+        tokens, 132, 2, True, 128, 1, W8A16, token_tiles=tile, split_tail=split_tail
+    )
 
 
 def test_token_tile_configs_fit_shared_memory_at_k_64_per_stage():
-    for tile, stages in zip(TOKEN_TILES, (9, 6, 5), strict=True):
+    for tile, stages in zip(TOKEN_TILES, (13, 9, 6, 5), strict=True):
         cfg = _tiles(tile)
         assert (cfg.tokens_tile, cfg.stages) == (tile, stages)
         per_stage = 128 * 64 + tile * 64 * 2 + 512
         assert cfg.stages * per_stage < SMEM
         assert workspace.floats(cfg) is None  # whole tiles: nothing published
+        # a split tail publishes a part per consumer and CTA
+        assert workspace.floats(_tiles(tile, split_tail=True)) == 132 * 2 * 2 * 64 * max(64, tile)
     assert _tiles(256, tokens=1).tokens_tile == 256  # the tile is the schedule's, not M's
 
 
@@ -53,7 +57,8 @@ def test_token_tiles_refuse_what_they_have_no_form_for():
     gemm_config.SwapABConfig(**base, activation=W8A16, token_tiles=256)
     for bad, field in [
         (dict(base, token_tiles=256), "token_tiles"),  # W8A8
-        (dict(base, activation=W8A16, token_tiles=64), "token_tiles"),
+        (dict(base, activation=W8A16, token_tiles=32), "token_tiles"),
+        (dict(base, activation=W8A16, split_tail=True), "split_tail"),  # without token tiles
         (dict(base, activation=W8A16, token_tiles=256, cluster=2), "token_tiles"),
         (dict(base, activation=W8A16, token_tiles=128), "tokens_tile"),  # the tile is it
     ]:
@@ -63,12 +68,14 @@ def test_token_tiles_refuse_what_they_have_no_form_for():
 
 def test_token_tile_schedules_round_trip_and_serve_any_count():
     for tile in TOKEN_TILES:
-        cfg = _tiles(tile)
-        schedule = gemm_select.schedule(cfg)
-        assert schedule["token_tiles"] == tile and proven.holds(schedule)
-        assert gemm_select.config_of(schedule, 4096) == cfg
-        assert gemm_select.token_limit(schedule) is None
-        assert label(cfg) == f"swap-ab w128 token-tiles {tile} w8a16"
+        for split_tail, text in [(False, ""), (True, " split-tail")]:
+            cfg = _tiles(tile, split_tail=split_tail)
+            schedule = gemm_select.schedule(cfg)
+            assert schedule["token_tiles"] == tile and proven.holds(schedule)
+            assert schedule.get("split_tail", False) == split_tail
+            assert gemm_select.config_of(schedule, 4096) == cfg
+            assert gemm_select.token_limit(schedule) is None
+            assert label(cfg) == f"swap-ab w128 token-tiles {tile}{text} w8a16"
     plain = gemm_select.schedule(config_of({**swap_ab(**W128), "activation": "bf16"}, 200))
     assert "token_tiles" not in plain and gemm_select.token_limit(plain) == 256
 
@@ -77,7 +84,9 @@ def test_the_w8a16_tune_times_token_tiles_from_64_tokens():
     def labels(tokens):
         return {label(c) for c in search.candidates(tokens, 7168, 43008, 132, activation=W8A16)}
 
-    tiles = {f"swap-ab w128 token-tiles {t} w8a16" for t in TOKEN_TILES}
+    tiles = {
+        f"swap-ab w128 token-tiles {t}{s} w8a16" for t in TOKEN_TILES for s in ("", " split-tail")
+    }
     assert not tiles & labels(32) and tiles <= labels(64) and tiles <= labels(4096)
     assert "swap-ab w128 bf16-tokens w8a16" in labels(200)  # one 256-token tile
     assert not any(
@@ -107,7 +116,11 @@ def test_the_builds_move_registers_to_the_consumers_and_do_not_spill(tokens, tmp
     if tokens == 256:
         entries = [{**swap_ab(**W128), "activation": "bf16"}]
     else:
-        entries = [gemm_select.schedule(_tiles(tile)) for tile in TOKEN_TILES]
+        entries = [
+            gemm_select.schedule(_tiles(tile, split_tail=split))
+            for tile in TOKEN_TILES
+            for split in (False, True)
+        ]
     for entry in entries:
         (cubin,) = compile_cubins(entry, tokens, 640, [(512, 256)], tmp_path)
         assert sets_register_counts(cubin), entry

@@ -76,15 +76,19 @@ def test_slices_match_the_oracle_and_the_concatenation_bit_for_bit(tokens, n, wi
 
 
 @pytest.mark.parametrize("tile", TOKEN_TILES)
+@pytest.mark.parametrize("split_tail", [False, True])
 @pytest.mark.parametrize(
-    ("tokens", "n", "widths"), [(300, 200, (128, 384)), (1000, 640, (1024, 512))]
+    ("tokens", "n", "widths"),
+    [(300, 200, (128, 384)), (1000, 640, (1024, 512)), (700, 4000, (2048, 1024))],
 )
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_token_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
-    tile, tokens, n, widths, out_dtype
+    tile, split_tail, tokens, n, widths, out_dtype
 ):
-    """Partial token and weight tiles, strided slices (odd token counts), bias."""
-    cfg = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", token_tiles=tile)
+    """Partial token and weight tiles, strided slices (odd token counts), bias; with
+    ``split_tail``, K parts of every tile (fewer tiles than SMs) or of the tail after a
+    whole wave (700 x 4000), and none where K is too short to split (300 x 200)."""
+    cfg = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile, split_tail)
     _check_against_the_concatenation(tokens + 1, n, widths, out_dtype, cfg)
 
 

@@ -49,6 +49,7 @@ from ...runtime.launcher import int32, pointer, raw_stream
 from ..config import GemmConfig, SwapABConfig
 from ..constants import MAX_SLICES
 from ..tuning.select import choose_config
+from ..workspace import floats as workspace_floats
 from . import buffers
 
 _PACKAGE = __package__.rpartition(".")[0]  # gemm_sm90: the kernel modules are named under it
@@ -125,7 +126,7 @@ def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
     their row strides (``MAX_SLICES`` each, None past the build's). Then B's values and
     scales, bias (None in a build without bias), out, M, and for W8A8 the A scale chunk
     count; then the swap-AB kernel's stream-K workspace (partial sums, flags; None with
-    ``token_tiles``), or the tiled
+    whole ``token_tiles``), or the tiled
     kernel's per-row FP16 references of A and of B (gemm_sm90.device.refs) and its stream-K
     workspace (None in a build without stream-K)."""
     fp8, scales = pointer("Float8E4M3FN"), pointer("Int32")
@@ -139,8 +140,8 @@ def compile_args(cfg: GemmConfig, a, out_dtype, bias_dtype) -> tuple:
         strides = (*(int32() for _ in a), *unused)
         args = (*slices, *strides, fp8, scales, bias, out, int32())
     workspace = (pointer("Float32"), pointer("Int32"))
-    if isinstance(cfg, SwapABConfig):  # token tiles: no stream-K, no workspace
-        return (*args, *((None, None) if cfg.token_tiles else workspace))
+    if isinstance(cfg, SwapABConfig):  # whole token tiles: no stream-K, no workspace
+        return (*args, *(workspace if workspace_floats(cfg) else (None, None)))
     refs = (pointer("Int32", 4), pointer("Int32", 4))
     return (*args, *refs, *(workspace if cfg.stream_k else (None, None)))
 

@@ -87,6 +87,7 @@ class SwapABParts(Sm90Gemm):
         # token_tiles: tokens in tiles of tn, whole (token tile, weight tile) pairs per CTA
         # (swap_ab.token_tiles); 0: one token tile, stream-K over the weight
         self.token_tiles = cfg.token_tiles
+        self.split_tail = cfg.split_tail  # the last wave's tiles split over K (token tiles)
         # K per stage: 64 with token tiles (a 256-token tile's stage is 40 KB, so five of
         # them fit where two of K 128 did), else 128
         self.stage_k = TILE_K16 if self.token_tiles else TILE_K8
@@ -113,9 +114,9 @@ class SwapABParts(Sm90Gemm):
 
     def _grid(self, m):
         """The launch's CTAs: every one the units are split over (token tiles: up to one per
-        (token tile, weight tile) pair, swap_ab.token_tiles)."""
+        (token tile, weight tile) pair, or per tail part, swap_ab.token_tiles)."""
         if cutlass.const_expr(self.token_tiles):
-            return [cutlass.min(self._tiles(m), self.num_ctas_cap), 1, 1]
+            return [self._tiles_plan(m)[0], 1, 1]
         return [self.num_ctas, 1, 1]
 
     def _group_rank(self, cta):
@@ -314,7 +315,8 @@ class SwapABParts(Sm90Gemm):
         cta, begin, end, _rank, m, st, load_pipe = roles
         sA16 = st.sA16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
         if cutlass.const_expr(self.token_tiles):
-            self._tiles_consumer(cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, load_pipe)
+            self._tiles_consumer(cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials,
+                                 mFlags, load_pipe)  # fmt: skip
         else:
             self._consumer(cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m,
                            mPartials, mFlags, load_pipe)  # fmt: skip

@@ -13,6 +13,15 @@ Its stages hold K 64, not 128: a 256-token tile's BF16 tokens are 32 KB per 64 K
 stages fit in shared memory where two of K 128 did, and two stages had left the tensor
 cores waiting for the next one (docs/gemm_log.md, variants 54 and 55).
 
+With ``split_tail`` the last wave is not left partial: where T tiles fill F whole waves of the
+G CTAs and T' tiles remain, the T' tiles are each split into S = min(G / T', SPLIT_LIMIT)
+parts of K, CTA c taking part c / T' of tile F G + c % T' after its whole tiles (below G
+tiles every tile is a tail tile). The parts of one K range run at the same time on
+neighbouring tiles, so they share their loads in L2 as whole tiles do. The CTA of a tile's
+last part waits for the others' flags (st.release / ld.acquire; only CTAs that never wait
+are waited on) and adds their parts to its own in part order, then stores the tile: the
+bits depend on the token count and the grid, never on timing.
+
 Tiles run in groups of RASTER_TOKENS tokens: within a group the token tile turns fastest,
 so the CTAs at work at one time share a few weight tiles and a few token tiles, and each
 stage read from HBM is read again from L2 by the group's other CTAs.
@@ -27,7 +36,8 @@ from cutlass import Int32
 from cutlass.cute.nvgpu import warpgroup
 
 from ....format import CHUNK_BYTES, ROW_BLOCK
-from ..device.common import chunk_views, tma_views
+from ..constants import UNROLL_CHUNK, WG_THREADS
+from ..device.common import add_parts, chunk_views, store_flag, tma_views, wait_flag
 from ..device.slices import (
     convert_fragment_natural,
     load_fragment_natural,
@@ -42,6 +52,14 @@ RASTER_TOKENS = 1024
 tiles."""
 
 
+SPLIT_LIMIT = 8
+"""The most K parts of one tail tile: the CTA of its last part adds the others' partial sums
+(64 rows x the token tile in FP32 per consumer) after its own, so each more part costs it a
+load that more parallel K no longer repays."""
+SPLIT_MIN_STAGES = 8
+"""The fewest K stages (of 64) in one part of a split tile."""
+
+
 class TokenTiles:
     """The token-tiled producer and consumers (mixed in before the swap-AB kernel class,
     whose kernel calls them in a ``token_tiles`` build)."""
@@ -52,6 +70,40 @@ class TokenTiles:
     def _tiles(self, m):
         """(token tile, weight tile) pairs of ``m`` tokens."""
         return self._token_tile_count(m) * self.w_tiles
+
+    def _max_split(self):
+        return max(1, min(SPLIT_LIMIT, self.k_stages // SPLIT_MIN_STAGES))
+
+    @cute.jit
+    def _tiles_plan(self, m):
+        """(grid, whole, tail, split) of ``m`` tokens: the CTAs launched, the tiles taken
+        whole (a multiple of the grid), the tail tiles after them and the K parts of each
+        (1 where nothing is split)."""
+        tiles = cutlass.max(self._tiles(m), 1)
+        cap = self.num_ctas_cap
+        grid = cutlass.min(tiles, cap)
+        whole = tiles
+        tail = Int32(0)
+        split = Int32(1)
+        if cutlass.const_expr(self.split_tail):
+            # below cap tiles: each split as often as the CTAs allow; else the CTA count
+            most = self._max_split()
+            grid = cutlass.min(tiles * cutlass.min(cutlass.max(cap // tiles, 1), most), cap)
+            whole = tiles // grid * grid
+            tail = tiles - whole
+            split = cutlass.min(cutlass.max(grid // cutlass.max(tail, 1), 1), most)
+        return grid, whole, tail, split
+
+    @cute.jit
+    def _tail_part(self, cta, tail, split):
+        """(tile, part, first stage, end stage) of ``cta``'s tail part, counted from the
+        first tail tile; first == end for a CTA without one."""
+        tails = cutlass.max(tail, 1)
+        i = cta % tails
+        j = cta // tails
+        k0 = j * self.k_stages // split
+        k1 = cutlass.select_(cta < tail * split, (j + 1) * self.k_stages // split, k0)
+        return i, j, k0, k1
 
     @cute.jit
     def _tile_coords(self, t, token_tiles):
@@ -78,31 +130,43 @@ class TokenTiles:
         tSWs, tSWg = chunk_views(tma_sw, sSW, gSW_full)
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         token_tiles = self._token_tile_count(m)
-        tiles = token_tiles * self.w_tiles
-        grid = cutlass.min(tiles, self.num_ctas_cap)
-        for t in range(cta, tiles, grid):
-            w_tile, token_tile = self._tile_coords(t, token_tiles)
-            w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
-            for ks in range(self.k_stages):
-                load_pipe.producer_acquire(ps)
-                bar = load_pipe.producer_get_barrier(ps)
-                cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
-                slot = lambda _h: ps.index  # noqa: E731  (one K half per stage)
-                load_stage_from_slices(
-                    token_views, self.slice_stages, token_tile, ks // 2, (ks % 2,), slot, bar, {}
-                )  # fmt: skip
-                cute.copy(
-                    tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
-                    tma_bar_ptr=bar,
-                )  # fmt: skip
-                load_pipe.producer_commit(ps)
-                ps.advance()
+        grid, whole, tail, split = self._tiles_plan(m)
+        loads = (tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe)
+        for t in range(cta, whole, grid):
+            ps = self._load_tile(t, token_tiles, 0, self.k_stages, loads, ps)
+        if cutlass.const_expr(self.split_tail):
+            i, _j, k0, k1 = self._tail_part(cta, tail, split)
+            ps = self._load_tile(whole + i, token_tiles, k0, k1, loads, ps)
         load_pipe.producer_tail(ps)
 
     @cute.jit
-    def _tiles_consumer(self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, load_pipe):
+    def _load_tile(self, t, token_tiles, k0, k1, loads, ps):
+        """Tile ``t``'s K stages k0 .. k1 - 1 into the pipeline from ``ps`` on."""
+        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe = loads
+        w_tile, token_tile = self._tile_coords(t, token_tiles)
+        w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
+        for ks in range(k0, k1):
+            load_pipe.producer_acquire(ps)
+            bar = load_pipe.producer_get_barrier(ps)
+            cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
+            slot = lambda _h: ps.index  # noqa: E731  (one K half per stage)
+            load_stage_from_slices(
+                token_views, self.slice_stages, token_tile, ks // 2, (ks % 2,), slot, bar, {}
+            )  # fmt: skip
+            cute.copy(
+                tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
+                tma_bar_ptr=bar,
+            )  # fmt: skip
+            load_pipe.producer_commit(ps)
+            ps.advance()
+        return ps
+
+    @cute.jit
+    def _tiles_consumer(
+        self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+    ):  # fmt: skip
         """Consumer ``cw`` (its 64 weight rows of every stage), tile by tile: all K stages
-        into its accumulator, then the tile's outputs stored."""
+        into its accumulator, then the tile's outputs stored; then its tail part, if any."""
         thr = tiled_mma.get_slice(ct)
         frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, self.stage_k)))
         frag_words = cute.recast_tensor(frag, Int32)
@@ -113,24 +177,72 @@ class TokenTiles:
         lane = ct % 32
         row0 = (ct // 32) * 16 + lane // 4 + cw * TILE_W
         t = lane % 4
-        stages = self.stages
         token_tiles = self._token_tile_count(m)
-        tiles = token_tiles * self.w_tiles
-        grid = cutlass.min(tiles, self.num_ctas_cap)
-        for tile in range(cta, tiles, grid):
+        grid, whole, tail, split = self._tiles_plan(m)
+        for tile in range(cta, whole, grid):
             w_tile, token_tile = self._tile_coords(tile, token_tiles)
             g = (tile - cta) // grid * self.k_stages  # the stages this CTA took before
-            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-            rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-            acc.fill(0.0)
-            ls, rel = self._tile_stages(st, row0, t, w_tile, mma, load_pipe, ls, rel)
-            warpgroup.wait_group(0)
-            load_pipe.consumer_release(rel)
+            self._tile_part(st, row0, t, w_tile, mma, load_pipe, g, 0, self.k_stages)
             self._store_tile(thr, acc, mD, mBias, m, w_tile, cw, token_tile * self.tn)
+        if cutlass.const_expr(self.split_tail):
+            i, j, k0, k1 = self._tail_part(cta, tail, split)
+            if k1 > k0:
+                w_tile, token_tile = self._tile_coords(whole + i, token_tiles)
+                g = whole // grid * self.k_stages  # after its whole tiles
+                self._tile_part(st, row0, t, w_tile, mma, load_pipe, g, k0, k1)
+                slot = self._slot(cta, cw)
+                if j < split - 1:
+                    self._publish_part(ct, cw, acc, mPartials, mFlags, slot)
+                else:
+                    parts = lambda p: self._slot(i + p * tail, cw)  # noqa: E731
+                    self._add_published(ct, cw, acc, mPartials, mFlags, split - 1, parts)
+                    self._store_tile(thr, acc, mD, mBias, m, w_tile, cw, token_tile * self.tn)
+                    self._rearm(ct, cw, mFlags, split - 1, parts)
 
     @cute.jit
-    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel):
-        """A tile's K stages of 64: per stage its weight rows converted into the A fragment
+    def _tile_part(self, st, row0, t, w_tile, mma, load_pipe, g, k0, k1):
+        """The accumulator of one tile's stages k0 .. k1 - 1, this CTA's ``g``-th stage on:
+        every stage consumed and released."""
+        stages = self.stages
+        ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+        rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+        mma[4].fill(0.0)
+        ls, rel = self._tile_stages(st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1)
+        warpgroup.wait_group(0)
+        load_pipe.consumer_release(rel)
+
+    @cute.jit
+    def _publish_part(self, ct, cw, acc, mPartials, mFlags, slot):
+        """Write this consumer's partial sum to workspace slot ``slot`` and raise its flag
+        once every thread's values are out."""
+        for i0 in cutlass.range_constexpr(0, cute.size(acc), UNROLL_CHUNK):
+            for i in cutlass.range_constexpr(i0, min(i0 + UNROLL_CHUNK, cute.size(acc))):
+                mPartials[i, ct, 0, slot] = acc[i]
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
+        if ct == 0:
+            store_flag(mFlags.iterator + slot, 1)
+
+    @cute.jit
+    def _add_published(self, ct, cw, acc, mPartials, mFlags, count, slot_of):
+        """Wait for parts 0 .. count - 1 (slots ``slot_of(p)``; a thread a flag) and add
+        them to ``acc`` in that order."""
+        for p in range(ct, count, WG_THREADS):
+            wait_flag(mFlags.iterator + slot_of(p))
+        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
+        cute.arch.fence_acq_rel_gpu()
+        add_parts(acc, 0, count, lambda p: mPartials[None, ct, 0, slot_of(p)])
+
+    @cute.jit
+    def _rearm(self, ct, cw, mFlags, count, slot_of):
+        """Every thread has read the parts: clear their flags for the next launch."""
+        cute.arch.barrier(barrier_id=self._bar(cw), number_of_threads=WG_THREADS)
+        for p in range(ct, count, WG_THREADS):
+            store_flag(mFlags.iterator + slot_of(p), 0)
+
+    @cute.jit
+    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+        """A tile's K stages of 64 from k0 to k1 - 1: per stage its weight rows converted into the A fragment
         (natural K order, the second K half's scale bytes for odd stages) and four k16
         wgmmas on the stage's token tile. Each stage is released once its wgmmas, which read
         the token tile, are done (at the next stage); the last stays with ``rel``."""
@@ -140,7 +252,7 @@ class TokenTiles:
         sw = st.sSW.data_ptr().toint()
         selector = pair_selector(t)
         scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        for ks in range(self.k_stages):
+        for ks in range(k0, k1):
             load_pipe.consumer_wait(ls)
             w_words, w_scales = load_fragment_natural(
                 w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
