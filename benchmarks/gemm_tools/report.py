@@ -89,10 +89,11 @@ def merge_base(by_shape: dict, base: dict) -> dict:
     return {"base_receipt": f"{taken} points from the tune at {base['git_revision']}"}
 
 
-def table_of(receipt: dict) -> dict:
+def table_of(receipt: dict, receipt_path: str | None = None) -> dict:
     """The measured table of a tune receipt, as ``table.json`` holds it: the fastest valid
     contender's schedule per point (:func:`best_contenders`) and what it measured, keyed by
-    the receipt's device, SM count and toolchain."""
+    the receipt's device, SM count and toolchain. ``receipt_path`` is where the receipt was
+    written (default: the tune's default receipt of its activation)."""
     from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
     if "sms" not in receipt:
@@ -114,17 +115,18 @@ def table_of(receipt: dict) -> dict:
         "device": receipt["gpu"], "sms": receipt["sms"], "toolchain": toolchain,
         **({"activation": activation} if activation != "mxfp8" else {}),
         "revision": receipt.get("git_revision", "unknown"),
-        "receipt": RECEIPT if activation == "mxfp8" else RECEIPT_W8A16, "shapes": shapes,
+        "receipt": receipt_path or (RECEIPT if activation == "mxfp8" else RECEIPT_W8A16),
+        "shapes": shapes,
     }  # fmt: skip
 
 
-def write_table(receipt: dict, path: str) -> None:
-    """Put the table of a tune receipt (:func:`table_of`) into the ``table.json`` at
-    ``path``: it replaces the table of the same device, SM count, toolchain and activation,
-    and is written last (the device's latest)."""
+def write_table(receipt: dict, path: str, receipt_path: str | None = None) -> None:
+    """Put the table of a tune receipt (:func:`table_of`; written at ``receipt_path``) into
+    the ``table.json`` at ``path``: it replaces the table of the same device, SM count,
+    toolchain and activation, and is written last (the device's latest)."""
     from mxfp8_fusion.kernels.gemm_sm90.tuning import table
 
-    new = table_of(receipt)
+    new = table_of(receipt, receipt_path)
 
     def key(t):  # a W8A16 tune's table stands beside the W8A8 one of its device
         return t["device"], t["sms"], t["toolchain"], t.get("activation", "mxfp8")

@@ -189,7 +189,7 @@ def run(args) -> None:
         decode.annotate(receipt)
     write_receipt(args.out, receipt)
     if mode == "tune" and args.write_table:
-        write_table(receipt, args.write_table)
+        write_table(receipt, args.write_table, args.out)
     if mode == "sweep" and not args.decode:
         summary(receipt)
         try:
