@@ -20,6 +20,7 @@ from .report import merge_base, merge_states, plot, summary, write_table
 
 # the script whose ``--worker JSON`` runs one job (points.worker) in its own process
 GEMM_SCRIPT = Path(__file__).resolve().parents[1] / "gemm.py"
+REPO = GEMM_SCRIPT.parents[1]
 POINT_TIMEOUT_S = 60.0  # a worker holding the GPU longer on one point is killed (a hang)
 # --no-stream-k: the tune leaves out the configs of these (partial) schedules
 STREAM_K_SCHEDULES = [{"kernel": "tiled", "stream_k": 1}, {"kernel": "tiled", "stream_k": 2}]
@@ -189,7 +190,13 @@ def run(args) -> None:
         decode.annotate(receipt)
     write_receipt(args.out, receipt)
     if mode == "tune" and args.write_table:
-        write_table(receipt, args.write_table, args.out)
+        # the table names its receipt relative to the repository, wherever the tune ran from
+        out = Path(args.out).resolve()
+        write_table(
+            receipt,
+            args.write_table,
+            str(out.relative_to(REPO)) if out.is_relative_to(REPO) else args.out,
+        )
     if mode == "sweep" and not args.decode:
         summary(receipt)
         try:
