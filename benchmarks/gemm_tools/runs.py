@@ -118,6 +118,13 @@ def _sm_count() -> dict:
     return {"sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
 
+def _in_repo(path: str) -> str:
+    """``path`` relative to the repository where it lies inside it (as a table names its
+    receipt, wherever the tune ran from), else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else path
+
+
 def run(args) -> None:
     """``--sweep`` / ``--tune`` / ``--plot`` / ``--decode`` of benchmarks/gemm.py (``args``: its
     command line)."""
@@ -190,13 +197,7 @@ def run(args) -> None:
         decode.annotate(receipt)
     write_receipt(args.out, receipt)
     if mode == "tune" and args.write_table:
-        # the table names its receipt relative to the repository, wherever the tune ran from
-        out = Path(args.out).resolve()
-        write_table(
-            receipt,
-            args.write_table,
-            str(out.relative_to(REPO)) if out.is_relative_to(REPO) else args.out,
-        )
+        write_table(receipt, args.write_table, _in_repo(args.out))
     if mode == "sweep" and not args.decode:
         summary(receipt)
         try:
