@@ -1,0 +1,278 @@
+"""Diagnostic (not shipped): where the W8A16 token-tile kernel's time goes, from kernel
+variants defined here as subclasses of the shipped kernel (the shipped source is untouched):
+
+* ``shipped``: the kernel as shipped (two weight fragments per consumer: a stage is
+  converted while the wgmmas of the one before run);
+* ``single-buffered``: one weight fragment, so a consumer converts a stage only once the
+  wgmmas of the one before are done (the kernel before variant 58): the same wgmmas in the
+  same order, so the same bits as ``shipped``;
+* ``no-convert``: the consumers neither load nor convert the weight (wrong results on
+  purpose): the TMA stream, the pipeline and the wgmmas alone, the ceiling of this design.
+
+Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
+in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
+round in rotated order, medians. Each variant's output is compared bitwise with
+``shipped``'s first. The variants compile in parallel processes into a private kernel cache.
+
+On an H100 or H200: ``python benchmarks/diagnostics/token_tiles.py --out DIR`` writes
+DIR/gemm_diag_token_tiles.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+
+CASES = [  # (tokens, N, K, token tile, split tail)
+    (64, 4096, 12288, 64, True),
+    (128, 4096, 12288, 128, True),
+    (64, 2048, 7168, 64, True),
+    (256, 4096, 12288, 128, True),
+    (1024, 4096, 12288, 256, False),
+    (4096, 4096, 12288, 256, False),
+    (512, 2048, 7168, 64, False),
+    (1024, 2048, 7168, 128, False),
+    (512, 7168, 14336, 256, False),
+    (2048, 7168, 14336, 256, True),
+    (1024, 11008, 4096, 256, False),
+    (128, 7168, 43008, 128, True),
+    (256, 7168, 43008, 256, True),
+]
+VARIANTS = ("shipped", "single-buffered", "no-convert")
+ROUNDS = 9
+
+
+def _variant_class(variant: str):
+    """The W8A16 swap-AB kernel class of ``variant`` (module doc)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    from cutlass.cute.nvgpu import warpgroup
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+    from mxfp8_fusion.kernels.gemm_sm90.device.slices import (
+        convert_fragment_natural,
+        load_fragment_natural,
+        pair_selector,
+    )
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab import w8a16
+
+    base = w8a16.W8A16SwapABGemmSm90
+    if variant == "shipped":
+        return base
+
+    class Variant(base):
+        @cute.jit
+        def _tile_part(self, st, row0, t, w_tile, mma, load_pipe, g, k0, k1):
+            if cutlass.const_expr(variant == "no-convert"):
+                base._tile_part(self, st, row0, t, w_tile, mma, load_pipe, g, k0, k1)
+            else:
+                stages = self.stages
+                ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+                rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+                mma[4].fill(0.0)
+                ls, rel = self._single(st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1)
+                warpgroup.wait_group(0)
+                load_pipe.consumer_release(rel)
+
+        @cute.jit
+        def _single(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+            tiled_mma, frags, frag_words, tCrB, acc = mma
+            blocks = self.stage_k // 16
+            w8 = st.sW8.data_ptr().toint()
+            sw = st.sSW.data_ptr().toint()
+            selector = pair_selector(t)
+            scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+            for ks in range(k0, k1):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_fragment_natural(
+                    w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                    sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+                )  # fmt: skip
+                warpgroup.wait_group(0)
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    rel.advance()
+                convert_fragment_natural(
+                    w_words, w_scales, selector, frag_words[0], blocks, 2 * (ks % 2)
+                )  # fmt: skip
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(blocks):
+                    cute.gemm(
+                        tiled_mma, acc, frags[0][(None, None, kb)],
+                        tCrB[(None, None, kb, ls.index)], acc,
+                    )  # fmt: skip
+                warpgroup.commit_group()
+                ls.advance()
+            return ls, rel
+
+        @cute.jit
+        def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+            # no-convert: the shipped loop without the weight's loads and conversion
+            tiled_mma, frags, _words, tCrB, acc = mma
+            blocks = self.stage_k // 16
+            for p in range((k1 - k0 + 1) // 2):
+                for half in cutlass.range_constexpr(2):
+                    if k0 + 2 * p + half < k1:
+                        warpgroup.wait_group(1)
+                        if rel.count + 1 < ls.count:
+                            load_pipe.consumer_release(rel)
+                            rel.advance()
+                        load_pipe.consumer_wait(ls)
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(blocks):
+                            cute.gemm(
+                                tiled_mma, acc, frags[half][(None, None, kb)],
+                                tCrB[(None, None, kb, ls.index)], acc,
+                            )  # fmt: skip
+                        warpgroup.commit_group()
+                        ls.advance()
+            return ls, rel
+
+    return Variant
+
+
+def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
+    """The compiled build of ``variant``'s kernel for ``cfg`` (a ``launcher.Build`` compiler)."""
+    import cutlass
+
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as host
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    out_ty = getattr(cutlass, host.CUTLASS_TYPES[out_dtype])
+    kernel = _variant_class(variant)(cfg, n, widths, n, None, out_ty)
+    args = host.compile_args(cfg, widths, out_dtype, None)
+    return launcher.compile_kernel(kernel, args, buffers.ARCH)
+
+
+def _config(tokens, tile, split):
+    from mxfp8_fusion.kernels.gemm_sm90.config import swap_ab_config
+
+    return swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile, split)
+
+
+def _build(variant, tokens, n, k, tile, split):
+    import torch
+
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    facts = (variant, _config(tokens, tile, split), n, (k,), torch.bfloat16)
+    return launcher.Build("gemm w8a16 diagnostic", facts, buffers.ARCH, compile_variant)
+
+
+def _compile(job) -> str:
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    t0 = time.perf_counter()
+    try:
+        launcher.function(_build(*job))
+    except Exception as e:  # recorded; the other builds go on
+        return f"{job}: {type(e).__name__}: {e}"[:400]
+    return f"{job}: {time.perf_counter() - t0:.0f} s"
+
+
+def _launch(build, cfg, x, w, out, tokens):
+    """One launch of ``build`` on the one slice ``x`` (host.w8a16's argument order)."""
+    from mxfp8_fusion.kernels.gemm_sm90.constants import MAX_SLICES
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    unused = (None,) * (MAX_SLICES - 1)
+    stream = launcher.raw_stream(0)
+    args = (x.data_ptr(), *unused, x.stride(0), *unused, w.values.data_ptr(),
+            w.scales.data_ptr(), None, out.data_ptr(), tokens)  # fmt: skip
+    args += buffers.stream_workspace(cfg, x.device, 0, stream)
+    launcher.launch(build, (*args, stream))
+
+
+def _contenders(builds, cfg, d, outs, tokens) -> dict:
+    """name -> (launch i -> None): each variant, and cuBLAS BF16 on the same tokens."""
+    import torch
+
+    x = d.x[:tokens]
+    fns = {
+        v: (lambda i, v=v: _launch(builds[v], cfg, x, d.wq[i % d.copies], outs[v], tokens))
+        for v in builds
+    }
+    fns["cublas_bf16"] = lambda i: torch.mm(x, d.w[i % d.copies].t(), out=outs["shipped"])
+    return fns
+
+
+def measure(variants) -> list[dict]:
+    import torch
+    from common import capture_graph
+    from gemm_tools.points import MAX_INNER, _Data, _replay_ms
+
+    rows = []
+    for tokens, n, k, tile, split in CASES:
+        cfg = _config(tokens, tile, split)
+        d = _Data(n, k, tokens)
+        x = d.x[:tokens]
+        outs = {v: torch.full((tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                for v in variants}  # fmt: skip
+        builds = {v: _build(v, tokens, n, k, tile, split) for v in variants}
+        for v in variants:
+            _launch(builds[v], cfg, x, d.wq[0], outs[v], tokens)
+        torch.cuda.synchronize()
+        same = {v: bool(torch.equal(outs[v], outs["shipped"])) for v in variants}
+        inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * tokens * n * k)), 1))
+        fns = _contenders(builds, cfg, d, outs, tokens)
+        graphs = {
+            name: capture_graph([lambda i=i, f=f: f(i) for i in range(inner)])
+            for name, f in fns.items()
+        }
+        samples = {name: [] for name in graphs}
+        names = list(graphs)
+        for r in range(ROUNDS):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                samples[name].append(_replay_ms(graphs[name], inner, 0.02) * 1e3)
+        us = {name: round(statistics.median(v), 2) for name, v in samples.items()}
+        row = {"tokens": tokens, "n": n, "k": k, "token_tile": tile, "split_tail": split,
+               "us": us, "bitwise_as_shipped": same,
+               "over_shipped": {v: round(us[v] / us["shipped"], 3) for v in variants}}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del graphs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--workers", type=int, default=14)
+    args = p.parse_args()
+    variants = ["shipped", *(v for v in args.variants if v != "shipped")]
+    with tempfile.TemporaryDirectory() as cache:
+        # the variants are not shipped builds: a private cache the compile workers share
+        os.environ["MXFP8_FUSION_CACHE_DIR"] = cache
+        jobs = [(v, *case) for case in CASES for v in variants]
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(args.workers) as pool:  # before CUDA starts here
+            for line in pool.map(_compile, jobs):
+                print("compiled", line, flush=True)
+        compile_s = round(time.perf_counter() - t0, 1)
+        rows = measure(variants)
+    from common import environment
+
+    receipt = {"what": __doc__.split("\n\n")[0], "how": __doc__.split("\n\n")[1],
+               "compile_s": compile_s, "rounds": ROUNDS, "rows": rows, **environment()}  # fmt: skip
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gemm_diag_token_tiles.json").write_text(json.dumps(receipt, indent=1))
+
+
+if __name__ == "__main__":
+    main()
