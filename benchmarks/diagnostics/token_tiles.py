@@ -1,13 +1,15 @@
 """Diagnostic (not shipped): where the W8A16 token-tile kernel's time goes, from kernel
 variants defined here as subclasses of the shipped kernel (the shipped source is untouched):
 
-* ``shipped``: the kernel as shipped (two weight fragments per consumer: a stage is
-  converted while the wgmmas of the one before run);
-* ``single-buffered``: one weight fragment, so a consumer converts a stage only once the
-  wgmmas of the one before are done (the kernel before variant 58): the same wgmmas in the
-  same order, so the same bits as ``shipped``;
-* ``no-convert``: the consumers neither load nor convert the weight (wrong results on
-  purpose): the TMA stream, the pipeline and the wgmmas alone, the ceiling of this design.
+* ``shipped``: the kernel as shipped (one weight fragment per consumer: it converts a stage
+  once the wgmmas of the one before are done);
+* ``double-buffered``: two weight fragments per consumer, so a stage is converted while the
+  wgmmas of the one before run (the consumer waits for the wgmmas two stages back, frees
+  their stage, then waits for the next): the same wgmmas in the same order, so the same
+  bits as ``shipped`` (docs/gemm_log.md, variant 58);
+* ``no-convert``: the double-buffered loop without the weight's loads and conversion (wrong
+  results on purpose): the TMA stream, the pipeline and the wgmmas alone, the ceiling of
+  this design.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -48,7 +50,7 @@ CASES = [  # (tokens, N, K, token tile, split tail)
     (128, 7168, 43008, 128, True),
     (256, 7168, 43008, 256, True),
 ]
-VARIANTS = ("shipped", "single-buffered", "no-convert")
+VARIANTS = ("shipped", "double-buffered", "no-convert")
 ROUNDS = 9
 
 
@@ -57,6 +59,7 @@ def _variant_class(variant: str):
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
+    from cutlass import Int32
     from cutlass.cute.nvgpu import warpgroup
 
     from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
@@ -66,6 +69,7 @@ def _variant_class(variant: str):
         pair_selector,
     )
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab import w8a16
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import TILE_W
 
     base = w8a16.W8A16SwapABGemmSm90
     if variant == "shipped":
@@ -74,61 +78,49 @@ def _variant_class(variant: str):
     class Variant(base):
         @cute.jit
         def _tile_part(self, st, row0, t, w_tile, mma, load_pipe, g, k0, k1):
-            if cutlass.const_expr(variant == "no-convert"):
-                base._tile_part(self, st, row0, t, w_tile, mma, load_pipe, g, k0, k1)
-            else:
-                stages = self.stages
-                ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-                rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
-                mma[4].fill(0.0)
-                ls, rel = self._single(st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1)
-                warpgroup.wait_group(0)
-                load_pipe.consumer_release(rel)
+            stages = self.stages
+            ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
+            mma[4].fill(0.0)
+            ls, rel = self._tile_stages(st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1)
+            warpgroup.wait_group(0)
+            for _r in cutlass.range_constexpr(2):  # the last two stages
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    rel.advance()
 
         @cute.jit
-        def _single(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-            tiled_mma, frags, frag_words, tCrB, acc = mma
+        def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+            tiled_mma, frag, frag_words, tCrB, acc = mma
+            frag_b = tiled_mma.make_fragment_A(
+                tiled_mma.get_slice(0).partition_shape_A((TILE_W, self.stage_k))
+            )
+            frags = (frag, frag_b)
+            words = (frag_words, cute.recast_tensor(frag_b, Int32))
             blocks = self.stage_k // 16
             w8 = st.sW8.data_ptr().toint()
             sw = st.sSW.data_ptr().toint()
             selector = pair_selector(t)
             scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-            for ks in range(k0, k1):
-                load_pipe.consumer_wait(ls)
-                w_words, w_scales = load_fragment_natural(
-                    w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                    sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
-                )  # fmt: skip
-                warpgroup.wait_group(0)
-                if rel.count < ls.count:
-                    load_pipe.consumer_release(rel)
-                    rel.advance()
-                convert_fragment_natural(
-                    w_words, w_scales, selector, frag_words[0], blocks, 2 * (ks % 2)
-                )  # fmt: skip
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(blocks):
-                    cute.gemm(
-                        tiled_mma, acc, frags[0][(None, None, kb)],
-                        tCrB[(None, None, kb, ls.index)], acc,
-                    )  # fmt: skip
-                warpgroup.commit_group()
-                ls.advance()
-            return ls, rel
-
-        @cute.jit
-        def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-            # no-convert: the shipped loop without the weight's loads and conversion
-            tiled_mma, frags, _words, tCrB, acc = mma
-            blocks = self.stage_k // 16
+            # pairs of stages, so that each stage's fragment is known at compile time
             for p in range((k1 - k0 + 1) // 2):
                 for half in cutlass.range_constexpr(2):
-                    if k0 + 2 * p + half < k1:
+                    ks = k0 + 2 * p + half
+                    if ks < k1:
+                        # the wgmmas two stages back read this fragment and their stage
                         warpgroup.wait_group(1)
                         if rel.count + 1 < ls.count:
                             load_pipe.consumer_release(rel)
                             rel.advance()
                         load_pipe.consumer_wait(ls)
+                        if cutlass.const_expr(variant == "double-buffered"):
+                            w_words, w_scales = load_fragment_natural(
+                                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+                            )  # fmt: skip
+                            convert_fragment_natural(
+                                w_words, w_scales, selector, words[half], blocks, 2 * (ks % 2)
+                            )  # fmt: skip
                         warpgroup.fence()
                         for kb in cutlass.range_constexpr(blocks):
                             cute.gemm(
@@ -268,7 +260,8 @@ def main() -> None:
         rows = measure(variants)
     from common import environment
 
-    receipt = {"what": __doc__.split("\n\n")[0], "how": __doc__.split("\n\n")[1],
+    what, variants_doc, how = __doc__.split("\n\n")[:3]
+    receipt = {"what": what, "variants": variants_doc, "how": how,
                "compile_s": compile_s, "rounds": ROUNDS, "rows": rows, **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gemm_diag_token_tiles.json").write_text(json.dumps(receipt, indent=1))

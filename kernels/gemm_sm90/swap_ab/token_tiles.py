@@ -168,17 +168,12 @@ class TokenTiles:
         """Consumer ``cw`` (its 64 weight rows of every stage), tile by tile: all K stages
         into its accumulator, then the tile's outputs stored; then its tail part, if any."""
         thr = tiled_mma.get_slice(ct)
-        # two weight fragments: a stage is converted into one while the wgmmas of the stage
-        # before read the other
-        frags = tuple(
-            tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, self.stage_k)))
-            for _ in range(2)
-        )
-        frag_words = tuple(cute.recast_tensor(f, Int32) for f in frags)
+        frag = tiled_mma.make_fragment_A(thr.partition_shape_A((TILE_W, self.stage_k)))
+        frag_words = cute.recast_tensor(frag, Int32)
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sA16))
         acc = cute.make_rmem_tensor(thr.partition_shape_C((TILE_W, self.tn)), cutlass.Float32)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        mma = (tiled_mma, frags, frag_words, tCrB, acc)
+        mma = (tiled_mma, frag, frag_words, tCrB, acc)
         lane = ct % 32
         row0 = (ct // 32) * 16 + lane // 4 + cw * TILE_W
         t = lane % 4
@@ -214,10 +209,7 @@ class TokenTiles:
         mma[4].fill(0.0)
         ls, rel = self._tile_stages(st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1)
         warpgroup.wait_group(0)
-        for _r in cutlass.range_constexpr(2):  # the last two stages (one where k1 - k0 is 1)
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
-                rel.advance()
+        load_pipe.consumer_release(rel)
 
     @cute.jit
     def _publish_part(self, ct, cw, acc, mPartials, mFlags, slot):
@@ -250,43 +242,33 @@ class TokenTiles:
 
     @cute.jit
     def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-        """A tile's K stages of 64 from k0 to k1 - 1: per stage its weight rows converted into
-        one of the two A fragments (natural K order, the second K half's scale bytes for odd
-        stages) and four k16 wgmmas on the stage's token tile. Stages alternate fragments, so
-        a stage's conversion overlaps the wgmmas of the one before: the consumer waits only
-        for those two stages back, which read the fragment it fills, and then releases their
-        stage (their token tile read). The last two stay with ``rel``."""
-        tiled_mma, frags, frag_words, tCrB, acc = mma
+        """A tile's K stages of 64 from k0 to k1 - 1: per stage its weight rows converted into the A fragment
+        (natural K order, the second K half's scale bytes for odd stages) and four k16
+        wgmmas on the stage's token tile. Each stage is released once its wgmmas, which read
+        the token tile, are done (at the next stage); the last stays with ``rel``."""
+        tiled_mma, frag, frag_words, tCrB, acc = mma
         blocks = self.stage_k // 16
         w8 = st.sW8.data_ptr().toint()
         sw = st.sSW.data_ptr().toint()
         selector = pair_selector(t)
         scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        # pairs of stages, so that each stage's fragment is known at compile time
-        for p in range((k1 - k0 + 1) // 2):
-            for half in cutlass.range_constexpr(2):
-                ks = k0 + 2 * p + half
-                if ks < k1:
-                    # the wgmmas two stages back, which read this fragment and their stage's
-                    # token tile, are done: that stage is free before this one is waited for
-                    warpgroup.wait_group(1)
-                    if rel.count + 1 < ls.count:
-                        load_pipe.consumer_release(rel)
-                        rel.advance()
-                    load_pipe.consumer_wait(ls)
-                    w_words, w_scales = load_fragment_natural(
-                        w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                        sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
-                    )  # fmt: skip
-                    convert_fragment_natural(
-                        w_words, w_scales, selector, frag_words[half], blocks, 2 * (ks % 2)
-                    )  # fmt: skip
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(blocks):
-                        cute.gemm(
-                            tiled_mma, acc, frags[half][(None, None, kb)],
-                            tCrB[(None, None, kb, ls.index)], acc,
-                        )  # fmt: skip
-                    warpgroup.commit_group()
-                    ls.advance()
+        for ks in range(k0, k1):
+            load_pipe.consumer_wait(ls)
+            w_words, w_scales = load_fragment_natural(
+                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+            )  # fmt: skip
+            # the previous stage's wgmmas have read the fragment registers and token tile
+            warpgroup.wait_group(0)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                rel.advance()
+            convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(blocks):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                )  # fmt: skip
+            warpgroup.commit_group()
+            ls.advance()
         return ls, rel
