@@ -9,7 +9,15 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
   bits as ``shipped`` (docs/gemm_log.md, variant 58);
 * ``no-convert``: the double-buffered loop without the weight's loads and conversion (wrong
   results on purpose): the TMA stream, the pipeline and the wgmmas alone, the ceiling of
-  this design.
+  this design;
+* ``packed``: the shipped loop on a weight whose bytes are permuted inside every 64 bytes of
+  K so that each thread's fragment bytes of a stage row are one 16-byte chunk: one 16-byte
+  shared load per row instead of eight 4-byte loads of which half the bytes are another
+  thread's. It runs on a permuted copy of the weight (``permute_weight``) and must give the
+  shipped kernel's bits on the natural one (docs/gemm_log.md, variant 59);
+* ``packed-no-lds``: ``packed`` with the weight's shared loads replaced by words made from
+  the thread's row (wrong results on purpose): the conversion's instructions without its
+  shared-memory traffic, between ``packed`` and ``no-convert``.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -50,7 +58,7 @@ CASES = [  # (tokens, N, K, token tile, split tail)
     (128, 7168, 43008, 128, True),
     (256, 7168, 43008, 256, True),
 ]
-VARIANTS = ("shipped", "double-buffered", "no-convert")
+VARIANTS = ("shipped", "double-buffered", "no-convert", "packed", "packed-no-lds")
 ROUNDS = 9
 
 
@@ -73,6 +81,8 @@ def _variant_class(variant: str):
     base = w8a16.W8A16SwapABGemmSm90
     if variant == "shipped":
         return base
+    if variant.startswith("packed"):
+        return _packed_class(base, loads=variant == "packed")
 
     class Variant(base):
         @cute.jit
@@ -123,6 +133,121 @@ def _variant_class(variant: str):
             return ls, rel
 
     return Variant
+
+
+PACKED_GROUP = 64
+"""K bytes of one permuted group of ``packed``: one token-tile stage row."""
+
+
+def packed_order() -> list[int]:
+    """Byte p of a packed 64-byte group holds byte ``packed_order()[p]`` of the natural one:
+    thread t's chunk t holds, for k16 block kb, the bytes 2t, 2t + 1, 2t + 8, 2t + 9 of the
+    block, which its A fragment takes (pairs (2t, 2t + 1) and (2t + 8, 2t + 9))."""
+    return [16 * kb + 2 * t + (j % 2) + 8 * (j // 2)
+            for t in range(4) for kb in range(4) for j in range(4)]  # fmt: skip
+
+
+def permute_weight(values):
+    """The FP8 ``values`` [N, K] (K a multiple of 64) permuted as ``packed`` reads them."""
+    import torch
+
+    n, k = values.shape
+    order = torch.tensor(packed_order(), device=values.device)
+    u8 = values.view(torch.uint8).view(n, k // PACKED_GROUP, PACKED_GROUP)
+    return u8[:, :, order].contiguous().view(values.dtype).view(n, k)
+
+
+def _packed_class(base, loads: bool):
+    """``packed``: the shipped stage loop, each row's fragment bytes one 16-byte load;
+    without ``loads`` (``packed-no-lds``) words made from the row instead."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+    from cutlass.cute.nvgpu import warpgroup
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+    from mxfp8_fusion.kernels.gemm_sm90.device.common import (
+        chunk_word,
+        dequant_pair,
+        load_smem_words,
+        mul_bf16x2,
+        scale_factors,
+    )
+
+    @cute.jit
+    def load_packed(stage, row0, t, scales, scale_row0):
+        """Rows row0 and row0 + 8 of a packed stage (rows of 64 bytes, 64-byte swizzle):
+        chunk t of each, and each row's scale word."""
+        words = []
+        scale_words = []
+        for rr in cutlass.range_constexpr(2):
+            row = row0 + 8 * rr
+            chunk = (t ^ ((row >> 1) % 4)) << 4
+            scale_words.append(load_smem_words(scales + chunk_word(scale_row0 + row) * 4, 1, 4))
+            if cutlass.const_expr(loads):
+                words.append(load_smem_words(stage + row * PACKED_GROUP + chunk, 4, 16))
+            else:  # per-stage values the compiler can neither fold nor hoist; no shared load
+                fake = cute.make_rmem_tensor((4,), cutlass.Uint32)
+                for q in cutlass.range_constexpr(4):
+                    fake[q] = (
+                        scale_words[rr][0] ^ cutlass.Uint32(row * 0x01010101 + q)
+                    ) & 0x3F3F3F3F
+                words.append(fake)
+        return words, scale_words
+
+    @cute.jit
+    def convert_packed(words, scale_words, frag_words, group0):
+        """Word kb of a row's chunk: bytes 0-1 the pair (2t, 2t + 1) of block kb, bytes
+        2-3 the pair (2t + 8, 2t + 9); converted as the shipped kernel converts."""
+        big = Int32(0)
+        rests = []
+        for rr in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(2):
+                s = Int32(scale_words[rr][0] >> (8 * (group0 + j))) & 0xFF
+                factor, rest, is_big = scale_factors(s)
+                rests.append(rest)
+                big = big | is_big
+                for kb in cutlass.range_constexpr(2 * j, 2 * j + 2):
+                    for hi in cutlass.range_constexpr(2):
+                        frag_words[rr + 2 * hi + 4 * kb] = dequant_pair(
+                            words[rr][kb], factor, hi == 1
+                        )  # fmt: skip
+        if big != 0:
+            for rr in cutlass.range_constexpr(2):
+                for kb in cutlass.range_constexpr(4):
+                    for hi in cutlass.range_constexpr(2):
+                        idx = rr + 2 * hi + 4 * kb
+                        frag_words[idx] = mul_bf16x2(frag_words[idx], rests[2 * rr + kb // 2])
+
+    class Packed(base):
+        @cute.jit
+        def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+            tiled_mma, frag, frag_words, tCrB, acc = mma
+            blocks = self.stage_k // 16
+            w8 = st.sW8.data_ptr().toint()
+            sw = st.sSW.data_ptr().toint()
+            scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+            for ks in range(k0, k1):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_packed(
+                    w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                    sw + ls.index * CHUNK_BYTES, scale_row0,
+                )  # fmt: skip
+                warpgroup.wait_group(0)
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    rel.advance()
+                convert_packed(w_words, w_scales, frag_words, 2 * (ks % 2))
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(blocks):
+                    cute.gemm(
+                        tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                    )  # fmt: skip
+                warpgroup.commit_group()
+                ls.advance()
+            return ls, rel
+
+    return Packed
 
 
 def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
@@ -180,13 +305,26 @@ def _launch(build, cfg, x, w, out, tokens):
     launcher.launch(build, (*args, stream))
 
 
+def _weights(d, variant):
+    """The weight copies ``variant`` reads: ``d.wq``, or their packed copies (made once)."""
+    if variant != "packed":
+        return d.wq
+    if not hasattr(d, "packed"):
+        from types import SimpleNamespace
+
+        d.packed = [SimpleNamespace(values=permute_weight(w.values), scales=w.scales) for w in d.wq]
+    return d.packed
+
+
 def _contenders(builds, cfg, d, outs, tokens) -> dict:
     """name -> (launch i -> None): each variant, and cuBLAS BF16 on the same tokens."""
     import torch
 
     x = d.x[:tokens]
     fns = {
-        v: (lambda i, v=v: _launch(builds[v], cfg, x, d.wq[i % d.copies], outs[v], tokens))
+        v: (
+            lambda i, v=v: _launch(builds[v], cfg, x, _weights(d, v)[i % d.copies], outs[v], tokens)
+        )
         for v in builds
     }
     fns["cublas_bf16"] = lambda i: torch.mm(x, d.w[i % d.copies].t(), out=outs["shipped"])
@@ -207,7 +345,7 @@ def measure(variants) -> list[dict]:
                 for v in variants}  # fmt: skip
         builds = {v: _build(v, tokens, n, k, tile, split) for v in variants}
         for v in variants:
-            _launch(builds[v], cfg, x, d.wq[0], outs[v], tokens)
+            _launch(builds[v], cfg, x, _weights(d, v)[0], outs[v], tokens)
         torch.cuda.synchronize()
         same = {v: bool(torch.equal(outs[v], outs["shipped"])) for v in variants}
         inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * tokens * n * k)), 1))
