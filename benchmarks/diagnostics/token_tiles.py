@@ -15,6 +15,9 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
   shared load per row instead of eight 4-byte loads of which half the bytes are another
   thread's. It runs on a permuted copy of the weight (``permute_weight``) and must give the
   shipped kernel's bits on the natural one (docs/gemm_log.md, variant 59);
+* ``blocked``: ``packed`` on a weight also laid out in stage blocks: the 128 rows x 64 K
+  bytes of each (weight tile, K stage) contiguous (8 KB), so that a stage's load reads
+  one block instead of 128 row pieces of 64 bytes (``block_weight``); the same bits;
 * ``packed-no-lds``: ``packed`` with the weight's shared loads replaced by words made from
   the thread's row (wrong results on purpose): the conversion's instructions without its
   shared-memory traffic, between ``packed`` and ``no-convert``.
@@ -58,7 +61,7 @@ CASES = [  # (tokens, N, K, token tile, split tail)
     (128, 7168, 43008, 128, True),
     (256, 7168, 43008, 256, True),
 ]
-VARIANTS = ("shipped", "double-buffered", "no-convert", "packed", "packed-no-lds")
+VARIANTS = ("shipped", "double-buffered", "no-convert", "packed", "blocked", "packed-no-lds")
 ROUNDS = 9
 
 
@@ -81,8 +84,8 @@ def _variant_class(variant: str):
     base = w8a16.W8A16SwapABGemmSm90
     if variant == "shipped":
         return base
-    if variant.startswith("packed"):
-        return _packed_class(base, loads=variant == "packed")
+    if variant in ("packed", "blocked", "packed-no-lds"):
+        return _packed_class(base, loads=variant != "packed-no-lds", blocked=variant == "blocked")
 
     class Variant(base):
         @cute.jit
@@ -157,9 +160,23 @@ def permute_weight(values):
     return u8[:, :, order].contiguous().view(values.dtype).view(n, k)
 
 
-def _packed_class(base, loads: bool):
+BLOCK_ROWS = 128
+"""Weight rows of one ``blocked`` block: the token-tile kernel's weight tile."""
+
+
+def block_weight(values):
+    """``permute_weight(values)`` in blocks of 128 rows x 64 K bytes, each contiguous, the
+    blocks of a 128-row band in K order, the bands in row order."""
+    n, k = values.shape
+    packed = permute_weight(values)
+    blocks = packed.view(n // BLOCK_ROWS, BLOCK_ROWS, k // PACKED_GROUP, PACKED_GROUP)
+    return blocks.permute(0, 2, 1, 3).contiguous().view(n, k)
+
+
+def _packed_class(base, loads: bool, blocked: bool = False):
     """``packed``: the shipped stage loop, each row's fragment bytes one 16-byte load;
-    without ``loads`` (``packed-no-lds``) words made from the row instead."""
+    without ``loads`` (``packed-no-lds``) words made from the row instead; ``blocked``
+    reads the weight as :func:`block_weight` lays it out."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32
@@ -220,6 +237,19 @@ def _packed_class(base, loads: bool):
                         frag_words[idx] = mul_bf16x2(frag_words[idx], rests[2 * rr + kb // 2])
 
     class Packed(base):
+        @cute.jit
+        def _launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream):
+            if cutlass.const_expr(blocked):
+                # element (n, k) of the logical weight where block_weight put it
+                kb = self.k // PACKED_GROUP
+                block = BLOCK_ROWS * PACKED_GROUP
+                layout = cute.make_layout(
+                    ((BLOCK_ROWS, self.n // BLOCK_ROWS), (PACKED_GROUP, kb)),
+                    stride=((PACKED_GROUP, kb * block), (1, block)),
+                )
+                mW = cute.make_tensor(mW.iterator, layout)
+            base._launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream)
+
         @cute.jit
         def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
             tiled_mma, frag, frag_words, tCrB, acc = mma
@@ -306,14 +336,15 @@ def _launch(build, cfg, x, w, out, tokens):
 
 
 def _weights(d, variant):
-    """The weight copies ``variant`` reads: ``d.wq``, or their packed copies (made once)."""
-    if variant != "packed":
+    """The weight copies ``variant`` reads: ``d.wq``, or their permuted copies (made once)."""
+    lay = {"packed": permute_weight, "blocked": block_weight}.get(variant)
+    if lay is None:
         return d.wq
-    if not hasattr(d, "packed"):
+    if variant not in d.laid_out:
         from types import SimpleNamespace
 
-        d.packed = [SimpleNamespace(values=permute_weight(w.values), scales=w.scales) for w in d.wq]
-    return d.packed
+        d.laid_out[variant] = [SimpleNamespace(values=lay(w.values), scales=w.scales) for w in d.wq]
+    return d.laid_out[variant]
 
 
 def _contenders(builds, cfg, d, outs, tokens) -> dict:
@@ -340,6 +371,7 @@ def measure(variants) -> list[dict]:
     for tokens, n, k, tile, split in CASES:
         cfg = _config(tokens, tile, split)
         d = _Data(n, k, tokens)
+        d.laid_out = {}
         x = d.x[:tokens]
         outs = {v: torch.full((tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 for v in variants}  # fmt: skip
