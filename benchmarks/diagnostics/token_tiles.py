@@ -18,6 +18,11 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
 * ``blocked``: ``packed`` on a weight also laid out in stage blocks: the 128 rows x 64 K
   bytes of each (weight tile, K stage) contiguous (8 KB), so that a stage's load reads
   one block instead of 128 row pieces of 64 bytes (``block_weight``); the same bits;
+* ``ping-pong``: the shipped loop with the two consumers taking turns to issue their
+  wgmmas (named barriers: consumer 0 issues stage s, then consumer 1 stage s, then
+  consumer 0 stage s + 1, ...), so each converts its next stage while the other's wgmmas
+  run instead of both converting at once; the same wgmmas per consumer in the same order,
+  so the same bits;
 * ``packed-no-lds``: ``packed`` with the weight's shared loads replaced by words made from
   the thread's row (wrong results on purpose): the conversion's instructions without its
   shared-memory traffic, between ``packed`` and ``no-convert``.
@@ -61,7 +66,15 @@ CASES = [  # (tokens, N, K, token tile, split tail)
     (128, 7168, 43008, 128, True),
     (256, 7168, 43008, 256, True),
 ]
-VARIANTS = ("shipped", "double-buffered", "no-convert", "packed", "blocked", "packed-no-lds")
+VARIANTS = (
+    "shipped",
+    "double-buffered",
+    "no-convert",
+    "packed",
+    "blocked",
+    "ping-pong",
+    "packed-no-lds",
+)
 ROUNDS = 9
 
 
@@ -84,6 +97,8 @@ def _variant_class(variant: str):
     base = w8a16.W8A16SwapABGemmSm90
     if variant == "shipped":
         return base
+    if variant == "ping-pong":
+        return _ping_pong_class(base)
     if variant in ("packed", "blocked", "packed-no-lds"):
         return _packed_class(base, loads=variant != "packed-no-lds", blocked=variant == "blocked")
 
@@ -278,6 +293,77 @@ def _packed_class(base, loads: bool, blocked: bool = False):
             return ls, rel
 
     return Packed
+
+
+TURN_BAR = 4
+"""``ping-pong``'s named barriers: TURN_BAR + c is consumer c's turn to issue (the shipped
+kernel uses ids 1 to 3)."""
+
+
+def _ping_pong_class(base):
+    """``ping-pong``: the shipped stage loop, the consumers issuing their wgmmas in turn."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import warpgroup
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+    from mxfp8_fusion.kernels.gemm_sm90.constants import WG_THREADS
+    from mxfp8_fusion.kernels.gemm_sm90.device.slices import (
+        convert_fragment_natural,
+        load_fragment_natural,
+        pair_selector,
+    )
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import TILE_W
+
+    both = 2 * WG_THREADS
+
+    class PingPong(base):
+        @cute.jit
+        def _tiles_consumer(
+            self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+        ):  # fmt: skip
+            if cw == 1:  # consumer 0 takes the first turn
+                cute.arch.barrier_arrive(barrier_id=TURN_BAR, number_of_threads=both)
+            base._tiles_consumer(
+                self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+            )  # fmt: skip
+            if cw == 0:  # consumer 1's arrive after its last turn
+                cute.arch.barrier(barrier_id=TURN_BAR, number_of_threads=both)
+
+        @cute.jit
+        def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+            tiled_mma, frag, frag_words, tCrB, acc = mma
+            cw = row0 // TILE_W
+            blocks = self.stage_k // 16
+            w8 = st.sW8.data_ptr().toint()
+            sw = st.sSW.data_ptr().toint()
+            selector = pair_selector(t)
+            scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+            for ks in range(k0, k1):
+                load_pipe.consumer_wait(ls)
+                w_words, w_scales = load_fragment_natural(
+                    w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                    sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+                )  # fmt: skip
+                warpgroup.wait_group(0)
+                if rel.count < ls.count:
+                    load_pipe.consumer_release(rel)
+                    rel.advance()
+                convert_fragment_natural(
+                    w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2)
+                )  # fmt: skip
+                cute.arch.barrier(barrier_id=TURN_BAR + cw, number_of_threads=both)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(blocks):
+                    cute.gemm(
+                        tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                    )  # fmt: skip
+                warpgroup.commit_group()
+                cute.arch.barrier_arrive(barrier_id=TURN_BAR + 1 - cw, number_of_threads=both)
+                ls.advance()
+            return ls, rel
+
+    return PingPong
 
 
 def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
