@@ -488,22 +488,49 @@ def measure(variants) -> list[dict]:
     return rows
 
 
+def launch_once(variants, cases) -> None:
+    """Each variant launched once on each of ``cases`` (indices into CASES), for a profiler:
+    ``ncu -k regex:"SwapAB|Packed|PingPong|Variant" ... token_tiles.py --once 7 4``."""
+    import torch
+    from gemm_tools.points import _Data
+
+    for i in cases:
+        tokens, n, k, tile, split = CASES[i]
+        cfg = _config(tokens, tile, split)
+        d = _Data(n, k, tokens)
+        d.laid_out = {}
+        out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+        for v in variants:
+            _launch(_build(v, tokens, n, k, tile, split), cfg, d.x[:tokens], _weights(d, v)[0],
+                    out, tokens)  # fmt: skip
+            torch.cuda.synchronize()
+        del d
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    p.add_argument("--receipt", default="gemm_diag_token_tiles.json", help="its file name in --out")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--once", nargs="+", type=int, metavar="CASE",
+                   help="launch each variant once on these cases (indices), time nothing")  # fmt: skip
     args = p.parse_args()
     variants = ["shipped", *(v for v in args.variants if v != "shipped")]
     with tempfile.TemporaryDirectory() as cache:
         # the variants are not shipped builds: a private cache the compile workers share
         os.environ["MXFP8_FUSION_CACHE_DIR"] = cache
-        jobs = [(v, *case) for case in CASES for v in variants]
+        cases = [CASES[i] for i in args.once] if args.once else CASES
+        jobs = [(v, *case) for case in cases for v in variants]
         t0 = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:  # before CUDA starts here
             for line in pool.map(_compile, jobs):
                 print("compiled", line, flush=True)
         compile_s = round(time.perf_counter() - t0, 1)
+        if args.once:
+            launch_once(variants, args.once)
+            return
         rows = measure(variants)
     from common import environment
 
@@ -511,7 +538,7 @@ def main() -> None:
     receipt = {"what": what, "variants": variants_doc, "how": how,
                "compile_s": compile_s, "rounds": ROUNDS, "rows": rows, **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gemm_diag_token_tiles.json").write_text(json.dumps(receipt, indent=1))
+    (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
 
 
 if __name__ == "__main__":
