@@ -9,8 +9,9 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 
 from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
 from mxfp8_fusion.kernels.gemm_sm90.constants import WG_THREADS
@@ -28,6 +29,7 @@ from mxfp8_fusion.kernels.gemm_sm90.device.slices import (
 )
 from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import TILE_W
 from mxfp8_fusion.kernels.gemm_sm90.swap_ab.w8a16 import W8A16SwapABGemmSm90 as Shipped
+from mxfp8_fusion.kernels.runtime.ptx import inline_ptx
 
 PACKED_GROUP = 64
 """K bytes of one permuted group of ``packed``: one token-tile stage row."""
@@ -278,6 +280,74 @@ class PingPong(Shipped):
         return ls, rel
 
 
+STAMP_POINTS = ("data", "wgmma_done", "converted", "issued")
+"""Per stage, where a warp of ``stamped`` reads %clock64: its stage's load has landed, its
+previous stage's wgmmas are done, the stage is converted, its wgmmas are issued."""
+STAMP_STAGES = 64
+"""The stages ``stamped`` records per warp (its first ones)."""
+STAMP_CTAS = 2
+"""The CTAs ``stamped`` records (the first ones)."""
+WARPS = 12
+"""Warps of a two-consumer token-tile CTA (the producer's four first)."""
+
+
+@dsl_user_op
+def _stamp(addr, *, loc=None, ip=None):
+    """``%clock64`` stored at global address ``addr``."""
+    inline_ptx(
+        "{\n.reg .u64 t;\nmov.u64 t, %clock64;\nst.global.u64 [$0], t;\n}",
+        "l", [Int64(addr).ir_value(loc=loc, ip=ip)], None, True, loc=loc, ip=ip,
+    )  # fmt: skip
+
+
+class Stamped(Shipped):
+    """The shipped stage loop with lane 0 of each consumer warp of the first STAMP_CTAS CTAs
+    stamping STAMP_POINTS at its first STAMP_STAGES stages into the int64 buffer at
+    ``stamps_addr`` ([cta][warp][stage][point], a compile-time address): the same bits."""
+
+    stamps_addr = 0
+
+    @cute.jit
+    def _mark(self, stage, point: int):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        if cta < STAMP_CTAS and tidx % 32 == 0 and stage < STAMP_STAGES:
+            slot = ((cta * WARPS + tidx // 32) * STAMP_STAGES + stage) * len(STAMP_POINTS) + point
+            _stamp(Int64(self.stamps_addr) + Int64(slot) * 8)
+
+    @cute.jit
+    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        blocks = self.stage_k // 16
+        w8 = st.sW8.data_ptr().toint()
+        sw = st.sSW.data_ptr().toint()
+        selector = pair_selector(t)
+        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+        for ks in range(k0, k1):
+            load_pipe.consumer_wait(ls)
+            self._mark(ls.count, 0)
+            w_words, w_scales = load_fragment_natural(
+                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+            )  # fmt: skip
+            warpgroup.wait_group(0)
+            self._mark(ls.count, 1)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                rel.advance()
+            convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
+            self._mark(ls.count, 2)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(blocks):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                )  # fmt: skip
+            warpgroup.commit_group()
+            self._mark(ls.count, 3)
+            ls.advance()
+        return ls, rel
+
+
 CLASSES = {
     "shipped": Shipped,
     "double-buffered": DoubleBuffered,
@@ -286,6 +356,7 @@ CLASSES = {
     "blocked": Blocked,
     "ping-pong": PingPong,
     "packed-no-lds": PackedNoLds,
+    "stamped": Stamped,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
 

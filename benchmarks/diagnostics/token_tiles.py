@@ -39,6 +39,7 @@ DIR/gemm_diag_token_tiles.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -225,15 +226,88 @@ def launch_once(variants, cases) -> None:
         torch.cuda.empty_cache()
 
 
+def compile_stamped(addr: int, cfg, n: int, widths: tuple, out_dtype):
+    """``stamped``'s build writing into the buffer at ``addr`` (a launcher compiler)."""
+    from token_tile_variants import Stamped
+
+    Stamped.stamps_addr = addr
+    return compile_variant("stamped", cfg, n, widths, out_dtype)
+
+
+def stamps(case: int, launches: int = 5) -> dict:
+    """``stamped`` on CASES[case]: per consumer, the median cycles (%clock64) of each step of
+    a stage over its recorded stages, warps, CTAs and ``launches`` launches: waiting for the
+    stage's load, for the previous stage's wgmmas, converting, issuing; and a stage's period
+    (issue to issue)."""
+    import torch
+    from gemm_tools.points import _Data
+    from token_tile_variants import STAMP_CTAS, STAMP_POINTS, STAMP_STAGES, WARPS
+
+    from mxfp8_fusion.kernels.gemm_sm90.host import buffers
+    from mxfp8_fusion.kernels.runtime import launcher
+
+    tokens, n, k, tile, split = CASES[case]
+    cfg = _config(tokens, tile, split)
+    shape = (STAMP_CTAS, WARPS, STAMP_STAGES, len(STAMP_POINTS))
+    buf = torch.zeros(shape, dtype=torch.int64, device="cuda")
+    facts = (buf.data_ptr(), cfg, n, (k,), torch.bfloat16)
+    build = launcher.Build("gemm w8a16 stamped diagnostic", facts, buffers.ARCH, compile_stamped)
+    d = _Data(n, k, tokens)
+    d.laid_out = {}
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    steps = {c: {"load": [], "wgmma": [], "convert": [], "issue": [], "period": []} for c in (0, 1)}
+    for i in range(launches):
+        buf.zero_()
+        _launch(build, cfg, d.x[:tokens], d.wq[i % d.copies], out, tokens)
+        torch.cuda.synchronize()
+        t = buf.cpu()
+        for cta in range(STAMP_CTAS):
+            for warp in range(4, WARPS):  # the consumers' warps
+                c = (warp - 4) // 4
+                rows = [r for r in t[cta, warp].tolist() if all(r)]
+                for prev, cur in itertools.pairwise(rows):
+                    steps[c]["load"].append(cur[0] - prev[3])
+                    steps[c]["period"].append(cur[3] - prev[3])
+                for r in rows:
+                    steps[c]["wgmma"].append(r[1] - r[0])
+                    steps[c]["convert"].append(r[2] - r[1])
+                    steps[c]["issue"].append(r[3] - r[2])
+    return {
+        "tokens": tokens, "n": n, "k": k, "token_tile": tile, "split_tail": split,
+        "cycles": {f"consumer {c}": {name: statistics.median(v) if v else None
+                                     for name, v in steps[c].items()} for c in steps},
+        "samples": len(steps[0]["period"]),
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     p.add_argument("--receipt", default="gemm_diag_token_tiles.json", help="its file name in --out")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--once", nargs="+", type=int, metavar="CASE",
-                   help="launch each variant once on these cases (indices), time nothing")  # fmt: skip
+    p.add_argument(
+        "--once",
+        nargs="+",
+        type=int,
+        metavar="CASE",
+        help="launch each variant once on these cases (indices), time nothing",
+    )
+    p.add_argument("--stamps", nargs="+", type=int, metavar="CASE",
+                   help="per-stage clock stamps of the shipped loop on these cases (indices)")  # fmt: skip
     args = p.parse_args()
+    if args.stamps:
+        from common import environment
+
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["MXFP8_FUSION_CACHE_DIR"] = cache
+            rows = [stamps(i) for i in args.stamps]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        receipt = {"what": stamps.__doc__, "rows": rows, **environment()}
+        (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
+        return
     variants = ["shipped", *(v for v in args.variants if v != "shipped")]
     with tempfile.TemporaryDirectory() as cache:
         # the variants are not shipped builds: a private cache the compile workers share
