@@ -230,56 +230,6 @@ class PackedNoLds(Packed):
     loads = False
 
 
-class PingPong(Shipped):
-    """The shipped stage loop, the two consumers taking turns to issue their wgmmas through
-    named barriers TURN_BAR and TURN_BAR + 1 (variant 61): the same bits."""
-
-    @cute.jit
-    def _tiles_consumer(
-        self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
-    ):  # fmt: skip
-        both = 2 * WG_THREADS
-        if cw == 1:  # consumer 0 takes the first turn
-            cute.arch.barrier_arrive(barrier_id=TURN_BAR, number_of_threads=both)
-        Shipped._tiles_consumer(
-            self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
-        )  # fmt: skip
-        if cw == 0:  # consumer 1's arrive after its last turn
-            cute.arch.barrier(barrier_id=TURN_BAR, number_of_threads=both)
-
-    @cute.jit
-    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-        tiled_mma, frag, frag_words, tCrB, acc = mma
-        both = 2 * WG_THREADS
-        cw = row0 // TILE_W
-        blocks = self.stage_k // 16
-        w8 = st.sW8.data_ptr().toint()
-        sw = st.sSW.data_ptr().toint()
-        selector = pair_selector(t)
-        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        for ks in range(k0, k1):
-            load_pipe.consumer_wait(ls)
-            w_words, w_scales = load_fragment_natural(
-                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
-            )  # fmt: skip
-            warpgroup.wait_group(0)
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
-                rel.advance()
-            convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
-            cute.arch.barrier(barrier_id=TURN_BAR + cw, number_of_threads=both)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(blocks):
-                cute.gemm(
-                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
-                )  # fmt: skip
-            warpgroup.commit_group()
-            cute.arch.barrier_arrive(barrier_id=TURN_BAR + 1 - cw, number_of_threads=both)
-            ls.advance()
-        return ls, rel
-
-
 STAMP_POINTS = ("data", "wgmma_done", "converted", "issued")
 """Per stage, where a warp of ``stamped`` reads %clock64: its stage's load has landed, its
 previous stage's wgmmas are done, the stage is converted, its wgmmas are issued."""
@@ -300,20 +250,14 @@ def _stamp(addr, *, loc=None, ip=None):
     )  # fmt: skip
 
 
-class Stamped(Shipped):
-    """The shipped stage loop with lane 0 of each consumer warp of the first STAMP_CTAS CTAs
-    stamping STAMP_POINTS at its first STAMP_STAGES stages into the int64 buffer at
-    ``stamps_addr`` ([cta][warp][stage][point], a compile-time address): the same bits."""
-
-    stamps_addr = 0
+class HookedLoop(Shipped):
+    """The shipped stage loop with a hook at each of STAMP_POINTS of a stage (``_at``, a
+    no-op here), for the variants that only add something there: the same wgmmas in the
+    same order, so the same bits."""
 
     @cute.jit
-    def _mark(self, stage, point: int):
-        tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        if cta < STAMP_CTAS and tidx % 32 == 0 and stage < STAMP_STAGES:
-            slot = ((cta * WARPS + tidx // 32) * STAMP_STAGES + stage) * len(STAMP_POINTS) + point
-            _stamp(Int64(self.stamps_addr) + Int64(slot) * 8)
+    def _at(self, stage, row0, point: int):
+        pass
 
     @cute.jit
     def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
@@ -325,27 +269,69 @@ class Stamped(Shipped):
         scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
         for ks in range(k0, k1):
             load_pipe.consumer_wait(ls)
-            self._mark(ls.count, 0)
+            self._at(ls.count, row0, 0)
             w_words, w_scales = load_fragment_natural(
                 w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
                 sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
             )  # fmt: skip
             warpgroup.wait_group(0)
-            self._mark(ls.count, 1)
+            self._at(ls.count, row0, 1)
             if rel.count < ls.count:
                 load_pipe.consumer_release(rel)
                 rel.advance()
             convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
-            self._mark(ls.count, 2)
+            self._at(ls.count, row0, 2)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(blocks):
                 cute.gemm(
                     tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
                 )  # fmt: skip
             warpgroup.commit_group()
-            self._mark(ls.count, 3)
+            self._at(ls.count, row0, 3)
             ls.advance()
         return ls, rel
+
+
+class PingPong(HookedLoop):
+    """The shipped stage loop, the two consumers taking turns to issue their wgmmas through
+    named barriers TURN_BAR and TURN_BAR + 1 (variant 61): the same bits."""
+
+    @cute.jit
+    def _tiles_consumer(
+        self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+    ):  # fmt: skip
+        both = 2 * WG_THREADS
+        if cw == 1:  # consumer 0 takes the first turn
+            cute.arch.barrier_arrive(barrier_id=TURN_BAR, number_of_threads=both)
+        Shipped._tiles_consumer(
+            self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+        )  # fmt: skip
+        if cw == 0:  # consumer 1's arrive after its last turn
+            cute.arch.barrier(barrier_id=TURN_BAR, number_of_threads=both)
+
+    @cute.jit
+    def _at(self, stage, row0, point: int):
+        cw = row0 // TILE_W
+        if cutlass.const_expr(point == 2):  # converted: wait for this consumer's turn
+            cute.arch.barrier(barrier_id=TURN_BAR + cw, number_of_threads=2 * WG_THREADS)
+        if cutlass.const_expr(point == 3):  # issued: the other consumer's turn
+            cute.arch.barrier_arrive(barrier_id=TURN_BAR + 1 - cw, number_of_threads=2 * WG_THREADS)
+
+
+class Stamped(HookedLoop):
+    """The shipped stage loop with lane 0 of each consumer warp of the first STAMP_CTAS CTAs
+    stamping STAMP_POINTS at its first STAMP_STAGES stages into the int64 buffer at
+    ``stamps_addr`` ([cta][warp][stage][point], a compile-time address): the same bits."""
+
+    stamps_addr = 0
+
+    @cute.jit
+    def _at(self, stage, row0, point: int):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        if cta < STAMP_CTAS and tidx % 32 == 0 and stage < STAMP_STAGES:
+            slot = ((cta * WARPS + tidx // 32) * STAMP_STAGES + stage) * len(STAMP_POINTS) + point
+            _stamp(Int64(self.stamps_addr) + Int64(slot) * 8)
 
 
 CLASSES = {
