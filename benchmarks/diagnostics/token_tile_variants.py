@@ -343,8 +343,12 @@ CLASSES = {
     "ping-pong": PingPong,
     "packed-no-lds": PackedNoLds,
     "stamped": Stamped,
+    "pairs": Shipped,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
+
+CLUSTERS = {"pairs": 2}
+"""The CTAs per cluster a variant's config asks for, where not 1."""
 
 LAYOUTS = {"packed": permute_weight, "blocked": block_weight}
 """The weight layout a variant reads, where it is not the natural one."""

@@ -25,7 +25,10 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
   so the same bits;
 * ``packed-no-lds``: ``packed`` with the weight's shared loads replaced by words made from
   the thread's row (wrong results on purpose): the conversion's instructions without its
-  shared-memory traffic, between ``packed`` and ``no-convert``.
+  shared-memory traffic, between ``packed`` and ``no-convert``;
+* ``pairs``: the shipped kernel on CTA pairs (``cluster`` 2), each CTA loading half of every
+  stage's token tile for both: the same bits as ``shipped`` on whole tiles, and on split
+  ones where the pairs split them as the CTAs do.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -67,6 +70,10 @@ CASES = [  # (tokens, N, K, token tile, split tail)
     (1024, 11008, 4096, 256, False),
     (128, 7168, 43008, 128, True),
     (256, 7168, 43008, 256, True),
+    (512, 4096, 12288, 128, False),
+    (128, 7168, 14336, 128, True),
+    (512, 11008, 4096, 192, True),
+    (256, 4096, 20480, 128, True),
 ]
 VARIANTS = (
     "shipped",
@@ -76,6 +83,7 @@ VARIANTS = (
     "blocked",
     "ping-pong",
     "packed-no-lds",
+    "pairs",
 )
 ROUNDS = 9
 
@@ -96,10 +104,13 @@ def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
     return launcher.compile_kernel(kernel, args, buffers.ARCH)
 
 
-def _config(tokens, tile, split):
+def _config(tokens, tile, split, variant="shipped"):
+    from token_tile_variants import CLUSTERS
+
     from mxfp8_fusion.kernels.gemm_sm90.config import swap_ab_config
 
-    return swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile, split)
+    pairs = CLUSTERS.get(variant, 1)
+    return swap_ab_config(tokens, 132, 2, True, 128, pairs, "bf16", tile, split)
 
 
 def _build(variant, tokens, n, k, tile, split):
@@ -108,7 +119,7 @@ def _build(variant, tokens, n, k, tile, split):
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
-    facts = (variant, _config(tokens, tile, split), n, (k,), torch.bfloat16)
+    facts = (variant, _config(tokens, tile, split, variant), n, (k,), torch.bfloat16)
     return launcher.Build("gemm w8a16 diagnostic", facts, buffers.ARCH, compile_variant)
 
 
@@ -151,14 +162,17 @@ def _weights(d, variant):
     return d.laid_out[variant]
 
 
-def _contenders(builds, cfg, d, outs, tokens) -> dict:
-    """name -> (launch i -> None): each variant, and cuBLAS BF16 on the same tokens."""
+def _contenders(builds, cfgs, d, outs, tokens) -> dict:
+    """name -> (launch i -> None): each variant (its config in ``cfgs``), and cuBLAS BF16 on
+    the same tokens."""
     import torch
 
     x = d.x[:tokens]
     fns = {
         v: (
-            lambda i, v=v: _launch(builds[v], cfg, x, _weights(d, v)[i % d.copies], outs[v], tokens)
+            lambda i, v=v: _launch(
+                builds[v], cfgs[v], x, _weights(d, v)[i % d.copies], outs[v], tokens
+            )
         )
         for v in builds
     }
@@ -166,14 +180,14 @@ def _contenders(builds, cfg, d, outs, tokens) -> dict:
     return fns
 
 
-def measure(variants) -> list[dict]:
+def measure(variants, cases) -> list[dict]:
     import torch
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
 
     rows = []
-    for tokens, n, k, tile, split in CASES:
-        cfg = _config(tokens, tile, split)
+    for tokens, n, k, tile, split in cases:
+        cfgs = {v: _config(tokens, tile, split, v) for v in variants}
         d = _Data(n, k, tokens)
         d.laid_out = {}
         x = d.x[:tokens]
@@ -181,11 +195,11 @@ def measure(variants) -> list[dict]:
                 for v in variants}  # fmt: skip
         builds = {v: _build(v, tokens, n, k, tile, split) for v in variants}
         for v in variants:
-            _launch(builds[v], cfg, x, _weights(d, v)[0], outs[v], tokens)
+            _launch(builds[v], cfgs[v], x, _weights(d, v)[0], outs[v], tokens)
         torch.cuda.synchronize()
         same = {v: bool(torch.equal(outs[v], outs["shipped"])) for v in variants}
         inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * tokens * n * k)), 1))
-        fns = _contenders(builds, cfg, d, outs, tokens)
+        fns = _contenders(builds, cfgs, d, outs, tokens)
         graphs = {
             name: capture_graph([lambda i=i, f=f: f(i) for i in range(inner)])
             for name, f in fns.items()
@@ -214,11 +228,11 @@ def launch_once(variants, cases) -> None:
 
     for i in cases:
         tokens, n, k, tile, split = CASES[i]
-        cfg = _config(tokens, tile, split)
         d = _Data(n, k, tokens)
         d.laid_out = {}
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         for v in variants:
+            cfg = _config(tokens, tile, split, v)
             _launch(_build(v, tokens, n, k, tile, split), cfg, d.x[:tokens], _weights(d, v)[0],
                     out, tokens)  # fmt: skip
             torch.cuda.synchronize()
@@ -286,6 +300,8 @@ def main() -> None:
     p.add_argument("--receipt", default="gemm_diag_token_tiles.json", help="its file name in --out")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--cases", nargs="+", type=int, metavar="CASE",
+                   help="time only these cases (indices; default all)")  # fmt: skip
     p.add_argument(
         "--once",
         nargs="+",
@@ -312,7 +328,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         # the variants are not shipped builds: a private cache the compile workers share
         os.environ["MXFP8_FUSION_CACHE_DIR"] = cache
-        cases = [CASES[i] for i in args.once] if args.once else CASES
+        picked = args.once or args.cases
+        cases = [CASES[i] for i in picked] if picked else CASES
         jobs = [(v, *case) for case in cases for v in variants]
         t0 = time.perf_counter()
         with ProcessPoolExecutor(args.workers) as pool:  # before CUDA starts here
@@ -322,7 +339,7 @@ def main() -> None:
         if args.once:
             launch_once(variants, args.once)
             return
-        rows = measure(variants)
+        rows = measure(variants, cases)
     from common import environment
 
     what, variants_doc, how = __doc__.split("\n\n")[:3]

@@ -106,7 +106,8 @@ class SwapABConfig:
     half as often per weight byte."""
     cluster: int = 1
     """2 (with bf16_tokens): CTA pairs take adjacent weight tiles over the same K stages, and
-    each loads one K half of every stage's token tile for both (TMA multicast)."""
+    each loads half of every stage's token tile for both (TMA multicast): one K half, or
+    with ``token_tiles`` half the tile's tokens."""
     num_ctas: int = 132
     """CTAs sharing the units (the SM count; even with cluster 2)."""
     activation: Activation = Activation.W8A8
@@ -114,7 +115,7 @@ class SwapABConfig:
     ``bf16_tokens`` reads converted ones (which it therefore requires)."""
     token_tiles: int = 0
     """0: every token in one tile, the (weight tile, K stage) units split over the CTAs
-    (stream-K). 128, 192 or 256 (W8A16 row-split tiles, no clusters): the tokens in tiles of
+    (stream-K). 64, 128, 192 or 256 (W8A16 row-split tiles): the tokens in tiles of
     that many, each persistent CTA taking whole (token tile, weight tile) pairs over all of
     K, so the launch serves any token count."""
     split_tail: bool = False
@@ -142,10 +143,10 @@ class SwapABConfig:
         ):
             fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
         if self.token_tiles and not (
-            self.token_tiles in TOKEN_TILES and w8a16 and self.tile_w == 128 and self.cluster == 1
+            self.token_tiles in TOKEN_TILES and w8a16 and self.tile_w == 128
         ):
-            fail(ValueError, "token_tiles", f"0, or one of {TOKEN_TILES} with BF16 activations, "
-                 "tile_w 128 and cluster 1", self.token_tiles)  # fmt: skip
+            fail(ValueError, "token_tiles", f"0, or one of {TOKEN_TILES} with BF16 activations "
+                 "and tile_w 128", self.token_tiles)  # fmt: skip
         if self.split_tail and not self.token_tiles:
             fail(ValueError, "split_tail", "False without token_tiles", self.split_tail)
         limit = swap_ab_token_limit(self.tile_w, self.activation)
@@ -287,7 +288,7 @@ def label(cfg: GemmConfig) -> str:
         pairs = " mc2" if cfg.cluster == 2 else ""
         if cfg.token_tiles:
             split = " split-tail" if cfg.split_tail else ""
-            return f"swap-ab w{cfg.tile_w} token-tiles {cfg.token_tiles}{split}{w8a16}"
+            return f"swap-ab w{cfg.tile_w} token-tiles {cfg.token_tiles}{split}{pairs}{w8a16}"
         if cfg.tile_w > 64:
             return f"swap-ab w{cfg.tile_w} bf16-tokens{pairs}{w8a16}"
         text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"

@@ -7,6 +7,9 @@ with the consumers' register share, the token-tile ones without spilling."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import replace
+
 import pytest
 from helpers.gemm import W128, config_of, requires_cutlass, swap_ab
 from helpers.sass import compile_cubins, local_memory_accesses, nvdisasm, sets_register_counts
@@ -59,7 +62,7 @@ def test_token_tiles_refuse_what_they_have_no_form_for():
         (dict(base, token_tiles=256), "token_tiles"),  # W8A8
         (dict(base, activation=W8A16, token_tiles=32), "token_tiles"),
         (dict(base, activation=W8A16, split_tail=True), "split_tail"),  # without token tiles
-        (dict(base, activation=W8A16, token_tiles=256, cluster=2), "token_tiles"),
+        (dict(base, activation=W8A16, token_tiles=256, tile_w=64, consumers=3), "token_tiles"),
         (dict(base, activation=W8A16, token_tiles=128), "tokens_tile"),  # the tile is it
     ]:
         with pytest.raises(ValueError, match=f"^{field}:"):
@@ -67,15 +70,17 @@ def test_token_tiles_refuse_what_they_have_no_form_for():
 
 
 def test_token_tile_schedules_round_trip_and_serve_any_count():
-    for tile in TOKEN_TILES:
+    for tile, pairs in itertools.product(TOKEN_TILES, (1, 2)):
         for split_tail, text in [(False, ""), (True, " split-tail")]:
-            cfg = _tiles(tile, split_tail=split_tail)
+            cfg = replace(_tiles(tile, split_tail=split_tail), cluster=pairs)
             schedule = gemm_select.schedule(cfg)
             assert schedule["token_tiles"] == tile and proven.holds(schedule)
             assert schedule.get("split_tail", False) == split_tail
+            assert schedule["cluster"] == pairs
             assert gemm_select.config_of(schedule, 4096) == cfg
             assert gemm_select.token_limit(schedule) is None
-            assert label(cfg) == f"swap-ab w128 token-tiles {tile}{text} w8a16"
+            mc2 = " mc2" if pairs == 2 else ""
+            assert label(cfg) == f"swap-ab w128 token-tiles {tile}{text}{mc2} w8a16"
     plain = gemm_select.schedule(config_of({**swap_ab(**W128), "activation": "bf16"}, 200))
     assert "token_tiles" not in plain and gemm_select.token_limit(plain) == 256
 
@@ -85,7 +90,10 @@ def test_the_w8a16_tune_times_token_tiles_from_64_tokens():
         return {label(c) for c in search.candidates(tokens, 7168, 43008, 132, activation=W8A16)}
 
     tiles = {
-        f"swap-ab w128 token-tiles {t}{s} w8a16" for t in TOKEN_TILES for s in ("", " split-tail")
+        f"swap-ab w128 token-tiles {t}{s}{p} w8a16"
+        for t in TOKEN_TILES
+        for s in ("", " split-tail")
+        for p in ("", " mc2")
     }
     assert not tiles & labels(32) and tiles <= labels(64) and tiles <= labels(4096)
     assert "swap-ab w128 bf16-tokens w8a16" in labels(200)  # one 256-token tile

@@ -11,6 +11,8 @@ rounding to the output dtype (an ulp of it).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers.gemm import random_operand, requires_cutlass, requires_sm90
@@ -77,24 +79,33 @@ def test_slices_match_the_oracle_and_the_concatenation_bit_for_bit(tokens, n, wi
 
 @pytest.mark.parametrize("tile", TOKEN_TILES)
 @pytest.mark.parametrize("split_tail", [False, True])
+@pytest.mark.parametrize("pairs", [1, 2])
 @pytest.mark.parametrize(
     ("tokens", "n", "widths"),
     [(300, 200, (128, 384)), (1000, 640, (1024, 512)), (700, 4000, (2048, 1024))],
 )
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_token_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
-    tile, split_tail, tokens, n, widths, out_dtype
+    tile, split_tail, pairs, tokens, n, widths, out_dtype
 ):
     """Partial token and weight tiles, strided slices (odd token counts), bias; with
     ``split_tail``, K parts of every tile (fewer tiles than SMs) or of the tail after a
-    whole wave (700 x 4000), and none where K is too short to split (300 x 200)."""
-    cfg = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile, split_tail)
-    _check_against_the_concatenation(tokens + 1, n, widths, out_dtype, cfg)
+    whole wave (700 x 4000), and none where K is too short to split (300 x 200). On CTA
+    pairs (``pairs`` 2) also an odd weight tile count (640: the last pair's second tile is
+    past N); whole tiles there give the single CTAs' bits (the same sums in the same
+    order)."""
+    cfg = swap_ab_config(tokens, 132, 2, True, 128, pairs, "bf16", tile, split_tail)
+    out = _check_against_the_concatenation(tokens + 1, n, widths, out_dtype, cfg)
+    if pairs == 2 and not split_tail:
+        alone = _check_against_the_concatenation(
+            tokens + 1, n, widths, out_dtype, replace(cfg, cluster=1)
+        )
+        assert torch.equal(out.view(torch.int16), alone.view(torch.int16))
 
 
 def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
     """``cfg`` (None: the choice) from the slices: the rows past M untouched, within the
-    bound, and the bits of the same config on the concatenated input."""
+    bound, and the bits of the same config on the concatenated input. Returns the output."""
     # scale exponents 117 +- 30 reach 2**20 times the values: BF16 holds such sums, FP16
     # (max 65504) only those of exponents near 117
     spread = 30 if out_dtype == torch.bfloat16 else 3
@@ -111,6 +122,7 @@ def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
     assert (out[tokens:] == 1234.0).all()
     assert torch.equal(out.view(torch.int16), concatenated.view(torch.int16))
     _check_bound(out[:tokens], slices, values, scales, bias)
+    return out
 
 
 def _every_config():

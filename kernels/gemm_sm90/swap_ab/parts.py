@@ -116,7 +116,7 @@ class SwapABParts(Sm90Gemm):
         """The launch's CTAs: every one the units are split over (token tiles: up to one per
         (token tile, weight tile) pair, or per tail part, swap_ab.token_tiles)."""
         if cutlass.const_expr(self.token_tiles):
-            return [self._tiles_plan(m)[0], 1, 1]
+            return [self._tiles_plan(m)[0] * self.cluster, 1, 1]
         return [self.num_ctas, 1, 1]
 
     def _group_rank(self, cta):

@@ -22,6 +22,12 @@ last part waits for the others' flags (st.release / ld.acquire; only CTAs that n
 are waited on) and adds their parts to its own in part order, then stores the tile: the
 bits depend on the token count and the grid, never on timing.
 
+With ``cluster`` 2 the CTAs run in pairs over pair tiles (token tile, two adjacent weight
+tiles): both CTAs of a pair take the same pair tiles and K stages, each its own weight tile,
+and each loads half the stage's token tile (its rows) into both (TMA multicast). Every CTA's
+stage still holds the whole token tile, while the tokens cross L2 once per 256 weight rows
+instead of per 128. The split tail splits pair tiles the same way, over pairs of CTAs.
+
 Tiles run in groups of RASTER_TOKENS tokens: within a group the token tile turns fastest,
 so the CTAs at work at one time share a few weight tiles and a few token tiles, and each
 stage read from HBM is read again from L2 by the group's other CTAs.
@@ -44,7 +50,7 @@ from ..device.slices import (
     load_stage_from_slices,
     pair_selector,
 )
-from .parts import TILE_W
+from .parts import L2_EVICT_NORMAL, TILE_W
 
 RASTER_TOKENS = 1024
 """Tokens of one raster group: the CTAs at work at one time read about
@@ -67,20 +73,24 @@ class TokenTiles:
     def _token_tile_count(self, m):
         return (m + self.tn - 1) // self.tn
 
+    def _w_groups(self):
+        """Weight tile groups: the weight tiles, or with clusters their adjacent pairs."""
+        return (self.w_tiles + self.cluster - 1) // self.cluster
+
     def _tiles(self, m):
-        """(token tile, weight tile) pairs of ``m`` tokens."""
-        return self._token_tile_count(m) * self.w_tiles
+        """(token tile, weight tile group) pairs of ``m`` tokens."""
+        return self._token_tile_count(m) * self._w_groups()
 
     def _max_split(self):
         return max(1, min(SPLIT_LIMIT, self.k_stages // SPLIT_MIN_STAGES))
 
     @cute.jit
     def _tiles_plan(self, m):
-        """(grid, whole, tail, split) of ``m`` tokens: the CTAs launched, the tiles taken
-        whole (a multiple of the grid), the tail tiles after them and the K parts of each
-        (1 where nothing is split)."""
+        """(grid, whole, tail, split) of ``m`` tokens: the CTA groups launched (CTAs, or
+        pairs with clusters), the tiles taken whole (a multiple of the grid), the tail tiles
+        after them and the K parts of each (1 where nothing is split)."""
         tiles = cutlass.max(self._tiles(m), 1)
-        cap = self.num_ctas_cap
+        cap = self.num_ctas_cap // self.cluster
         grid = cutlass.min(tiles, cap)
         whole = tiles
         tail = Int32(0)
@@ -95,22 +105,22 @@ class TokenTiles:
         return grid, whole, tail, split
 
     @cute.jit
-    def _tail_part(self, cta, tail, split):
-        """(tile, part, first stage, end stage) of ``cta``'s tail part, counted from the
-        first tail tile; first == end for a CTA without one."""
+    def _tail_part(self, group, tail, split):
+        """(tile, part, first stage, end stage) of CTA group ``group``'s tail part, counted
+        from the first tail tile; first == end for a group without one."""
         tails = cutlass.max(tail, 1)
-        i = cta % tails
-        j = cta // tails
+        i = group % tails
+        j = group // tails
         k0 = j * self.k_stages // split
-        k1 = cutlass.select_(cta < tail * split, (j + 1) * self.k_stages // split, k0)
+        k1 = cutlass.select_(group < tail * split, (j + 1) * self.k_stages // split, k0)
         return i, j, k0, k1
 
     @cute.jit
     def _tile_coords(self, t, token_tiles):
-        """(weight tile, token tile) of tile ``t``: raster groups of token tiles, the token
-        tile fastest within a group."""
+        """(weight tile group, token tile) of tile ``t``: raster groups of token tiles, the
+        token tile fastest within a group."""
         group = max(1, RASTER_TOKENS // self.tn)
-        span = group * self.w_tiles
+        span = group * self._w_groups()
         g = t // span
         first = g * group
         rows = cutlass.min(token_tiles - first, group)
@@ -131,28 +141,27 @@ class TokenTiles:
         ps = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         token_tiles = self._token_tile_count(m)
         grid, whole, tail, split = self._tiles_plan(m)
-        loads = (tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe)
-        for t in range(cta, whole, grid):
+        group, rank = self._group_rank(cta)
+        loads = (tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe, rank)
+        for t in range(group, whole, grid):
             ps = self._load_tile(t, token_tiles, 0, self.k_stages, loads, ps)
         if cutlass.const_expr(self.split_tail):
-            i, _j, k0, k1 = self._tail_part(cta, tail, split)
+            i, _j, k0, k1 = self._tail_part(group, tail, split)
             ps = self._load_tile(whole + i, token_tiles, k0, k1, loads, ps)
         load_pipe.producer_tail(ps)
 
     @cute.jit
     def _load_tile(self, t, token_tiles, k0, k1, loads, ps):
         """Tile ``t``'s K stages k0 .. k1 - 1 into the pipeline from ``ps`` on."""
-        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe = loads
-        w_tile, token_tile = self._tile_coords(t, token_tiles)
+        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe, rank = loads
+        w_group, token_tile = self._tile_coords(t, token_tiles)
+        w_tile = self._w_tile(w_group, rank)
         w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
         for ks in range(k0, k1):
             load_pipe.producer_acquire(ps)
             bar = load_pipe.producer_get_barrier(ps)
             cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
-            slot = lambda _h: ps.index  # noqa: E731  (one K half per stage)
-            load_stage_from_slices(
-                token_views, self.slice_stages, token_tile, ks // 2, (ks % 2,), slot, bar, {}
-            )  # fmt: skip
+            self._load_token_rows(token_views, token_tile, ks, ps.index, rank, bar)
             cute.copy(
                 tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
                 tma_bar_ptr=bar,
@@ -160,6 +169,26 @@ class TokenTiles:
             load_pipe.producer_commit(ps)
             ps.advance()
         return ps
+
+    @cute.jit
+    def _load_token_rows(self, token_views, token_tile, ks, index, rank, bar):
+        """Stage ``ks`` of the token tile into stage ``index``: all of it, or with clusters
+        this CTA's half of its rows into the stage of both CTAs (``_token_views``'s half
+        boxes, slot 2 index + rank)."""
+        kt, half = ks // 2, (ks % 2,)  # the slices' stages hold K 128: one half of one
+        if cutlass.const_expr(self.cluster > 1):
+            multicast = {
+                "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
+                "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
+            }
+            slot = lambda _h: self.cluster * index + rank  # noqa: E731
+            rows = self.cluster * token_tile + rank
+            load_stage_from_slices(token_views, self.slice_stages, rows, kt, half, slot, bar,
+                                   multicast)  # fmt: skip
+        else:
+            slot = lambda _h: index  # noqa: E731
+            load_stage_from_slices(token_views, self.slice_stages, token_tile, kt, half, slot,
+                                   bar, {})  # fmt: skip
 
     @cute.jit
     def _tiles_consumer(
@@ -179,22 +208,26 @@ class TokenTiles:
         t = lane % 4
         token_tiles = self._token_tile_count(m)
         grid, whole, tail, split = self._tiles_plan(m)
-        for tile in range(cta, whole, grid):
-            w_tile, token_tile = self._tile_coords(tile, token_tiles)
-            g = (tile - cta) // grid * self.k_stages  # the stages this CTA took before
+        group, rank = self._group_rank(cta)
+        for tile in range(group, whole, grid):
+            w_group, token_tile = self._tile_coords(tile, token_tiles)
+            w_tile = self._w_tile(w_group, rank)
+            g = (tile - group) // grid * self.k_stages  # the stages this CTA took before
             self._tile_part(st, row0, t, w_tile, mma, load_pipe, g, 0, self.k_stages)
             self._store_tile(thr, acc, mD, mBias, m, w_tile, cw, token_tile * self.tn)
         if cutlass.const_expr(self.split_tail):
-            i, j, k0, k1 = self._tail_part(cta, tail, split)
+            i, j, k0, k1 = self._tail_part(group, tail, split)
             if k1 > k0:
-                w_tile, token_tile = self._tile_coords(whole + i, token_tiles)
+                w_group, token_tile = self._tile_coords(whole + i, token_tiles)
+                w_tile = self._w_tile(w_group, rank)
                 g = whole // grid * self.k_stages  # after its whole tiles
                 self._tile_part(st, row0, t, w_tile, mma, load_pipe, g, k0, k1)
                 slot = self._slot(cta, cw)
                 if j < split - 1:
                     self._publish_part(ct, cw, acc, mPartials, mFlags, slot)
                 else:
-                    parts = lambda p: self._slot(i + p * tail, cw)  # noqa: E731
+                    # part p of this tile: the CTA of this rank in group i + p tail
+                    parts = lambda p: self._slot(self._cta_of(i + p * tail, rank), cw)  # noqa: E731
                     self._add_published(ct, cw, acc, mPartials, mFlags, split - 1, parts)
                     self._store_tile(thr, acc, mD, mBias, m, w_tile, cw, token_tile * self.tn)
                     self._rearm(ct, cw, mFlags, split - 1, parts)

@@ -13,6 +13,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
+from ..constants import TILE_K16
+from ..device.common import smem_layout
 from ..device.slices import (
     SlicesEntry,
     convert_fragment_natural,
@@ -33,13 +35,30 @@ class SlicesTokens:
     (mixed in before the kernel class): the weight then is converted in natural K order."""
 
     def _token_tma(self, tokens, a16_layout, tn: int):
+        if self._half_rows():
+            tn, a16_layout = self._half_boxes()
         return slice_tma(tokens, a16_layout, tn, multicast=self.cluster > 1)
 
     def _token_atoms(self, tma_a, tma_sa):
         return tuple(tma_a), ()
 
     def _token_views(self, tma_a, sA8, gA_full):
+        if self._half_rows():
+            rows, layout = self._half_boxes()
+            return slice_views(tma_a, cute.make_tensor(sA8.iterator, layout.outer), gA_full, rows)
         return slice_views(tma_a, sA8, gA_full, self.tn)
+
+    def _half_rows(self) -> bool:
+        """Each CTA of a pair loads half the token tile's rows (token tiles on clusters;
+        the decode schedule's pairs split a stage's K halves instead)."""
+        return bool(self.token_tiles) and self.cluster > 1
+
+    def _half_boxes(self):
+        """(rows, stage layout) of the half-tile boxes: slot ``cluster * stage + rank`` is
+        rank's rows of the stage, the same bytes as in the whole tile's 128-byte swizzled
+        layout (the halves start at multiples of 8 rows)."""
+        rows = self.tn // self.cluster
+        return rows, smem_layout(cutlass.BFloat16, rows, TILE_K16, self.cluster * self.stages)
 
     @cute.jit
     def _load_token_stage(self, tma_a, views, ps, kt, rank, bar, token_tile):

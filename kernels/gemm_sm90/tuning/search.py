@@ -121,7 +121,7 @@ def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
     """The W8A16 schedules no W8A8 one maps to: 128-row weight stages holding up to 256
     tokens in one tile (stream-K over the weight, alone and on CTA pairs), and from 64
     tokens on the token-tiled ones, at each token tile, with and without the last wave split
-    over K (swap_ab.token_tiles)."""
+    over K, alone and on CTA pairs (swap_ab.token_tiles)."""
     found = []
     if SWAP_AB_WIDE_MAX_TOKENS < tokens <= W8A16_TOKEN_LIMIT:
         found += [
@@ -130,9 +130,10 @@ def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
         ]
     if tokens >= 64:
         found += [
-            swap_ab_config(tokens, num_sms, 2, True, 128, 1, Activation.W8A16, tile, split)
+            swap_ab_config(tokens, num_sms, 2, True, 128, pairs, Activation.W8A16, tile, split)
             for tile in TOKEN_TILES
             for split in (False, True)
+            for pairs in (1, 2)
         ]
     return found
 
