@@ -119,8 +119,8 @@ def test_without_a_table_w8a16_takes_256_token_tiles_where_they_fill_the_sms():
 def test_the_builds_move_registers_to_the_consumers_and_do_not_spill(tokens, tmp_path):
     """Compiled for sm_90a on this machine: each consumer's accumulator (up to 128 FP32
     registers) takes the producer's registers (setmaxnreg, which ptxas had dropped where both
-    roles' code joined), and the token-tile builds keep everything in registers (the
-    stream-K fixup of one 256-token tile spills a few words)."""
+    roles' code joined), and the token-tile builds, on single CTAs and on pairs, keep
+    everything in registers (the stream-K fixup of one 256-token tile spills a few words)."""
     if tokens == 256:
         entries = [{**swap_ab(**W128), "activation": "bf16"}]
     else:
@@ -128,6 +128,11 @@ def test_the_builds_move_registers_to_the_consumers_and_do_not_spill(tokens, tmp
             gemm_select.schedule(_tiles(tile, split_tail=split))
             for tile in TOKEN_TILES
             for split in (False, True)
+        ]
+        # and on CTA pairs (the half-tile multicast and the pairs' split tail)
+        entries += [
+            gemm_select.schedule(replace(_tiles(tile, split_tail=split), cluster=2))
+            for tile, split in [(128, True), (256, False)]
         ]
     for entry in entries:
         (cubin,) = compile_cubins(entry, tokens, 640, [(512, 256)], tmp_path)
