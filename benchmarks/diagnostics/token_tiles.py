@@ -86,6 +86,8 @@ VARIANTS = (
     "pairs",
 )
 ROUNDS = 9
+SLICES_ENV = "TOKEN_TILES_SLICES"
+"""How the harness tells its compile workers ``--slices``."""
 
 
 def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
@@ -119,7 +121,7 @@ def _build(variant, tokens, n, k, tile, split):
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
-    facts = (variant, _config(tokens, tile, split, variant), n, (k,), torch.bfloat16)
+    facts = (variant, _config(tokens, tile, split, variant), n, _widths(k), torch.bfloat16)
     return launcher.Build("gemm w8a16 diagnostic", facts, buffers.ARCH, compile_variant)
 
 
@@ -134,15 +136,25 @@ def _compile(job) -> str:
     return f"{job}: {time.perf_counter() - t0:.0f} s"
 
 
+def _widths(k: int) -> tuple:
+    """The slice widths of K: ``--slices`` equal ones (one by default)."""
+    count = int(os.environ.get(SLICES_ENV, "1"))
+    return (k // count,) * count
+
+
 def _launch(build, cfg, x, w, out, tokens):
-    """One launch of ``build`` on the one slice ``x`` (host.w8a16's argument order)."""
+    """One launch of ``build`` on ``x`` cut into the ``_widths`` column slices (host.w8a16's
+    argument order)."""
     from mxfp8_fusion.kernels.gemm_sm90.constants import MAX_SLICES
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
-    unused = (None,) * (MAX_SLICES - 1)
+    widths = _widths(x.shape[1])
+    unused = (None,) * (MAX_SLICES - len(widths))
+    ptrs = [x.data_ptr() + 2 * sum(widths[:i]) for i in range(len(widths))]
+    strides = [x.stride(0)] * len(widths)
     stream = launcher.raw_stream(0)
-    args = (x.data_ptr(), *unused, x.stride(0), *unused, w.values.data_ptr(),
+    args = (*ptrs, *unused, *strides, *unused, w.values.data_ptr(),
             w.scales.data_ptr(), None, out.data_ptr(), tokens)  # fmt: skip
     args += buffers.stream_workspace(cfg, x.device, 0, stream)
     launcher.launch(build, (*args, stream))
@@ -264,7 +276,7 @@ def stamps(case: int, launches: int = 5) -> dict:
     cfg = _config(tokens, tile, split)
     shape = (STAMP_CTAS, WARPS, STAMP_STAGES, len(STAMP_POINTS))
     buf = torch.zeros(shape, dtype=torch.int64, device="cuda")
-    facts = (buf.data_ptr(), cfg, n, (k,), torch.bfloat16)
+    facts = (buf.data_ptr(), cfg, n, _widths(k), torch.bfloat16)
     build = launcher.Build("gemm w8a16 stamped diagnostic", facts, buffers.ARCH, compile_stamped)
     d = _Data(n, k, tokens)
     d.laid_out = {}
@@ -300,6 +312,8 @@ def main() -> None:
     p.add_argument("--receipt", default="gemm_diag_token_tiles.json", help="its file name in --out")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--slices", type=int, default=1,
+                   help="the tokens as this many equal column slices of K (default 1)")  # fmt: skip
     p.add_argument("--cases", nargs="+", type=int, metavar="CASE",
                    help="time only these cases (indices; default all)")  # fmt: skip
     p.add_argument(
@@ -312,6 +326,7 @@ def main() -> None:
     p.add_argument("--stamps", nargs="+", type=int, metavar="CASE",
                    help="per-stage clock stamps of the shipped loop on these cases (indices)")  # fmt: skip
     args = p.parse_args()
+    os.environ[SLICES_ENV] = str(args.slices)
     if args.stamps:
         from common import environment
 
@@ -321,7 +336,7 @@ def main() -> None:
         for row in rows:
             print(json.dumps(row), flush=True)
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        receipt = {"what": stamps.__doc__, "rows": rows, **environment()}
+        receipt = {"what": stamps.__doc__, "slices": args.slices, "rows": rows, **environment()}
         (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
         return
     variants = ["shipped", *(v for v in args.variants if v != "shipped")]
@@ -344,7 +359,8 @@ def main() -> None:
 
     what, variants_doc, how = __doc__.split("\n\n")[:3]
     receipt = {"what": what, "variants": variants_doc, "how": how,
-               "compile_s": compile_s, "rounds": ROUNDS, "rows": rows, **environment()}  # fmt: skip
+               "compile_s": compile_s, "rounds": ROUNDS, "slices": args.slices, "rows": rows,
+               **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
 

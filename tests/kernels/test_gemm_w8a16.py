@@ -111,7 +111,8 @@ def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
     spread = 30 if out_dtype == torch.bfloat16 else 3
     values, scales = _weight(n, sum(widths), spread=spread, seed=n + tokens)
     slices = _slices(tokens, widths, seed=tokens, wide=tokens % 2 == 1)
-    bias = torch.randn(n, device="cuda", dtype=out_dtype)
+    gen = torch.Generator(device="cpu").manual_seed(n)
+    bias = torch.randn(n, generator=gen).to(out_dtype).cuda()
     out = torch.full((tokens + 3, n), 1234.0, device="cuda", dtype=out_dtype)
     w8a16.run(slices, values, scales, bias, out, config=cfg)
     concatenated = torch.full_like(out, 1234.0)
