@@ -88,6 +88,7 @@ VARIANTS = (
 ROUNDS = 9
 SLICES_ENV = "TOKEN_TILES_SLICES"
 """How the harness tells its compile workers ``--slices``."""
+VIEWS_ENV = "TOKEN_TILES_VIEWS"
 
 
 def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
@@ -142,17 +143,32 @@ def _widths(k: int) -> tuple:
     return (k // count,) * count
 
 
+_SLICES = {}  # (address, tokens) of x -> its slices, kept alive for the captured graphs
+
+
+def _slices_of(x) -> list:
+    """``x`` cut into the ``_widths`` slices: copies, each its own contiguous tensor (as a
+    model's projections leave them), or with ``--views`` column views of ``x``."""
+    key = (x.data_ptr(), *x.shape)
+    if key not in _SLICES:
+        widths = _widths(x.shape[1])
+        parts = x.split(widths, dim=1)
+        views = os.environ.get(VIEWS_ENV) == "1"
+        _SLICES[key] = list(parts) if views or len(parts) == 1 else [p.contiguous() for p in parts]
+    return _SLICES[key]
+
+
 def _launch(build, cfg, x, w, out, tokens):
-    """One launch of ``build`` on ``x`` cut into the ``_widths`` column slices (host.w8a16's
+    """One launch of ``build`` on ``x`` cut into its slices (``_slices_of``; host.w8a16's
     argument order)."""
     from mxfp8_fusion.kernels.gemm_sm90.constants import MAX_SLICES
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
-    widths = _widths(x.shape[1])
-    unused = (None,) * (MAX_SLICES - len(widths))
-    ptrs = [x.data_ptr() + 2 * sum(widths[:i]) for i in range(len(widths))]
-    strides = [x.stride(0)] * len(widths)
+    parts = _slices_of(x)
+    unused = (None,) * (MAX_SLICES - len(parts))
+    ptrs = [p.data_ptr() for p in parts]
+    strides = [p.stride(0) for p in parts]
     stream = launcher.raw_stream(0)
     args = (*ptrs, *unused, *strides, *unused, w.values.data_ptr(),
             w.scales.data_ptr(), None, out.data_ptr(), tokens)  # fmt: skip
@@ -200,6 +216,7 @@ def measure(variants, cases) -> list[dict]:
     rows = []
     for tokens, n, k, tile, split in cases:
         cfgs = {v: _config(tokens, tile, split, v) for v in variants}
+        _SLICES.clear()  # the last case's tokens are freed
         d = _Data(n, k, tokens)
         d.laid_out = {}
         x = d.x[:tokens]
@@ -313,7 +330,9 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--slices", type=int, default=1,
-                   help="the tokens as this many equal column slices of K (default 1)")  # fmt: skip
+                   help="the tokens as this many equal slices of K, each its own tensor")  # fmt: skip
+    p.add_argument("--views", action="store_true",
+                   help="the slices as column views of one [M, K] tensor instead")  # fmt: skip
     p.add_argument("--cases", nargs="+", type=int, metavar="CASE",
                    help="time only these cases (indices; default all)")  # fmt: skip
     p.add_argument(
@@ -327,6 +346,7 @@ def main() -> None:
                    help="per-stage clock stamps of the shipped loop on these cases (indices)")  # fmt: skip
     args = p.parse_args()
     os.environ[SLICES_ENV] = str(args.slices)
+    os.environ[VIEWS_ENV] = "1" if args.views else "0"
     if args.stamps:
         from common import environment
 
@@ -359,7 +379,8 @@ def main() -> None:
 
     what, variants_doc, how = __doc__.split("\n\n")[:3]
     receipt = {"what": what, "variants": variants_doc, "how": how,
-               "compile_s": compile_s, "rounds": ROUNDS, "slices": args.slices, "rows": rows,
+               "compile_s": compile_s, "rounds": ROUNDS, "slices": args.slices,
+               "slice_views": args.views, "rows": rows,
                **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
