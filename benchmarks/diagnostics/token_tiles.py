@@ -89,6 +89,27 @@ ROUNDS = 9
 SLICES_ENV = "TOKEN_TILES_SLICES"
 """How the harness tells its compile workers ``--slices``."""
 VIEWS_ENV = "TOKEN_TILES_VIEWS"
+WEIGHTS_ENV = "TOKEN_TILES_WEIGHTS"
+
+
+def _data(n: int, k: int, tokens: int):
+    """The case's operands (gemm_tools.points._Data); with ``--weights vllm`` the weight is
+    the W8A16 benchmark's instead (benchmarks/w8a16.py: vllm_linear.vllm_style_layer, random
+    E8M0 scales 118-125 per block), in as many copies, and cuBLAS multiplies its BF16 values."""
+    from gemm_tools.points import _Data
+
+    d = _Data(n, k, tokens)
+    d.laid_out = {}
+    if os.environ.get(WEIGHTS_ENV) == "vllm":
+        from vllm_linear import dequantize, vllm_style_layer
+
+        import mxfp8_fusion as mf
+
+        layer = vllm_style_layer(n, k)
+        values, scales = layer.weight.data, layer.weight_scale.data
+        d.wq = [mf.pack_weight(values.clone(), scales.clone()) for _ in range(d.copies)]
+        d.w = [dequantize(values, scales) for _ in range(d.copies)]
+    return d
 
 
 def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
@@ -211,14 +232,13 @@ def _contenders(builds, cfgs, d, outs, tokens) -> dict:
 def measure(variants, cases) -> list[dict]:
     import torch
     from common import capture_graph
-    from gemm_tools.points import MAX_INNER, _Data, _replay_ms
+    from gemm_tools.points import MAX_INNER, _replay_ms
 
     rows = []
     for tokens, n, k, tile, split in cases:
         cfgs = {v: _config(tokens, tile, split, v) for v in variants}
         _SLICES.clear()  # the last case's tokens are freed
-        d = _Data(n, k, tokens)
-        d.laid_out = {}
+        d = _data(n, k, tokens)
         x = d.x[:tokens]
         outs = {v: torch.full((tokens, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 for v in variants}  # fmt: skip
@@ -253,12 +273,10 @@ def launch_once(variants, cases) -> None:
     """Each variant launched once on each of ``cases`` (indices into CASES), for a profiler:
     ``ncu -k regex:"SwapAB|Packed|PingPong|Variant" ... token_tiles.py --once 7 4``."""
     import torch
-    from gemm_tools.points import _Data
 
     for i in cases:
         tokens, n, k, tile, split = CASES[i]
-        d = _Data(n, k, tokens)
-        d.laid_out = {}
+        d = _data(n, k, tokens)
         out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
         for v in variants:
             cfg = _config(tokens, tile, split, v)
@@ -283,7 +301,6 @@ def stamps(case: int, launches: int = 5) -> dict:
     stage's load, for the previous stage's wgmmas, converting, issuing; and a stage's period
     (issue to issue)."""
     import torch
-    from gemm_tools.points import _Data
     from token_tile_variants import STAMP_CTAS, STAMP_POINTS, STAMP_STAGES, WARPS
 
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
@@ -295,8 +312,7 @@ def stamps(case: int, launches: int = 5) -> dict:
     buf = torch.zeros(shape, dtype=torch.int64, device="cuda")
     facts = (buf.data_ptr(), cfg, n, _widths(k), torch.bfloat16)
     build = launcher.Build("gemm w8a16 stamped diagnostic", facts, buffers.ARCH, compile_stamped)
-    d = _Data(n, k, tokens)
-    d.laid_out = {}
+    d = _data(n, k, tokens)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     steps = {c: {"load": [], "wgmma": [], "convert": [], "issue": [], "period": []} for c in (0, 1)}
     for i in range(launches):
@@ -333,6 +349,8 @@ def main() -> None:
                    help="the tokens as this many equal slices of K, each its own tensor")  # fmt: skip
     p.add_argument("--views", action="store_true",
                    help="the slices as column views of one [M, K] tensor instead")  # fmt: skip
+    p.add_argument("--weights", choices=["random", "vllm"], default="random",
+                   help="vllm: the W8A16 benchmark's weight (random per-block scales)")  # fmt: skip
     p.add_argument("--cases", nargs="+", type=int, metavar="CASE",
                    help="time only these cases (indices; default all)")  # fmt: skip
     p.add_argument(
@@ -347,6 +365,7 @@ def main() -> None:
     args = p.parse_args()
     os.environ[SLICES_ENV] = str(args.slices)
     os.environ[VIEWS_ENV] = "1" if args.views else "0"
+    os.environ[WEIGHTS_ENV] = args.weights
     if args.stamps:
         from common import environment
 
@@ -380,7 +399,7 @@ def main() -> None:
     what, variants_doc, how = __doc__.split("\n\n")[:3]
     receipt = {"what": what, "variants": variants_doc, "how": how,
                "compile_s": compile_s, "rounds": ROUNDS, "slices": args.slices,
-               "slice_views": args.views, "rows": rows,
+               "slice_views": args.views, "weights": args.weights, "rows": rows,
                **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
