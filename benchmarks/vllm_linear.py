@@ -347,7 +347,7 @@ def median_replays(graphs: dict, calls: int, rounds: int) -> dict:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def _humming_kernels(humming, tokens: list[int]) -> tuple[dict, list]:
+def humming_kernels(humming, tokens: list[int]) -> tuple[dict, list]:
     """(token count -> kernel label, the intervals serving the measured counts)."""
     from humming_contender import config_label, interval_for
 
@@ -374,7 +374,7 @@ def bench_shape(shape: str, tokens: list[int], rounds: int) -> tuple[list[Row], 
         gen = torch.Generator(device="cuda").manual_seed(t)
         xs[t] = torch.randn(t, k, device="cuda", generator=gen).to(torch.bfloat16)
     checks = {t: first_calls(ops, xs[t]) for t in tokens}  # every count compiled first
-    labels, used = _humming_kernels(ops.hummings[0], tokens)
+    labels, used = humming_kernels(ops.hummings[0], tokens)
     rows = []
     for t in tokens:
         calls = calls_per_graph(t, n, k, copies)

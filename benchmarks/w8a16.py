@@ -7,7 +7,9 @@ process, interleaved per round, as CUDA Graph replays cycling over copies of the
 * ours: ``mxfp8_fusion.mm_slices_into`` straight from the slices (W8A16: no concatenation,
   no activation quantization; kernels/gemm_sm90/host/w8a16.py);
 * humming: Humming as vLLM 0.34 calls it on SM90 (W8A16) on the concatenated input, the
-  kernel alone; humming_with_cat: the same with the ``torch.cat`` it needs, as vLLM runs it;
+  kernel alone (each row names the Humming kernel its heuristic picked, each shape the
+  token intervals of those kernels); humming_with_cat: the same with the ``torch.cat`` it
+  needs, as vLLM runs it;
 * cublas_bf16: cuBLAS BF16 (``F.linear``) on the concatenation and the weight dequantized
   once (twice the weight memory): the BF16 model's own GEMM.
 
@@ -39,6 +41,7 @@ from common import capture_graph, environment, require_cuda, transient_peak, wri
 from vllm_linear import (
     calls_per_graph,
     dequantize,
+    humming_kernels,
     median_replays,
     vllm_style_layer,
     weight_copies,
@@ -99,6 +102,9 @@ class Row:
     bitwise_graph: bool
     bitwise_repeats: bool
     err_vs_oracle: float
+    humming_kernel: str = ""
+    """The Humming kernel that served the point (MMA, block shape, stages), from the
+    intervals its heuristic picked."""
 
 
 def weight_bytes(n: int, k: int) -> int:
@@ -111,16 +117,16 @@ def floor_us(n: int, k: int, bytes_per_s: float) -> float:
     return weight_bytes(n, k) / bytes_per_s * 1e6
 
 
-def make_row(shape, tokens, n, widths, config, us, checks, bytes_per_s) -> Row:
+def make_row(shape, tokens, n, widths, config, us, checks, bytes_per_s, humming="") -> Row:
     """The row of ``shape`` (``n`` outputs, slices ``widths`` wide) at ``tokens``: ``us`` per
     contender, ``checks`` from :func:`check_point`, ``config`` ours' label, the floor at
-    ``bytes_per_s``."""
+    ``bytes_per_s``, ``humming`` Humming's kernel label."""
     floor = floor_us(n, sum(widths), bytes_per_s)
     return Row(
         shape=shape, tokens=tokens, n=n, k=sum(widths), slices=len(widths), config=config,
         us=us, floor_us=floor, ours_over_humming_time=us["ours"] / us["humming"],
         ours_over_cublas_bf16_time=us["ours"] / us["cublas_bf16"],
-        ours_over_floor=us["ours"] / floor, **checks,
+        ours_over_floor=us["ours"] / floor, humming_kernel=humming, **checks,
     )  # fmt: skip
 
 
@@ -365,7 +371,8 @@ def bench_shape(
             torch.randn(t, w, device="cuda", generator=gen).to(torch.bfloat16) for w in widths
         ]
     checks = {t: check_point(ops, s, torch.cat(s, -1)) for t, s in inputs.items()}
-    info = {"n": n, "widths": list(widths), "weight_copies": copies}
+    labels, used = humming_kernels(ops.hummings[0], list(inputs))
+    info = {"n": n, "widths": list(widths), "weight_copies": copies, "humming_kernels": used}
     info["compiled_bitwise"] = compiled_bitwise(ops, inputs)
     if (shape, REFERENCE[1]) == REFERENCE and REFERENCE[1] in inputs:
         info["memory"] = memory_at(ops, inputs[REFERENCE[1]])
@@ -375,7 +382,7 @@ def bench_shape(
         out = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
         us = time_point(ops, slices, x, out, calls_per_graph(t, n, k, copies), rounds)
         point, config = checks[t]
-        rows.append(make_row(shape, t, n, widths, config, us, point, bytes_per_s))
+        rows.append(make_row(shape, t, n, widths, config, us, point, bytes_per_s, labels[t]))
         print_row(rows[-1])
     return rows, info
 
