@@ -126,6 +126,57 @@ class NoConvert(DoubleBuffered):
     convert = False
 
 
+class HookedLoop(Shipped):
+    """The shipped stage loop with a hook at each of STAMP_POINTS of a stage (``_at``, a
+    no-op here) and the weight's loads and conversion as methods, for the variants that
+    only add something at those points or read the weight otherwise: the same wgmmas in
+    the same order, so the same bits."""
+
+    @cute.jit
+    def _at(self, stage, row0, point: int):
+        pass
+
+    def _load_weight(self, stage, row0, t, scales, scale_row0, blocks):
+        """This thread's weight words and scale words of a stage (natural K order)."""
+        return load_fragment_natural(stage, row0, t, scales, scale_row0, blocks)
+
+    def _convert_weight(self, words, scales, selector, frag_words, blocks, group0):
+        """Those words into the A fragment."""
+        convert_fragment_natural(words, scales, selector, frag_words, blocks, group0)
+
+    @cute.jit
+    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        blocks = self.stage_k // 16
+        w8 = st.sW8.data_ptr().toint()
+        sw = st.sSW.data_ptr().toint()
+        selector = pair_selector(t)
+        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+        for ks in range(k0, k1):
+            load_pipe.consumer_wait(ls)
+            self._at(ls.count, row0, 0)
+            w_words, w_scales = self._load_weight(
+                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+            )  # fmt: skip
+            warpgroup.wait_group(0)
+            self._at(ls.count, row0, 1)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                rel.advance()
+            self._convert_weight(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
+            self._at(ls.count, row0, 2)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(blocks):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                )  # fmt: skip
+            warpgroup.commit_group()
+            self._at(ls.count, row0, 3)
+            ls.advance()
+        return ls, rel
+
+
 @cute.jit
 def load_packed(stage, row0, t, scales, scale_row0, loads: cutlass.Constexpr):
     """Rows row0 and row0 + 8 of a packed stage (rows of 64 bytes, 64-byte swizzle): each
@@ -169,7 +220,7 @@ def convert_packed(words, scale_words, frag_words, group0):
                     frag_words[idx] = mul_bf16x2(frag_words[idx], rests[2 * rr + kb // 2])
 
 
-class Packed(Shipped):
+class Packed(HookedLoop):
     """The shipped stage loop on a :func:`permute_weight` weight, each row's fragment bytes
     one 16-byte load (variant 59); PackedNoLds without those loads, Blocked on a
     :func:`block_weight` weight (variant 60)."""
@@ -190,32 +241,11 @@ class Packed(Shipped):
             mW = cute.make_tensor(mW.iterator, layout)
         Shipped._launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream)
 
-    @cute.jit
-    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-        tiled_mma, frag, frag_words, tCrB, acc = mma
-        blocks = self.stage_k // 16
-        w8 = st.sW8.data_ptr().toint()
-        sw = st.sSW.data_ptr().toint()
-        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        for ks in range(k0, k1):
-            load_pipe.consumer_wait(ls)
-            w_words, w_scales = load_packed(
-                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                sw + ls.index * CHUNK_BYTES, scale_row0, self.loads,
-            )  # fmt: skip
-            warpgroup.wait_group(0)
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
-                rel.advance()
-            convert_packed(w_words, w_scales, frag_words, 2 * (ks % 2))
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(blocks):
-                cute.gemm(
-                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
-                )  # fmt: skip
-            warpgroup.commit_group()
-            ls.advance()
-        return ls, rel
+    def _load_weight(self, stage, row0, t, scales, scale_row0, blocks):
+        return load_packed(stage, row0, t, scales, scale_row0, self.loads)
+
+    def _convert_weight(self, words, scales, selector, frag_words, blocks, group0):
+        convert_packed(words, scales, frag_words, group0)
 
 
 class Blocked(Packed):
@@ -248,48 +278,6 @@ def _stamp(addr, *, loc=None, ip=None):
         "{\n.reg .u64 t;\nmov.u64 t, %clock64;\nst.global.u64 [$0], t;\n}",
         "l", [Int64(addr).ir_value(loc=loc, ip=ip)], None, True, loc=loc, ip=ip,
     )  # fmt: skip
-
-
-class HookedLoop(Shipped):
-    """The shipped stage loop with a hook at each of STAMP_POINTS of a stage (``_at``, a
-    no-op here), for the variants that only add something there: the same wgmmas in the
-    same order, so the same bits."""
-
-    @cute.jit
-    def _at(self, stage, row0, point: int):
-        pass
-
-    @cute.jit
-    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
-        tiled_mma, frag, frag_words, tCrB, acc = mma
-        blocks = self.stage_k // 16
-        w8 = st.sW8.data_ptr().toint()
-        sw = st.sSW.data_ptr().toint()
-        selector = pair_selector(t)
-        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        for ks in range(k0, k1):
-            load_pipe.consumer_wait(ls)
-            self._at(ls.count, row0, 0)
-            w_words, w_scales = load_fragment_natural(
-                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
-            )  # fmt: skip
-            warpgroup.wait_group(0)
-            self._at(ls.count, row0, 1)
-            if rel.count < ls.count:
-                load_pipe.consumer_release(rel)
-                rel.advance()
-            convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
-            self._at(ls.count, row0, 2)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(blocks):
-                cute.gemm(
-                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
-                )  # fmt: skip
-            warpgroup.commit_group()
-            self._at(ls.count, row0, 3)
-            ls.advance()
-        return ls, rel
 
 
 class PingPong(HookedLoop):

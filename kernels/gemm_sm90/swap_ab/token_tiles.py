@@ -176,19 +176,15 @@ class TokenTiles:
         this CTA's half of its rows into the stage of both CTAs (``_token_views``'s half
         boxes, slot 2 index + rank)."""
         kt, half = ks // 2, (ks % 2,)  # the slices' stages hold K 128: one half of one
+        rows, slot, options = token_tile, (lambda _h: index), {}
         if cutlass.const_expr(self.cluster > 1):
-            multicast = {
+            rows = self.cluster * token_tile + rank
+            slot = lambda _h: self.cluster * index + rank  # noqa: E731
+            options = {
                 "mcast_mask": cutlass.Int16((1 << self.cluster) - 1),
                 "cache_policy": cutlass.Int64(L2_EVICT_NORMAL),
             }
-            slot = lambda _h: self.cluster * index + rank  # noqa: E731
-            rows = self.cluster * token_tile + rank
-            load_stage_from_slices(token_views, self.slice_stages, rows, kt, half, slot, bar,
-                                   multicast)  # fmt: skip
-        else:
-            slot = lambda _h: index  # noqa: E731
-            load_stage_from_slices(token_views, self.slice_stages, token_tile, kt, half, slot,
-                                   bar, {})  # fmt: skip
+        load_stage_from_slices(token_views, self.slice_stages, rows, kt, half, slot, bar, options)
 
     @cute.jit
     def _tiles_consumer(
