@@ -261,8 +261,9 @@ class PackedNoLds(Packed):
 
 
 STAMP_POINTS = ("data", "wgmma_done", "converted", "issued")
-"""Per stage, where a warp of ``stamped`` reads %clock64: its stage's load has landed, its
-previous stage's wgmmas are done, the stage is converted, its wgmmas are issued."""
+"""Per stage, where a consumer warp of ``stamped`` reads %clock64: its stage's load has
+landed, its previous stage's wgmmas are done, the stage is converted, its wgmmas are issued.
+The producer warp stamps the first two: the stage's slot is free, its loads are issued."""
 STAMP_STAGES = 64
 """The stages ``stamped`` records per warp (its first ones)."""
 STAMP_CTAS = 2
@@ -320,6 +321,29 @@ class Stamped(HookedLoop):
         if cta < STAMP_CTAS and tidx % 32 == 0 and stage < STAMP_STAGES:
             slot = ((cta * WARPS + tidx // 32) * STAMP_STAGES + stage) * len(STAMP_POINTS) + point
             _stamp(Int64(self.stamps_addr) + Int64(slot) * 8)
+
+    @cute.jit
+    def _load_tile(self, t, token_tiles, k0, k1, loads, ps):
+        """The shipped producer's stage loop, stamping into the producer warp's rows (warp 0)
+        per stage: its slot freed (point 0) and its loads issued (point 1)."""
+        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe, rank = loads
+        w_group, token_tile = self._tile_coords(t, token_tiles)
+        w_tile = self._w_tile(w_group, rank)
+        w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
+        for ks in range(k0, k1):
+            load_pipe.producer_acquire(ps)
+            self._at(ps.count, 0, 0)
+            bar = load_pipe.producer_get_barrier(ps)
+            cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
+            self._load_token_rows(token_views, token_tile, ks, ps.index, rank, bar)
+            cute.copy(
+                tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
+                tma_bar_ptr=bar,
+            )  # fmt: skip
+            load_pipe.producer_commit(ps)
+            self._at(ps.count, 0, 1)
+            ps.advance()
+        return ps
 
 
 CLASSES = {

@@ -229,7 +229,7 @@ def _contenders(builds, cfgs, d, outs, tokens) -> dict:
     return fns
 
 
-def measure(variants, cases) -> list[dict]:
+def measure(variants, cases, rest_s: float = 0.02) -> list[dict]:
     import torch
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _replay_ms
@@ -257,7 +257,7 @@ def measure(variants, cases) -> list[dict]:
         names = list(graphs)
         for r in range(ROUNDS):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                samples[name].append(_replay_ms(graphs[name], inner, 0.02) * 1e3)
+                samples[name].append(_replay_ms(graphs[name], inner, rest_s) * 1e3)
         us = {name: round(statistics.median(v), 2) for name, v in samples.items()}
         row = {"tokens": tokens, "n": n, "k": k, "token_tile": tile, "split_tail": split,
                "us": us, "bitwise_as_shipped": same,
@@ -315,6 +315,7 @@ def stamps(case: int, launches: int = 5) -> dict:
     d = _data(n, k, tokens)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
     steps = {c: {"load": [], "wgmma": [], "convert": [], "issue": [], "period": []} for c in (0, 1)}
+    loads = {"slot_wait": [], "latency": [], "lead": []}
     for i in range(launches):
         buf.zero_()
         _launch(build, cfg, d.x[:tokens], d.wq[i % d.copies], out, tokens)
@@ -331,12 +332,35 @@ def stamps(case: int, launches: int = 5) -> dict:
                     steps[c]["wgmma"].append(r[1] - r[0])
                     steps[c]["convert"].append(r[2] - r[1])
                     steps[c]["issue"].append(r[3] - r[2])
+            _producer_steps(t[cta], loads)
     return {
         "tokens": tokens, "n": n, "k": k, "token_tile": tile, "split_tail": split,
         "cycles": {f"consumer {c}": {name: statistics.median(v) if v else None
                                      for name, v in steps[c].items()} for c in steps},
+        "loads": {name: statistics.median(v) if v else None for name, v in loads.items()},
         "samples": len(steps[0]["period"]),
     }  # fmt: skip
+
+
+def _producer_steps(t, loads: dict) -> None:
+    """Per stage of one CTA's stamps ``t`` [warp][stage][point]: the producer's wait for a
+    free slot (slot_wait: freed minus the previous stage's issue), the stage's load latency
+    seen by the consumers (latency: the first consumer warp's data stamp minus the issue; the
+    load's own latency where that consumer waited), and how early the loads were issued
+    (lead: the first consumer warp's previous issue stamp minus this issue)."""
+    from token_tile_variants import WARPS
+
+    stages = t.shape[1]
+    prod = t[0].tolist()
+    for s in range(1, stages):
+        freed, issued = prod[s][0], prod[s][1]
+        data = [t[w, s, 0].item() for w in range(4, WARPS) if t[w, s, 0].item()]
+        wanted = [t[w, s - 1, 3].item() for w in range(4, WARPS) if t[w, s - 1, 3].item()]
+        if not (freed and issued and prod[s - 1][1] and data and wanted):
+            continue
+        loads["slot_wait"].append(freed - prod[s - 1][1])
+        loads["latency"].append(min(data) - issued)
+        loads["lead"].append(min(wanted) - issued)
 
 
 def main() -> None:
@@ -360,6 +384,8 @@ def main() -> None:
         metavar="CASE",
         help="launch each variant once on these cases (indices), time nothing",
     )
+    p.add_argument("--rest", type=float, default=0.02,
+                   help="seconds idle before each timed replay (0: back to back, as a sweep)")  # fmt: skip
     p.add_argument("--stamps", nargs="+", type=int, metavar="CASE",
                    help="per-stage clock stamps of the shipped loop on these cases (indices)")  # fmt: skip
     args = p.parse_args()
@@ -393,12 +419,12 @@ def main() -> None:
         if args.once:
             launch_once(variants, args.once)
             return
-        rows = measure(variants, cases)
+        rows = measure(variants, cases, args.rest)
     from common import environment
 
     what, variants_doc, how = __doc__.split("\n\n")[:3]
     receipt = {"what": what, "variants": variants_doc, "how": how,
-               "compile_s": compile_s, "rounds": ROUNDS, "slices": args.slices,
+               "compile_s": compile_s, "rounds": ROUNDS, "rest_s": args.rest, "slices": args.slices,
                "slice_views": args.views, "weights": args.weights, "rows": rows,
                **environment()}  # fmt: skip
     Path(args.out).mkdir(parents=True, exist_ok=True)
