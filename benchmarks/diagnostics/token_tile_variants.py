@@ -266,6 +266,8 @@ landed, its previous stage's wgmmas are done, the stage is converted, its wgmmas
 The producer warp stamps the first two: the stage's slot is free, its loads are issued."""
 STAMP_STAGES = 64
 """The stages ``stamped`` records per warp (its first ones)."""
+STAMP_ROWS = STAMP_STAGES + 1
+"""A warp's rows of stamps: one per recorded stage, then a consumer's start and end."""
 STAMP_CTAS = 2
 """The CTAs ``stamped`` records (the first ones)."""
 WARPS = 12
@@ -310,7 +312,8 @@ class PingPong(HookedLoop):
 class Stamped(HookedLoop):
     """The shipped stage loop with lane 0 of each consumer warp of the first STAMP_CTAS CTAs
     stamping STAMP_POINTS at its first STAMP_STAGES stages into the int64 buffer at
-    ``stamps_addr`` ([cta][warp][stage][point], a compile-time address): the same bits."""
+    ``stamps_addr`` ([cta][warp][row][point], STAMP_ROWS rows, a compile-time address), and
+    the producer and the consumers' start and end: the same bits."""
 
     stamps_addr = 0
 
@@ -319,8 +322,28 @@ class Stamped(HookedLoop):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         if cta < STAMP_CTAS and tidx % 32 == 0 and stage < STAMP_STAGES:
-            slot = ((cta * WARPS + tidx // 32) * STAMP_STAGES + stage) * len(STAMP_POINTS) + point
+            slot = ((cta * WARPS + tidx // 32) * STAMP_ROWS + stage) * len(STAMP_POINTS) + point
             _stamp(Int64(self.stamps_addr) + Int64(slot) * 8)
+
+    @cute.jit
+    def _tiles_consumer(
+        self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+    ):  # fmt: skip
+        """The shipped consumer, stamping its start and end (points 0 and 1 of its row
+        STAMP_STAGES): the whole of its work, stores and split-tail sums included."""
+        self._mark(0)
+        Shipped._tiles_consumer(
+            self, cw, ct, cta, st, tiled_mma, sA16, mD, mBias, m, mPartials, mFlags, load_pipe
+        )  # fmt: skip
+        self._mark(1)
+
+    @cute.jit
+    def _mark(self, point: int):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        if cta < STAMP_CTAS and tidx % 32 == 0:
+            row = (cta * WARPS + tidx // 32) * STAMP_ROWS + STAMP_STAGES
+            _stamp(Int64(self.stamps_addr) + Int64(row * len(STAMP_POINTS) + point) * 8)
 
     @cute.jit
     def _load_tile(self, t, token_tiles, k0, k1, loads, ps):

@@ -298,23 +298,27 @@ def compile_stamped(addr: int, cfg, n: int, widths: tuple, out_dtype):
 def stamps(case: int, launches: int = 5) -> dict:
     """``stamped`` on CASES[case]: per consumer, the median cycles (%clock64) of each step of
     a stage over its recorded stages, warps, CTAs and ``launches`` launches: waiting for the
-    stage's load, for the previous stage's wgmmas, converting, issuing; and a stage's period
-    (issue to issue)."""
+    stage's load, for the previous stage's wgmmas, converting, issuing; a stage's period
+    (issue to issue); from the consumer's start to its first stage's data (first_data), from
+    its last recorded stage's issue to its end (tail: the drain, stores and split-tail sums
+    where a CTA has at most STAMP_STAGES stages) and the whole (total). ``loads``: the
+    producer's medians (``_producer_steps``)."""
     import torch
-    from token_tile_variants import STAMP_CTAS, STAMP_POINTS, STAMP_STAGES, WARPS
+    from token_tile_variants import STAMP_CTAS, STAMP_POINTS, STAMP_ROWS, STAMP_STAGES, WARPS
 
     from mxfp8_fusion.kernels.gemm_sm90.host import buffers
     from mxfp8_fusion.kernels.runtime import launcher
 
     tokens, n, k, tile, split = CASES[case]
     cfg = _config(tokens, tile, split)
-    shape = (STAMP_CTAS, WARPS, STAMP_STAGES, len(STAMP_POINTS))
+    shape = (STAMP_CTAS, WARPS, STAMP_ROWS, len(STAMP_POINTS))
     buf = torch.zeros(shape, dtype=torch.int64, device="cuda")
     facts = (buf.data_ptr(), cfg, n, _widths(k), torch.bfloat16)
     build = launcher.Build("gemm w8a16 stamped diagnostic", facts, buffers.ARCH, compile_stamped)
     d = _data(n, k, tokens)
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
-    steps = {c: {"load": [], "wgmma": [], "convert": [], "issue": [], "period": []} for c in (0, 1)}
+    names = ("load", "wgmma", "convert", "issue", "period", "first_data", "tail", "total")
+    steps = {c: {name: [] for name in names} for c in (0, 1)}
     loads = {"slot_wait": [], "latency": [], "lead": []}
     for i in range(launches):
         buf.zero_()
@@ -324,7 +328,12 @@ def stamps(case: int, launches: int = 5) -> dict:
         for cta in range(STAMP_CTAS):
             for warp in range(4, WARPS):  # the consumers' warps
                 c = (warp - 4) // 4
-                rows = [r for r in t[cta, warp].tolist() if all(r)]
+                rows = [r for r in t[cta, warp, :STAMP_STAGES].tolist() if all(r)]
+                begin, end = t[cta, warp, STAMP_STAGES, :2].tolist()
+                if rows and begin and end:
+                    steps[c]["first_data"].append(rows[0][0] - begin)
+                    steps[c]["tail"].append(end - rows[-1][3])  # after its STAMP_STAGES-th
+                    steps[c]["total"].append(end - begin)
                 for prev, cur in itertools.pairwise(rows):
                     steps[c]["load"].append(cur[0] - prev[3])
                     steps[c]["period"].append(cur[3] - prev[3])
@@ -348,9 +357,9 @@ def _producer_steps(t, loads: dict) -> None:
     seen by the consumers (latency: the first consumer warp's data stamp minus the issue; the
     load's own latency where that consumer waited), and how early the loads were issued
     (lead: the first consumer warp's previous issue stamp minus this issue)."""
-    from token_tile_variants import WARPS
+    from token_tile_variants import STAMP_STAGES, WARPS
 
-    stages = t.shape[1]
+    stages = STAMP_STAGES
     prod = t[0].tolist()
     for s in range(1, stages):
         freed, issued = prod[s][0], prod[s][1]
