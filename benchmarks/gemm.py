@@ -393,6 +393,11 @@ def _parser() -> argparse.ArgumentParser:
         help="sweep/tune: mxfp8 (W8A8) or bf16 (W8A16: the BF16 tokens read as they are)",
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=3.0, help="power: per contender")
+    p.add_argument(
+        "--rest-s", type=float, default=None,
+        help="sweep/tune: seconds idle before each timed replay (default 0.02, tune 0.01; "
+        "0: back to back, as benchmarks/w8a16.py times, where the power cap lowers the clock)",
+    )  # fmt: skip
     return p
 
 

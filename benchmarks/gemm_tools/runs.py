@@ -43,7 +43,7 @@ def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
                     "k": k,
                     "tokens": group,
                     "rounds": args.rounds,
-                    "rest_s": 0.01 if args.tune else 0.02,
+                    "rest_s": _rest_s(args),
                     "before": args.before,
                     "leave_out": STREAM_K_SCHEDULES if args.no_stream_k else [],
                     "out": str(tmp / f"{n}x{k}_{i}.json"),
@@ -55,6 +55,14 @@ def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
                 }
             )
     return jobs
+
+
+def _rest_s(args) -> float:
+    """Seconds idle before each timed replay: ``--rest-s``, else 0.01 for a tune and 0.02
+    for a sweep."""
+    if getattr(args, "rest_s", None) is not None:
+        return args.rest_s
+    return 0.01 if args.tune else 0.02
 
 
 def _run_workers(jobs: list[dict], deadline: float) -> list[dict]:
@@ -162,7 +170,8 @@ def run(args) -> None:
         **environment(args.git_rev),
         "mode": "CUDA Graph replay: one graph per contender and point, `inner` launches "
         "rotating over `weight_copies` copies of the weight (so that at least 200 MB of FP8 "
-        "weight is streamed; cuBLAS likewise); per sample 10-20 ms idle, one untimed replay, "
+        f"weight is streamed; cuBLAS likewise); per sample {_rest_s(args) * 1e3:g} ms idle, "
+        "one untimed replay, "
         "a GPU spin while the host enqueues, then one timed replay (CUDA events); medians over "
         f"{args.rounds} interleaved rounds, contender order rotated each round",
         "ratio_direction": "over_cublas_bf16 = ours time / cuBLAS BF16 time; below 1 ours is "
