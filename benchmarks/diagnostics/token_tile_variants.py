@@ -1,7 +1,7 @@
 """The kernel variants of the token-tile diagnostic (``token_tiles.py``; imports cutlass:
 load lazily), each a subclass of the shipped W8A16 swap-AB kernel that replaces its stage
 loop; the shipped source is untouched. What each one tests is in ``token_tiles.py``'s
-module doc and in docs/gemm_log.md (variants 58-61).
+module doc and in docs/gemm_log.md (variants 58-63).
 """
 
 from __future__ import annotations
@@ -309,7 +309,55 @@ class PingPong(HookedLoop):
             cute.arch.barrier_arrive(barrier_id=TURN_BAR + 1 - cw, number_of_threads=2 * WG_THREADS)
 
 
-class Stamped(HookedLoop):
+class ProducerHooks(Shipped):
+    """The shipped producer's stage loop (tile_w 128) with hooks once a stage's slot is
+    acquired and once its loads are issued (``_slot_acquired``, ``_loads_issued``; no-ops
+    here): what ``stamped`` and ``prefetch`` add to it."""
+
+    @cute.jit
+    def _load_tile(self, t, token_tiles, k0, k1, loads, ps):
+        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe, rank = loads
+        w_group, token_tile = self._tile_coords(t, token_tiles)
+        w_tile = self._w_tile(w_group, rank)
+        w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
+        for ks in range(k0, k1):
+            load_pipe.producer_acquire(ps)
+            self._slot_acquired(ps)
+            bar = load_pipe.producer_get_barrier(ps)
+            cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
+            self._load_token_rows(token_views, token_tile, ks, ps.index, rank, bar)
+            cute.copy(
+                tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
+                tma_bar_ptr=bar,
+            )  # fmt: skip
+            load_pipe.producer_commit(ps)
+            self._loads_issued(ps, ks, k1, tma_w, tWg, w_tile)
+            ps.advance()
+        return ps
+
+    def _slot_acquired(self, ps):
+        pass
+
+    def _loads_issued(self, ps, ks, k1, tma_w, tWg, w_tile):
+        pass
+
+
+PREFETCH_STAGES = 16
+"""How many stages ahead of its loads ``prefetch`` asks L2 for the weight."""
+
+
+class Prefetch(ProducerHooks):
+    """The shipped kernel whose producer, after each stage's loads, asks L2 for the weight
+    box PREFETCH_STAGES stages on (cp.async.bulk.prefetch.tensor), so that the stage's TMA
+    finds it there rather than in DRAM: the same loads and wgmmas, the same bits."""
+
+    @cute.jit
+    def _loads_issued(self, ps, ks, k1, tma_w, tWg, w_tile):
+        if ks + PREFETCH_STAGES < k1:
+            cute.prefetch(tma_w, tWg[(None, w_tile, ks + PREFETCH_STAGES)])
+
+
+class Stamped(ProducerHooks, HookedLoop):
     """The shipped stage loop with lane 0 of each consumer warp of the first STAMP_CTAS CTAs
     stamping STAMP_POINTS at its first STAMP_STAGES stages into the int64 buffer at
     ``stamps_addr`` ([cta][warp][row][point], STAMP_ROWS rows, a compile-time address), and
@@ -346,27 +394,12 @@ class Stamped(HookedLoop):
             _stamp(Int64(self.stamps_addr) + Int64(row * len(STAMP_POINTS) + point) * 8)
 
     @cute.jit
-    def _load_tile(self, t, token_tiles, k0, k1, loads, ps):
-        """The shipped producer's stage loop, stamping into the producer warp's rows (warp 0)
-        per stage: its slot freed (point 0) and its loads issued (point 1)."""
-        tma_w, tWs, tWg, token_views, tma_sw, tSWs, tSWg, load_pipe, rank = loads
-        w_group, token_tile = self._tile_coords(t, token_tiles)
-        w_tile = self._w_tile(w_group, rank)
-        w_chunk0 = ((w_tile * self.tile_w) // ROW_BLOCK) * self.k_tiles
-        for ks in range(k0, k1):
-            load_pipe.producer_acquire(ps)
-            self._at(ps.count, 0, 0)
-            bar = load_pipe.producer_get_barrier(ps)
-            cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
-            self._load_token_rows(token_views, token_tile, ks, ps.index, rank, bar)
-            cute.copy(
-                tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
-                tma_bar_ptr=bar,
-            )  # fmt: skip
-            load_pipe.producer_commit(ps)
-            self._at(ps.count, 0, 1)
-            ps.advance()
-        return ps
+    def _slot_acquired(self, ps):
+        self._at(ps.count, 0, 0)
+
+    @cute.jit
+    def _loads_issued(self, ps, ks, k1, tma_w, tWg, w_tile):
+        self._at(ps.count, 0, 1)
 
 
 CLASSES = {
@@ -381,6 +414,7 @@ CLASSES = {
     "pairs": Shipped,
     "w256": Shipped,
     "w256-split": Shipped,
+    "prefetch": Prefetch,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
 

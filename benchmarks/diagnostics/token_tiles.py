@@ -32,7 +32,9 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
 * ``w256``, ``w256-split``: the shipped kernel on 256-row weight tiles (four consumers of
   64 rows, token tiles of up to 128: the case's, or 128), whole or with the last wave
   split over K: a stage moves 33 KB per 2 M products where the 128-row tile moves 25 KB
-  per 1 M. Whole tiles of the case's token tile give the shipped bits.
+  per 1 M. Whole tiles of the case's token tile give the shipped bits;
+* ``prefetch``: the shipped kernel whose producer asks L2 for the weight 16 stages ahead
+  of its loads (a TMA prefetch after each stage's loads): the same bits.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -90,6 +92,7 @@ VARIANTS = (
     "pairs",
     "w256",
     "w256-split",
+    "prefetch",
 )
 ROUNDS = 9
 SLICES_ENV = "TOKEN_TILES_SLICES"
