@@ -41,7 +41,7 @@ def _token_counts(entry: dict) -> tuple[int, ...]:
         # W8A16 128-row stages hold up to 256 tokens (a 192- and a 256-token tile)
         return (100,) if entry.get("activation") != "bf16" else (100, 160, 256)
     # 32 weight tiles of 128 rows, 16 of 256
-    w_tiles = -(-N // entry["tile_w"])
+    w_tiles = -(-N // entry.get("tile_w", 128))
     if entry.get("split_tail"):
         # below a wave of tiles (every tile split) and 160 tiles: a wave and a tail of 28
         # tiles split four ways
