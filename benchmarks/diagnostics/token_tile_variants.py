@@ -412,18 +412,12 @@ CLASSES = {
     "packed-no-lds": PackedNoLds,
     "stamped": Stamped,
     "pairs": Shipped,
-    "w256": Shipped,
-    "w256-split": Shipped,
     "prefetch": Prefetch,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
 
 CLUSTERS = {"pairs": 2}
 """The CTAs per cluster a variant's config asks for, where not 1."""
-
-WIDE = {"w256": False, "w256-split": True}
-"""The variants on 256-row weight tiles (four consumers, token tiles of up to 128), and
-whether they split the last wave's tiles over K."""
 
 LAYOUTS = {"packed": permute_weight, "blocked": block_weight}
 """The weight layout a variant reads, where it is not the natural one."""

@@ -29,10 +29,6 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
 * ``pairs``: the shipped kernel on CTA pairs (``cluster`` 2), each CTA loading half of every
   stage's token tile for both: the same bits as ``shipped`` on whole tiles, and on split
   ones where the pairs split them as the CTAs do;
-* ``w256``, ``w256-split``: the shipped kernel on 256-row weight tiles (four consumers of
-  64 rows, token tiles of up to 128: the case's, or 128), whole or with the last wave
-  split over K: a stage moves 33 KB per 2 M products where the 128-row tile moves 25 KB
-  per 1 M. Whole tiles of the case's token tile give the shipped bits;
 * ``prefetch``: the shipped kernel whose producer asks L2 for the weight 16 stages ahead
   of its loads (a TMA prefetch after each stage's loads): the same bits.
 
@@ -90,8 +86,6 @@ VARIANTS = (
     "ping-pong",
     "packed-no-lds",
     "pairs",
-    "w256",
-    "w256-split",
     "prefetch",
 )
 ROUNDS = 9
@@ -138,13 +132,10 @@ def compile_variant(variant: str, cfg, n: int, widths: tuple, out_dtype):
 
 
 def _config(tokens, tile, split, variant="shipped"):
-    from token_tile_variants import CLUSTERS, WIDE
+    from token_tile_variants import CLUSTERS
 
-    from mxfp8_fusion.kernels.gemm_sm90.config import WIDEST_TOKEN_TILE, swap_ab_config
+    from mxfp8_fusion.kernels.gemm_sm90.config import swap_ab_config
 
-    if variant in WIDE:
-        tile = min(tile, WIDEST_TOKEN_TILE)
-        return swap_ab_config(tokens, 132, 4, True, 256, 1, "bf16", tile, WIDE[variant])
     pairs = CLUSTERS.get(variant, 1)
     return swap_ab_config(tokens, 132, 2, True, 128, pairs, "bf16", tile, split)
 

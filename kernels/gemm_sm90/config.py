@@ -25,9 +25,6 @@ SWAP_AB_TOKEN_LIMIT = {64: 64, 128: 128}
 # N), and the token tiles a token_tiles schedule takes
 W8A16_TOKEN_LIMIT = 256
 TOKEN_TILES = (64, 128, 192, 256)
-# ... and with 256-row weight tiles (four consumers of 64 rows, 112 registers each): the
-# accumulator of a larger tile would not fit beside the weight fragment
-WIDEST_TOKEN_TILE = 128
 SWAP_AB_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[64]
 SWAP_AB_WIDE_MAX_TOKENS = SWAP_AB_TOKEN_LIMIT[128]
 _SMEM_BYTES = 227 * 1024
@@ -106,9 +103,7 @@ class SwapABConfig:
     tile_w: int = 64
     """Weight rows per stage. 128 (with bf16_tokens and two consumers): each consumer
     converts 64 of them and both read the stage's one token tile, so the tokens cross L2
-    half as often per weight byte. 256 (with token_tiles of up to 128 and four consumers):
-    the token tile is read once per 256 weight rows, two-thirds of the bytes a stage moves
-    per product of the 128-row tile."""
+    half as often per weight byte."""
     cluster: int = 1
     """2 (with bf16_tokens): CTA pairs take adjacent weight tiles over the same K stages, and
     each loads half of every stage's token tile for both (TMA multicast): one K half, or
@@ -143,20 +138,15 @@ class SwapABConfig:
             fail(ValueError, "cluster", "1, or 2 with bf16_tokens and an even num_ctas",
                  self.cluster)  # fmt: skip
         w8a16 = not self.activation.quantized
-        wide = self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
-        # 256 rows: four consumers on token tiles of single CTAs
-        widest = self.tile_w == 256 and self.consumers == 4 and self.cluster == 1
-        if self.tile_w != 64 and not (wide or (widest and self.token_tiles)):
-            fail(ValueError, "tile_w", "64, 128 with bf16_tokens and 2 consumers, or 256 with "
-                 "token_tiles, 4 consumers and cluster 1", self.tile_w)  # fmt: skip
+        if self.tile_w != 64 and not (
+            self.tile_w == 128 and self.bf16_tokens and self.consumers == 2
+        ):
+            fail(ValueError, "tile_w", "64, or 128 with bf16_tokens and 2 consumers", self.tile_w)
         if self.token_tiles and not (
-            self.token_tiles in TOKEN_TILES and w8a16 and self.tile_w in (128, 256)
+            self.token_tiles in TOKEN_TILES and w8a16 and self.tile_w == 128
         ):
             fail(ValueError, "token_tiles", f"0, or one of {TOKEN_TILES} with BF16 activations "
-                 "and tile_w 128 or 256", self.token_tiles)  # fmt: skip
-        if self.tile_w == 256 and self.token_tiles > WIDEST_TOKEN_TILE:
-            fail(ValueError, "token_tiles", f"at most {WIDEST_TOKEN_TILE} with tile_w 256",
-                 self.token_tiles)  # fmt: skip
+                 "and tile_w 128", self.token_tiles)  # fmt: skip
         if self.split_tail and not self.token_tiles:
             fail(ValueError, "split_tail", "False without token_tiles", self.split_tail)
         limit = swap_ab_token_limit(self.tile_w, self.activation)
@@ -254,8 +244,7 @@ def swap_ab_config(
 
     Raises:
         ValueError: naming ``tokens`` above that limit, or ``consumers`` other than
-            2 or 3 (or 4 up to 32 tokens or with ``tile_w`` 256), or ``tile_w`` as
-            :class:`SwapABConfig` does.
+            2 or 3 (or 4 up to 32 tokens), or ``tile_w`` as :class:`SwapABConfig` does.
     """
     activation = Activation.of(activation)
     limit = swap_ab_token_limit(tile_w, activation)
@@ -267,17 +256,15 @@ def swap_ab_config(
     if 128 < tokens <= 192:  # a wgmma N of 192 (24 x 8): a quarter fewer padded tokens
         tokens_tile = 192
     tokens_tile = token_tiles or tokens_tile
-    if consumers not in (2, 3) and not (consumers == 4 and (tokens_tile <= 32 or tile_w == 256)):
-        fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens or with tile_w 256)",
-             consumers)  # fmt: skip
+    if consumers not in (2, 3) and not (consumers == 4 and tokens_tile <= 32):
+        fail(ValueError, "consumers", "2 or 3 (or 4 up to 32 tokens)", consumers)
     bf16_tokens = bf16_tokens or not activation.quantized
     if bf16_tokens:
         # per stage (of K 128; of 64 with token tiles) the weight, its scales and the BF16
         # token tile; consumers 2..: an FP32 partial-sum tile (not with tile_w 128: each
         # consumer finishes its own rows)
         stage_k = TILE_K16 if token_tiles else TILE_K8
-        chunks = max(1, tile_w // 128)  # a scale chunk per 128 rows
-        per_stage = tile_w * stage_k + tokens_tile * stage_k * 2 + chunks * CHUNK_BYTES + 16
+        per_stage = tile_w * stage_k + tokens_tile * stage_k * 2 + CHUNK_BYTES + 16
         fixed = (consumers - 1) * 64 * tokens_tile * 4 * (tile_w == 64) + 6144
     else:
         per_stage = (64 + tokens_tile) * TILE_K8 + 2 * CHUNK_BYTES + 16

@@ -11,8 +11,8 @@ is one full wave and a rest of 124 tiles of 128 x 128 on 132 SMs (a stream-K tai
 63 weight tiles of 32 stages, split over all CTAs, at 40 tokens (100 with 128-row weight
 stages; W8A16 also 160 and 256, its 192- and 256-token tiles); the token-tiled ones take
 1000 tokens in partial token tiles, more than a wave of (token tile, weight tile) pairs, and
-with a split tail 100 tokens (every tile split over K) and 160 tiles, the last token tile
-partial (a wave and a split tail); 256-row weight tiles take twice the tokens.
+with a split tail 100 tokens (every tile split over K) and five partial token tiles (a wave
+and a split tail).
 W8A16 reads three slices of widths 1024, 1920 and 1152, one a column view of a
 wider buffer. W8A8's tokens mix rows whose scales allow the FP16 path with rows that do not.
 Tolerance: tests/helpers/gemm.py (W8A8) and tests/kernels/test_gemm_w8a16.py (W8A16).
@@ -40,13 +40,11 @@ def _token_counts(entry: dict) -> tuple[int, ...]:
             return (40,)
         # W8A16 128-row stages hold up to 256 tokens (a 192- and a 256-token tile)
         return (100,) if entry.get("activation") != "bf16" else (100, 160, 256)
-    # 32 weight tiles of 128 rows, 16 of 256
-    w_tiles = -(-N // entry.get("tile_w", 128))
     if entry.get("split_tail"):
-        # below a wave of tiles (every tile split) and 160 tiles: a wave and a tail of 28
-        # tiles split four ways
-        return (100, 160 // w_tiles * entry["token_tiles"] - 20)
-    return (1000 * (32 // w_tiles),)  # at least 256 tiles
+        # below a wave of tiles (every tile split) and five token tiles: a wave and a
+        # tail of 28 tiles split four ways
+        return (100, 5 * entry["token_tiles"] - 20)
+    return (1000,)
 
 
 CASES = [(entry, tokens) for entry in proven.entries() for tokens in _token_counts(entry)]

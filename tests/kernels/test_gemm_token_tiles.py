@@ -3,8 +3,7 @@
 Their configs check their fields, fit shared memory, have no stream-K workspace (token
 tiles), round-trip through the table's schedule form, are searched by the W8A16 tune and
 chosen without a table where 256-token tiles fill the SMs; the builds compile for sm_90a
-with the consumers' register share, the token-tile ones without spilling. The token tiles
-also run on 256-row weight tiles (four consumers, token tiles up to 128)."""
+with the consumers' register share, the token-tile ones without spilling."""
 
 from __future__ import annotations
 
@@ -27,9 +26,9 @@ SMEM = 227 * 1024
 requires_nvdisasm = pytest.mark.skipif(nvdisasm() is None, reason="nvdisasm not installed")
 
 
-def _tiles(tile: int, tokens: int = 4096, split_tail: bool = False, tile_w: int = 128):
+def _tiles(tile: int, tokens: int = 4096, split_tail: bool = False):
     return gemm_config.swap_ab_config(
-        tokens, 132, tile_w // 64, True, tile_w, 1, W8A16, token_tiles=tile, split_tail=split_tail
+        tokens, 132, 2, True, 128, 1, W8A16, token_tiles=tile, split_tail=split_tail
     )
 
 
@@ -70,32 +69,6 @@ def test_token_tiles_refuse_what_they_have_no_form_for():
             gemm_config.SwapABConfig(**bad)
 
 
-def test_256_row_tiles_take_four_consumers_and_token_tiles_up_to_128():
-    widest = dict(tokens_tile=128, stages=6, consumers=4, bf16_tokens=True, tile_w=256)
-    gemm_config.SwapABConfig(**widest, activation=W8A16, token_tiles=128)
-    for bad, field in [
-        (dict(widest, activation=W8A16), "tile_w"),  # one tile, stream-K: no form
-        (dict(widest, activation=W8A16, token_tiles=128, consumers=2), "tile_w"),
-        (dict(widest, activation=W8A16, token_tiles=128, cluster=2), "tile_w"),
-        (dict(widest, token_tiles=128), "token_tiles"),  # W8A8
-        (dict(widest, tokens_tile=256, activation=W8A16, token_tiles=256), "token_tiles"),
-    ]:
-        with pytest.raises(ValueError, match=f"^{field}:"):
-            gemm_config.SwapABConfig(**bad)
-    for tile, stages in [(64, 8), (128, 6)]:
-        for split_tail in (False, True):
-            cfg = _tiles(tile, split_tail=split_tail, tile_w=256)
-            assert (cfg.consumers, cfg.stages) == (4, stages)
-            # per stage 256 weight rows, the token tile and two scale chunks
-            assert cfg.stages * (256 * 64 + tile * 64 * 2 + 2 * 512) < SMEM
-            schedule = gemm_select.schedule(cfg)
-            assert proven.holds(schedule) and gemm_select.config_of(schedule, 4096) == cfg
-            split = " split-tail" if split_tail else ""
-            assert label(cfg) == f"swap-ab w256 token-tiles {tile}{split} w8a16"
-    with pytest.raises(ValueError, match="^token_tiles:"):
-        _tiles(192, tile_w=256)
-
-
 def test_token_tile_schedules_round_trip_and_serve_any_count():
     for tile, pairs in itertools.product(TOKEN_TILES, (1, 2)):
         for split_tail, text in [(False, ""), (True, " split-tail")]:
@@ -121,9 +94,6 @@ def test_the_w8a16_tune_times_token_tiles_from_64_tokens():
         for t in TOKEN_TILES
         for s in ("", " split-tail")
         for p in ("", " mc2")
-    }
-    tiles |= {
-        f"swap-ab w256 token-tiles {t}{s} w8a16" for t in (64, 128) for s in ("", " split-tail")
     }
     assert not tiles & labels(32) and tiles <= labels(64) and tiles <= labels(4096)
     assert "swap-ab w128 bf16-tokens w8a16" in labels(200)  # one 256-token tile
@@ -159,16 +129,10 @@ def test_the_builds_move_registers_to_the_consumers_and_do_not_spill(tokens, tmp
             for tile in TOKEN_TILES
             for split in (False, True)
         ]
-        # and on CTA pairs (the half-tile multicast and the pairs' split tail), and on
-        # 256-row weight tiles (four consumers of 112 registers)
+        # and on CTA pairs (the half-tile multicast and the pairs' split tail)
         entries += [
             gemm_select.schedule(replace(_tiles(tile, split_tail=split), cluster=2))
             for tile, split in [(128, True), (256, False)]
-        ]
-        entries += [
-            gemm_select.schedule(_tiles(tile, split_tail=split, tile_w=256))
-            for tile in (64, 128)
-            for split in (False, True)
         ]
     for entry in entries:
         (cubin,) = compile_cubins(entry, tokens, 640, [(512, 256)], tmp_path)

@@ -103,27 +103,6 @@ def test_token_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
         assert torch.equal(out.view(torch.int16), alone.view(torch.int16))
 
 
-@pytest.mark.parametrize("tile", [64, 128])
-@pytest.mark.parametrize("split_tail", [False, True])
-@pytest.mark.parametrize(
-    ("tokens", "n", "widths"),
-    [(300, 200, (128, 384)), (1000, 640, (1024, 512)), (1500, 4000, (2048, 1024))],
-)
-def test_256_row_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
-    tile, split_tail, tokens, n, widths
-):
-    """Four consumers on 256-row weight tiles, two scale chunks per stage: a weight tile
-    past N (640: the second chunk of the last tile is past the scales), K parts of every
-    tile or of a tail; whole tiles give the 128-row tiles' bits (each output the same
-    consumer's sum in the same order)."""
-    cfg = swap_ab_config(tokens, 132, 4, True, 256, 1, "bf16", tile, split_tail)
-    out = _check_against_the_concatenation(tokens + 1, n, widths, torch.bfloat16, cfg)
-    if not split_tail:
-        narrow = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile)
-        alone = _check_against_the_concatenation(tokens + 1, n, widths, torch.bfloat16, narrow)
-        assert torch.equal(out.view(torch.int16), alone.view(torch.int16))
-
-
 def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
     """``cfg`` (None: the choice) from the slices: the rows past M untouched, within the
     bound, and the bits of the same config on the concatenated input. Returns the output."""

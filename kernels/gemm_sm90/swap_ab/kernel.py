@@ -139,7 +139,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         tiled_mma = rs_tiled_mma(bf16, (TILE_W, tn))
         sk = self.stage_k
         w8_layout = smem_layout(fp8, self.tile_w, sk, self.stages)
-        s_layout = chunk_slots(self.stages * self.w_blocks)
+        s_layout = chunk_slots(self.stages)
         tma_w, gW = tma_load(mW, w8_layout, (self.tile_w, sk))
         tma_sw, gSW = tma_load_chunks(mSW, s_layout)
         if cutlass.const_expr(self.bf16_tokens):
@@ -148,7 +148,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             a16_layout = smem_layout(bf16, tn, TILE_K16, self.stages * sk // TILE_K16)
             tma_a, gA = self._token_tma(tokens, a16_layout, tn)
             tma_sa, gSA = tma_sw, gSW  # unused
-            self.tx_bytes = self.tile_w * sk + tn * sk * 2 + self.w_blocks * CHUNK_BYTES
+            self.tx_bytes = self.tile_w * sk + tn * sk * 2 + CHUNK_BYTES
         else:
             a8_layout = smem_layout(fp8, tn, TILE_K8, self.stages)
             # per consumer warpgroup: the stage's two K halves of BF16 tokens
@@ -169,9 +169,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             sW8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(w8_layout)], 1024]
             sA8: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(a8_layout)], 1024]
             sA16: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(a16_layout)], 1024]
-            sSW: cute.struct.Align[
-                cute.struct.MemRange[Int32, CHUNK_WORDS * stages * self.w_blocks], 128
-            ]
+            sSW: cute.struct.Align[cute.struct.MemRange[Int32, CHUNK_WORDS * stages], 128]
             sSA: cute.struct.Align[cute.struct.MemRange[Int32, sa_words], 128]
             sRed: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, red_words], 16]
 

@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from ....format import CHUNK_BYTES, ROW_BLOCK, ceil_div, row_blocks
+from ....format import CHUNK_BYTES, ceil_div, row_blocks
 from .. import workspace
 from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
 from ..device.common import (
@@ -44,22 +44,18 @@ L2_EVICT_NORMAL = 0x1000000000000000
 
 # Registers per thread: the register file over every thread of a CTA, and what the
 # producer warpgroup keeps where the consumers take the rest (setmaxnreg counts are
-# multiples of 8): 40, or with four consumers 24, the least setmaxnreg allows
+# multiples of 8)
 _REGISTERS = 65536
-_PRODUCER_REGISTERS = {2: 40, 4: 24}
+_PRODUCER_REGISTERS = 40
 
 
 def consumer_registers(consumers: int) -> tuple[int, int]:
     """(producer, consumer) registers per thread of a W8A16 row-split build: a consumer holds
     64 weight rows x the token tile in FP32 (up to 128 registers at 256 tokens) besides its
     weight fragment; an even split (168 each with two consumers) spilled at every token
-    tile. The CTA holds what its launch gives every thread (the register file over its
-    threads, in multiples of 8), and the producer's release must cover the consumers' rise."""
-    threads = (1 + consumers) * WG_THREADS
-    pool = _REGISTERS // threads // 8 * 8 * threads
-    producer = _PRODUCER_REGISTERS[consumers]
-    rest = pool - producer * WG_THREADS
-    return producer, min(256, rest // (consumers * WG_THREADS) // 8 * 8)
+    tile."""
+    rest = _REGISTERS - _PRODUCER_REGISTERS * WG_THREADS
+    return _PRODUCER_REGISTERS, min(256, rest // (consumers * WG_THREADS) // 8 * 8)
 
 
 class SwapABParts(Sm90Gemm):
@@ -109,8 +105,6 @@ class SwapABParts(Sm90Gemm):
         if self.cluster != 1 and not (self.cluster == 2 and self.bf16_tokens):
             raise ValueError(f"cluster 2 needs bf16_tokens: {cfg}")
         self.w_tiles = ceil_div(n, self.tile_w)
-        # the weight's 512-byte scale chunks per stage: one per 128 rows (256-row tiles two)
-        self.w_blocks = max(1, self.tile_w // ROW_BLOCK)
         self.w_chunks = row_blocks(n) * self.k_tiles
         # units: (group of `cluster` adjacent weight tiles, K stage), split over the groups
         # of CTAs; a CTA takes its own tile of each group (past N: zeros, never stored)

@@ -162,13 +162,10 @@ class TokenTiles:
             bar = load_pipe.producer_get_barrier(ps)
             cute.copy(tma_w, tWg[(None, w_tile, ks)], tWs[(None, ps.index)], tma_bar_ptr=bar)
             self._load_token_rows(token_views, token_tile, ks, ps.index, rank, bar)
-            # the scale chunk of each 128 rows (row block b's chunks k_tiles after b - 1's)
-            for b in cutlass.range_constexpr(self.w_blocks):
-                chunk, slot = w_chunk0 + ks // 2, ps.index
-                if cutlass.const_expr(b > 0 or self.w_blocks > 1):
-                    chunk = w_chunk0 + b * self.k_tiles + ks // 2
-                    slot = ps.index * self.w_blocks + b
-                cute.copy(tma_sw, tSWg[(None, 0, chunk)], tSWs[(None, slot)], tma_bar_ptr=bar)
+            cute.copy(
+                tma_sw, tSWg[(None, 0, w_chunk0 + ks // 2)], tSWs[(None, ps.index)],
+                tma_bar_ptr=bar,
+            )  # fmt: skip
             load_pipe.producer_commit(ps)
             ps.advance()
         return ps
@@ -284,23 +281,17 @@ class TokenTiles:
         sw = st.sSW.data_ptr().toint()
         selector = pair_selector(t)
         scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
-        if cutlass.const_expr(self.w_blocks > 1):
-            # rows 128 b.. of the tile: chunk b of the stage's, its rows from 0
-            b = row0 // ROW_BLOCK
-            sw = sw + b * CHUNK_BYTES
-            scale_row0 = -b * ROW_BLOCK
         for ks in range(k0, k1):
             load_pipe.consumer_wait(ls)
-            if cutlass.const_expr(self.w_blocks > 1):
-                # four consumers have 112 registers: the weight's words are loaded only once
-                # the fragment they become is free (its wgmmas done), or they spill
-                rel = self._previous_stage_done(load_pipe, ls, rel)
             w_words, w_scales = load_fragment_natural(
                 w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
-                sw + ls.index * (self.w_blocks * CHUNK_BYTES), scale_row0, blocks,
+                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
             )  # fmt: skip
-            if cutlass.const_expr(self.w_blocks == 1):
-                rel = self._previous_stage_done(load_pipe, ls, rel)
+            # the previous stage's wgmmas have read the fragment registers and token tile
+            warpgroup.wait_group(0)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                rel.advance()
             convert_fragment_natural(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
             warpgroup.fence()
             for kb in cutlass.range_constexpr(blocks):
@@ -310,14 +301,3 @@ class TokenTiles:
             warpgroup.commit_group()
             ls.advance()
         return ls, rel
-
-    @cute.jit
-    def _previous_stage_done(self, load_pipe, ls, rel):
-        """Wait for the previous stage's wgmmas, which read the fragment registers and the
-        token tile, and release that stage. Returns ``rel``, advanced (assigned where it is
-        called, so that the stage loop carries it)."""
-        warpgroup.wait_group(0)
-        if rel.count < ls.count:
-            load_pipe.consumer_release(rel)
-            rel.advance()
-        return rel

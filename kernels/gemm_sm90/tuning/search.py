@@ -15,7 +15,6 @@ from ..config import (
     SWAP_AB_WIDE_MAX_TOKENS,
     TOKEN_TILES,
     W8A16_TOKEN_LIMIT,
-    WIDEST_TOKEN_TILE,
     GemmConfig,
     own_stages,
     swap_ab_config,
@@ -122,7 +121,7 @@ def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
     """The W8A16 schedules no W8A8 one maps to: 128-row weight stages holding up to 256
     tokens in one tile (stream-K over the weight, alone and on CTA pairs), and from 64
     tokens on the token-tiled ones, at each token tile, with and without the last wave split
-    over K, alone and on CTA pairs, and on 256-row weight tiles (swap_ab.token_tiles)."""
+    over K, alone and on CTA pairs (swap_ab.token_tiles)."""
     found = []
     if SWAP_AB_WIDE_MAX_TOKENS < tokens <= W8A16_TOKEN_LIMIT:
         found += [
@@ -135,13 +134,6 @@ def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
             for tile in TOKEN_TILES
             for split in (False, True)
             for pairs in (1, 2)
-        ]
-        # 256-row weight tiles: four consumers, token tiles of up to 128
-        found += [
-            swap_ab_config(tokens, num_sms, 4, True, 256, 1, Activation.W8A16, tile, split)
-            for tile in TOKEN_TILES
-            if tile <= WIDEST_TOKEN_TILE
-            for split in (False, True)
         ]
     return found
 
