@@ -404,6 +404,8 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
+    if args.rest_s is not None and args.rest_s < 0:
+        parser.error(f"--rest-s: seconds of idle, 0 or more (got {args.rest_s})")
     if not args.plot:  # a plot only reads its receipt
         require_cuda(__file__)
     mode = next((m for m in ("sweep", "tune", "power", "decode") if getattr(args, m)), "gemm")

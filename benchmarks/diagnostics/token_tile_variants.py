@@ -1,7 +1,7 @@
 """The kernel variants of the token-tile diagnostic (``token_tiles.py``; imports cutlass:
 load lazily), each a subclass of the shipped W8A16 swap-AB kernel that replaces its stage
 loop; the shipped source is untouched. What each one tests is in ``token_tiles.py``'s
-module doc and in docs/gemm_log.md (variants 58-63).
+module doc and in docs/gemm_log.md (variants 58-62 and 64).
 """
 
 from __future__ import annotations

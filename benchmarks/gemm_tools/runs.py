@@ -60,7 +60,7 @@ def _jobs(args, shapes, tokens_of, tmp: Path, deadline: float) -> list[dict]:
 def _rest_s(args) -> float:
     """Seconds idle before each timed replay: ``--rest-s``, else 0.01 for a tune and 0.02
     for a sweep."""
-    if getattr(args, "rest_s", None) is not None:
+    if args.rest_s is not None:
         return args.rest_s
     return 0.01 if args.tune else 0.02
 

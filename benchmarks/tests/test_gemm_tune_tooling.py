@@ -102,7 +102,7 @@ def test_a_tune_of_some_shapes_keeps_the_bases_other_shapes(monkeypatch, tmp_pat
         plot=None, tune=True, sweep=False, before=False, shapes="2048,7168", sweep_tokens=[1],
         deadline_s=60.0, rounds=1, out=str(out), git_rev="def5678", write_table=None,
         tune_base=str(tmp_path / "base.json"), workers=1, lock=None, gate=None,
-        no_stream_k=False, decode=False, activation="mxfp8",
+        no_stream_k=False, decode=False, activation="mxfp8", rest_s=None,
     )  # fmt: skip
     runs.run(args)
     shapes = {(s["n"], s["k"]): s["points"] for s in json.loads(out.read_text())["shapes"]}
@@ -135,7 +135,7 @@ def test_decode_targets_take_the_worst_point_and_fail_unmeasured_ones():
     assert abs(decode.floor_us(4096, 12288) - 12.98) < 0.01  # 52 MB at 4 TB/s
     args = argparse.Namespace(tune=False, before=False, rounds=1, no_stream_k=False,
                               lock=None, gate=None, workers=12, decode=True,
-                              activation="mxfp8")  # fmt: skip
+                              activation="mxfp8", rest_s=None)  # fmt: skip
     jobs = runs._jobs(args, list(decode.POINTS), lambda n, k: decode.POINTS[(n, k)][1],
                       Path("/tmp"), 0.0)  # fmt: skip
     by_shape = {}
