@@ -1,7 +1,7 @@
 """The kernel variants of the token-tile diagnostic (``token_tiles.py``; imports cutlass:
 load lazily), each a subclass of the shipped W8A16 swap-AB kernel that replaces its stage
 loop; the shipped source is untouched. What each one tests is in ``token_tiles.py``'s
-module doc and in docs/gemm_log.md (variants 58-62 and 64).
+module doc and in docs/gemm_log.md (variants 58-62, 64 and 65).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mxfp8_fusion.kernels.gemm_sm90.device.common import (
     scale_factors,
 )
 from mxfp8_fusion.kernels.gemm_sm90.device.slices import (
+    convert_fragment_exact,
     convert_fragment_natural,
     load_fragment_natural,
     pair_selector,
@@ -175,6 +176,33 @@ class HookedLoop(Shipped):
             self._at(ls.count, row0, 3)
             ls.advance()
         return ls, rel
+
+
+@cute.jit
+def load_before(stage, row0, t, scales, scale_row0):
+    """``load_fragment_natural`` (64-byte rows) as it was before variant 65: each address
+    summed from the stage's base on, which ptxas kept as one add per word."""
+    words = []
+    scale_words = []
+    for rr in cutlass.range_constexpr(2):
+        row = row0 + 8 * rr
+        for kb in cutlass.range_constexpr(4):
+            base = stage + row * 64 + ((kb ^ ((row >> 1) % 4)) << 4) + 4 * (t // 2)
+            for hi in cutlass.range_constexpr(2):
+                words.append(load_smem_words(base + 8 * hi, 1, 4))
+        scale_words.append(load_smem_words(scales + chunk_word(scale_row0 + row) * 4, 1, 4))
+    return words, scale_words
+
+
+class Before(HookedLoop):
+    """The stage loop before variant 65: :func:`load_before` and every factor made as
+    ``convert_fragment_exact`` makes it (seven instructions each): the same bits."""
+
+    def _load_weight(self, stage, row0, t, scales, scale_row0, blocks):
+        return load_before(stage, row0, t, scales, scale_row0)
+
+    def _convert_weight(self, words, scales, selector, frag_words, blocks, group0):
+        convert_fragment_exact(words, scales, selector, frag_words, blocks, group0)
 
 
 @cute.jit
@@ -413,6 +441,7 @@ CLASSES = {
     "stamped": Stamped,
     "pairs": Shipped,
     "prefetch": Prefetch,
+    "before": Before,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
 

@@ -30,7 +30,11 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
   stage's token tile for both: the same bits as ``shipped`` on whole tiles, and on split
   ones where the pairs split them as the CTAs do;
 * ``prefetch``: the shipped kernel whose producer asks L2 for the weight 16 stages ahead
-  of its loads (a TMA prefetch after each stage's loads): the same bits.
+  of its loads (a TMA prefetch after each stage's loads): the same bits;
+* ``before``: the stage loop as it was before variant 65, each scale factor made in seven
+  instructions (the shipped loop makes one in a PRMT and an IMAD where the stage's scale
+  bytes are below 128) and each weight word's shared address in an add of its own: the
+  same bits.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -87,6 +91,7 @@ VARIANTS = (
     "packed-no-lds",
     "pairs",
     "prefetch",
+    "before",
 )
 ROUNDS = 9
 SLICES_ENV = "TOKEN_TILES_SLICES"

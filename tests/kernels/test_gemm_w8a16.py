@@ -103,6 +103,34 @@ def test_token_tiles_match_the_oracle_and_the_concatenation_bit_for_bit(
         assert torch.equal(out.view(torch.int16), alone.view(torch.int16))
 
 
+@pytest.mark.parametrize(
+    ("tokens", "tile", "split_tail"),
+    [(8, 0, False), (64, 0, False), (300, 128, False), (300, 64, True)],
+)
+def test_scale_bytes_of_128_and_more_give_the_same_bits_times_their_power_of_two(
+    tokens, tile, split_tail
+):
+    """The conversion makes each factor two ways: a multiply-add where every scale byte of
+    a stage is below 128, else clamped with a second factor past BF16's range. The same
+    weight with every scale byte 18 higher (128-142: only the second way) must give exactly
+    2**18 times the first (110-124: only the first way), bit for bit: the products and the
+    FP32 sums scale exactly, and so does the rounding to BF16."""
+    n, widths = 640, (1024, 512)
+    values, scales = _weight(n, sum(widths), spread=7, seed=tokens)
+    slices = _slices(tokens, widths, seed=tokens)
+    cfg = None
+    if tile:
+        cfg = swap_ab_config(tokens, 132, 2, True, 128, 1, "bf16", tile, split_tail)
+    low = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    high = torch.empty_like(low)
+    w8a16.run(slices, values, scales, None, low, config=cfg)
+    w8a16.run(slices, values, scales + 18, None, high, config=cfg)
+    torch.cuda.synchronize()
+    assert int(scales.max()) < 128 <= int((scales + 18).min())
+    assert torch.equal(high.view(torch.int16), (low.float() * 2.0**18).bfloat16().view(torch.int16))
+    _check_bound(low, slices, values, scales)
+
+
 def _check_against_the_concatenation(tokens, n, widths, out_dtype, cfg):
     """``cfg`` (None: the choice) from the slices: the rows past M untouched, within the
     bound, and the bits of the same config on the concatenated input. Returns the output."""

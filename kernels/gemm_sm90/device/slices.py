@@ -46,6 +46,11 @@ K_BLOCKS = TILE_K8 // 16  # k16 blocks per 128-K stage: one 16-byte chunk of an 
 # PRMT selectors of bytes 0-1 and 2-3 of a word, each sign-extended into a 16-bit lane
 LOW_PAIR = 0x9180
 HIGH_PAIR = 0xB3A2
+# PRMT selector of byte 0 of a word, the other three zero: plus i, byte i
+SCALE_BYTE_SELECT = 0x4440
+SCALE_HIGH_BITS = 0x80808080  # bit 7 of each scale byte of a word
+FACTOR_STEP = 0x00800080  # one E8M0 step in both lanes of a BF16x2 factor
+FACTOR_BIAS = 120 * FACTOR_STEP  # s * FACTOR_STEP + FACTOR_BIAS: the factor 2**(s - 7)
 
 
 def slice_stages(widths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -147,6 +152,13 @@ def dequant_pair_sel(word, factor, selector, *, loc=None, ip=None) -> Int32:
     )
 
 
+@dsl_user_op
+def scale_byte(word, selector, *, loc=None, ip=None) -> Int32:
+    """The byte of ``word`` that ``selector`` (:data:`SCALE_BYTE_SELECT` + its index)
+    names, zero-extended."""
+    return asm_u32("prmt.b32 $0, $1, 0, $2;", "=r,r,r", word, selector, loc=loc, ip=ip)
+
+
 def pair_selector(t):
     """The PRMT selector of thread ``t``'s (``lane % 4``) byte pair in each word it loads
     for :func:`load_fragment_natural`: bytes 2t, 2t + 1 of a 16-byte block lie in word
@@ -169,11 +181,13 @@ def load_fragment_natural(stage, row0, t, scales, scale_row0, blocks: int = K_BL
         row = row0 + 8 * rr
         for kb in cutlass.range_constexpr(blocks):
             if cutlass.const_expr(blocks == K_BLOCKS):
-                base = stage + row * TILE_K8 + ((kb ^ (row % 8)) << 4) + 4 * (t // 2)
+                offset = row * TILE_K8 + ((kb ^ (row % 8)) << 4) + 4 * (t // 2)
             else:  # 64-byte rows: the 64-byte swizzle pairs rows
-                base = stage + row * 64 + ((kb ^ ((row >> 1) % 4)) << 4) + 4 * (t // 2)
+                offset = row * 64 + ((kb ^ ((row >> 1) % 4)) << 4) + 4 * (t // 2)
             for hi in cutlass.range_constexpr(2):
-                words.append(load_smem_words(base + 8 * hi, 1, 4))
+                # the stage's base added last: each load is one LDS [offset + base] of an
+                # offset the loop does not change
+                words.append(load_smem_words(stage + (offset + 8 * hi), 1, 4))
         scale_words.append(load_smem_words(scales + chunk_word(scale_row0 + row) * 4, 1, 4))
     return words, scale_words
 
@@ -184,7 +198,32 @@ def convert_fragment_natural(words, scale_words, selector, frag_words, blocks=K_
     fragment (Int32 view): fragment word rr + 2 hi + 4 kb is the pair (row g + 8 rr, k 2t +
     8 hi) of block kb, exact (E4M3 times its E8M0 scale, as
     gemm_sm90.device.common.convert_fragment converts). Block kb's scale is byte ``group0 +
-    kb / 2`` of its row's scale word (``group0`` 2 for the second K half of a chunk)."""
+    kb / 2`` of its row's scale word (``group0`` 2 for the second K half of a chunk).
+
+    Where every scale byte of the fragment is below 128 (scales below 2, as a checkpoint's
+    weight scales are) each factor is one byte select and one multiply-add, and one test
+    covers the fragment; otherwise :func:`convert_fragment_exact` makes the same bits for
+    any byte."""
+    groups = blocks // 2
+    high_bits = cutlass.Uint32(((1 << (8 * groups)) - 1) & SCALE_HIGH_BITS)
+    high = (scale_words[0][0] | scale_words[1][0]) & (high_bits << (8 * group0))
+    if high != 0:
+        convert_fragment_exact(words, scale_words, selector, frag_words, blocks, group0)
+    else:
+        for rr in cutlass.range_constexpr(2):
+            for j in cutlass.range_constexpr(groups):
+                s = scale_byte(scale_words[rr][0], SCALE_BYTE_SELECT + group0 + j)
+                factor = s * FACTOR_STEP + FACTOR_BIAS  # scale_factors(s)[0] for s < 128
+                for kb in cutlass.range_constexpr(2 * j, 2 * j + 2):
+                    for hi in cutlass.range_constexpr(2):
+                        word = words[2 * blocks * rr + 2 * kb + hi][0]
+                        frag_words[rr + 2 * hi + 4 * kb] = dequant_pair_sel(word, factor, selector)
+
+
+@cute.jit
+def convert_fragment_exact(words, scale_words, selector, frag_words, blocks=K_BLOCKS, group0=0):
+    """:func:`convert_fragment_natural` for any scale bytes: each factor clamped to BF16's
+    range and a second factor past it (gemm_sm90.device.common.scale_factors)."""
     big = Int32(0)
     rests = []
     groups = blocks // 2
