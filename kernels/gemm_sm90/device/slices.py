@@ -200,10 +200,10 @@ def convert_fragment_natural(words, scale_words, selector, frag_words, blocks=K_
     gemm_sm90.device.common.convert_fragment converts). Block kb's scale is byte ``group0 +
     kb / 2`` of its row's scale word (``group0`` 2 for the second K half of a chunk).
 
-    Where every scale byte of the fragment is below 128 (scales below 2, as a checkpoint's
-    weight scales are) each factor is one byte select and one multiply-add, and one test
-    covers the fragment; otherwise :func:`convert_fragment_exact` makes the same bits for
-    any byte."""
+    Where every scale byte of the fragment is below 128 (scales below 2: every block whose
+    largest weight is below 512 has one) each factor is one byte select and one
+    multiply-add, and one test covers the fragment; otherwise :func:`convert_fragment_exact`
+    makes the same bits for any byte."""
     groups = blocks // 2
     high_bits = cutlass.Uint32(((1 << (8 * groups)) - 1) & SCALE_HIGH_BITS)
     high = (scale_words[0][0] | scale_words[1][0]) & (high_bits << (8 * group0))
