@@ -214,10 +214,7 @@ def convert_fragment_natural(words, scale_words, selector, frag_words, blocks=K_
             for j in cutlass.range_constexpr(groups):
                 s = scale_byte(scale_words[rr][0], SCALE_BYTE_SELECT + group0 + j)
                 factor = s * FACTOR_STEP + FACTOR_BIAS  # scale_factors(s)[0] for s < 128
-                for kb in cutlass.range_constexpr(2 * j, 2 * j + 2):
-                    for hi in cutlass.range_constexpr(2):
-                        word = words[2 * blocks * rr + 2 * kb + hi][0]
-                        frag_words[rr + 2 * hi + 4 * kb] = dequant_pair_sel(word, factor, selector)
+                _convert_group(words, factor, selector, frag_words, blocks, rr, j)
 
 
 @cute.jit
@@ -233,16 +230,22 @@ def convert_fragment_exact(words, scale_words, selector, frag_words, blocks=K_BL
             factor, rest, is_big = scale_factors(s)
             rests.append(rest)
             big = big | is_big
-            for kb in cutlass.range_constexpr(2 * j, 2 * j + 2):
-                for hi in cutlass.range_constexpr(2):
-                    word = words[2 * blocks * rr + 2 * kb + hi][0]
-                    frag_words[rr + 2 * hi + 4 * kb] = dequant_pair_sel(word, factor, selector)
+            _convert_group(words, factor, selector, frag_words, blocks, rr, j)
     if big != 0:  # scale bytes above ONE_FACTOR_MAX: the second, exact factor
         for rr in cutlass.range_constexpr(2):
             for kb in cutlass.range_constexpr(blocks):
                 for hi in cutlass.range_constexpr(2):
                     idx = rr + 2 * hi + 4 * kb
                     frag_words[idx] = mul_bf16x2(frag_words[idx], rests[groups * rr + kb // 2])
+
+
+def _convert_group(words, factor, selector, frag_words, blocks, rr, j):
+    """Scale group j of fragment row rr (k16 blocks 2j and 2j + 1) converted with
+    ``factor`` into its four fragment words (called while tracing: plain loops unroll)."""
+    for kb in range(2 * j, 2 * j + 2):
+        for hi in range(2):
+            word = words[2 * blocks * rr + 2 * kb + hi][0]
+            frag_words[rr + 2 * hi + 4 * kb] = dequant_pair_sel(word, factor, selector)
 
 
 class SlicesEntry:
