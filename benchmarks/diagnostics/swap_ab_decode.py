@@ -17,7 +17,9 @@ its end, relative to the earliest CTA's start; the median CTA and the latest, me
 12 eager launches.
 
 On an H200: ``python benchmarks/diagnostics/swap_ab_decode.py --out DIR`` writes
-DIR/gemm_diag_decode.json.
+DIR/gemm_diag_decode.json. ``--activation bf16`` runs the W8A16 kernel instead (the tokens
+one BF16 slice, the weight converted in natural K order) on the config the W8A16 table picks;
+``--cases T,N,K ...`` replaces the default points and ``--receipt NAME`` the file name.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _stamp_op(stamps_addr: int):
 
 def _stages_without_conversion():
     """The shipped consumer loop (``_segment_stages``) without the weight's and the tokens'
-    conversion: the loaded bytes go into the fragment as they are."""
+    conversion: the loaded bytes go into the fragment as they are (W8A16: the words its
+    ``_load_weight_fragment`` hook loads, in natural K order)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warpgroup
@@ -85,12 +88,18 @@ def _stages_without_conversion():
     def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
         w8, sw = smem[:2]
         tiled_mma, frag, frag_words, tCrB, acc = mma
+        natural = hasattr(self, "slices")  # a W8A16 build
         for _i in range(count):
             load_pipe.consumer_wait(ls)
-            w_words, w_scales = load_fragment_bytes(
-                w8 + ls.index * (self.tile_w * TILE_K8), row0, t, W_GROUPS,
-                sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
-            )  # fmt: skip
+            stage = w8 + ls.index * (self.tile_w * TILE_K8)
+            scales = sw + ls.index * CHUNK_BYTES
+            scale_row0 = (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK
+            if cutlass.const_expr(natural):
+                w_words, w_scales = self._load_weight_fragment(stage, row0, t, scales, scale_row0)
+            else:
+                w_words, w_scales = load_fragment_bytes(
+                    stage, row0, t, W_GROUPS, scales, scale_row0
+                )  # fmt: skip
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
@@ -99,7 +108,10 @@ def _stages_without_conversion():
                         rel.advance()
             # the loaded bytes, unconverted, as the fragment (kept: the loads stay)
             for i in cutlass.range_constexpr(cute.size(frag_words)):
-                frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
+                if cutlass.const_expr(natural):  # one word per load
+                    frag_words[i] = w_words[i % len(w_words)][0] ^ w_scales[0][0]
+                else:
+                    frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
             if cutlass.const_expr(not self.bf16_tokens):
                 load_pipe.consumer_release(ls)
             tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
@@ -117,14 +129,12 @@ def _stages_without_conversion():
     return stages
 
 
-def _variant_class(variant: str, stamps_addr: int):
-    """The kernel class of ``variant`` (module doc), writing stamps where ``stamps_addr``."""
+def _variant_class(variant: str, stamps_addr: int, base):
+    """The kernel class of ``variant`` (module doc) over the shipped class ``base``, writing
+    stamps where ``stamps_addr``."""
     import cutlass
     import cutlass.cute as cute
 
-    from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
-
-    base = sab.MXFP8SwapABGemmSm90
     no_convert = "no-convert" in variant
     no_fixup = "no-fixup" in variant
     stamp = _stamp_op(stamps_addr)
@@ -150,7 +160,7 @@ def _variant_class(variant: str, stamps_addr: int):
             if ct == 0:
                 stamp(cta, 1)
             if cutlass.const_expr(no_fixup):
-                self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, 0), cw)
+                self._store_tile(thr, acc, mD, mBias, m, self._w_tile(tile, 0), cw, 0)
             else:
                 base._fixup(self, ct, cw, cta, tile, thr, acc, mD, mBias, m, mPartials, mFlags)
 
@@ -185,24 +195,49 @@ def _summary(launches) -> dict:
     return out
 
 
-def worker(variant: str, lock_path: str, out_path: str) -> None:
+def _runner(activation: str, data, t: int, cfg):
+    """launch i -> None: our GEMM on weight copy i of ``data`` at ``t`` tokens."""
+    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
+    from mxfp8_fusion.kernels.gemm_sm90.host import w8a16
+
+    x, sx, out = data.inp.values[:t], data.inp.scales, data.out[:t]
+    if activation == "bf16":  # W8A16: the BF16 tokens as one slice
+        return lambda i: w8a16.run(
+            [data.x[:t]], data.wq[i % data.copies].values, data.wq[i % data.copies].scales,
+            None, out, config=cfg,
+        )  # fmt: skip
+    return lambda i: g.run(
+        x, sx, data.wq[i % data.copies].values, data.wq[i % data.copies].scales, None, out,
+        config=cfg,
+    )  # fmt: skip
+
+
+def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_arg: str) -> None:
     import torch
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
 
-    from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab import w8a16 as sab16
+    from mxfp8_fusion.kernels.gemm_sm90.tuning import select
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(num_sms * len(STAMPS), dtype=torch.int64, device="cuda")
     stamped = variant == "shipped"
-    sab.MXFP8SwapABGemmSm90 = _variant_class(variant, buf.data_ptr() if stamped else 0)
+    stamps = buf.data_ptr() if stamped else 0
+    if activation == "bf16":
+        sab16.W8A16SwapABGemmSm90 = _variant_class(variant, stamps, sab16.W8A16SwapABGemmSm90)
+    else:
+        sab.MXFP8SwapABGemmSm90 = _variant_class(variant, stamps, sab.MXFP8SwapABGemmSm90)
+    device = torch.cuda.get_device_name()
     cases = []
-    for t, n, k in CASES:  # compile first, outside the lock
+    for t, n, k in json.loads(cases_arg):  # compile first, outside the lock
         data = _Data(n, k, t)
-        cfg = g.choose_config(t, n, k, num_sms)
-        g.run(data.inp.values[:t], data.inp.scales, data.wq[0].values, data.wq[0].scales,
-              None, data.out[:t], config=cfg)  # fmt: skip
+        cfg = select.choose_config(t, n, k, num_sms, device, activation)
+        if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
+            print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
+            continue
+        _runner(activation, data, t, cfg)(0)
         cases.append((t, n, k, data, cfg))
     torch.cuda.synchronize()
     results = []
@@ -210,11 +245,8 @@ def worker(variant: str, lock_path: str, out_path: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for t, n, k, d, cfg in cases:
             inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * t * n * k)), 1))
-            x, sx, out = d.inp.values[:t], d.inp.scales, d.out[:t]
-
-            def ours(i, d=d, x=x, sx=sx, out=out, cfg=cfg):
-                w = d.wq[i % d.copies]
-                g.run(x, sx, w.values, w.scales, None, out, config=cfg)
+            out = d.out[:t]
+            ours = _runner(activation, d, t, cfg)
 
             def cublas(i, d=d, t=t, out=out):
                 torch.mm(d.x[:t], d.w[i % d.copies].t(), out=out)
@@ -251,18 +283,31 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--activation", choices=("mxfp8", "bf16"), default="mxfp8")
+    p.add_argument("--cases", nargs="+", help="T,N,K points (default: the module's CASES)")
+    p.add_argument("--receipt", default="gemm_diag_decode.json")
     args = p.parse_args()
+    cases = [[int(v) for v in c.split(",")] for c in args.cases] if args.cases else CASES
     env = {**os.environ, "MXFP8_FUSION_CACHE_DIR": "off"}  # variants are not shipped builds
     with tempfile.TemporaryDirectory() as tmp:
         lock = str(Path(tmp) / "gpu.lock")
         procs = {
             v: subprocess.Popen(
-                [sys.executable, __file__, "--worker", v, lock, str(Path(tmp) / f"{i}.json")],
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    v,
+                    lock,
+                    str(Path(tmp) / f"{i}.json"),
+                    args.activation,
+                    json.dumps(cases),
+                ],
                 env=env,
             )
             for i, v in enumerate(args.variants)
         }
-        receipt = {"what": __doc__.split("\n\n")[0], "variants": {}}
+        receipt = {"what": __doc__.split("\n\n")[0], "activation": args.activation, "variants": {}}
         for i, (v, proc) in enumerate(procs.items()):
             proc.wait()
             path = Path(tmp) / f"{i}.json"
@@ -273,11 +318,11 @@ def main() -> None:
 
     receipt.update(environment())
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gemm_diag_decode.json").write_text(json.dumps(receipt, indent=1))
+    (Path(args.out) / args.receipt).write_text(json.dumps(receipt, indent=1))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
         worker(*sys.argv[2:])
     else:
         main()
