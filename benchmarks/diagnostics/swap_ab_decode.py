@@ -19,7 +19,9 @@ its end, relative to the earliest CTA's start; the median CTA and the latest, me
 On an H200: ``python benchmarks/diagnostics/swap_ab_decode.py --out DIR`` writes
 DIR/gemm_diag_decode.json. ``--activation bf16`` runs the W8A16 kernel instead (the tokens
 one BF16 slice, the weight converted in natural K order) on the config the W8A16 table picks;
-``--cases T,N,K ...`` replaces the default points and ``--receipt NAME`` the file name.
+``--cases T,N,K ...`` replaces the default points (``T,N,K,C``: the decode schedule with C
+consumer warpgroups, one 64-row weight tile per stage, instead of the table's choice) and
+``--receipt NAME`` the file name.
 """
 
 from __future__ import annotations
@@ -217,6 +219,7 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
     from common import capture_graph
     from gemm_tools.points import MAX_INNER, _Data, _replay_ms
 
+    from mxfp8_fusion.kernels.gemm_sm90.config import swap_ab_config
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab import kernel as sab
     from mxfp8_fusion.kernels.gemm_sm90.swap_ab import w8a16 as sab16
     from mxfp8_fusion.kernels.gemm_sm90.tuning import select
@@ -231,9 +234,11 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
         sab.MXFP8SwapABGemmSm90 = _variant_class(variant, stamps, sab.MXFP8SwapABGemmSm90)
     device = torch.cuda.get_device_name()
     cases = []
-    for t, n, k in json.loads(cases_arg):  # compile first, outside the lock
+    for t, n, k, *consumers in json.loads(cases_arg):  # compile first, outside the lock
         data = _Data(n, k, t)
         cfg = select.choose_config(t, n, k, num_sms, device, activation)
+        if consumers:  # the decode schedule with this many consumers instead
+            cfg = swap_ab_config(t, num_sms, consumers[0], True, 64, 1, activation)
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
             print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
             continue
@@ -261,6 +266,8 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                     samples[name].append(_replay_ms(graphs[name], inner, 0.02) * 1e3)
             us = {name: statistics.median(v) for name, v in samples.items()}
             row = {"tokens": t, "n": n, "k": k, "config": str(cfg),
+                   "schedule": f"{cfg.consumers} consumers, {cfg.stages} stages, cluster "
+                               f"{cfg.cluster}, tile_w {cfg.tile_w}",
                    "ours_us": us["ours"], "cublas_bf16_us": us["cublas_bf16"],
                    "ours_over_cublas_bf16": us["ours"] / us["cublas_bf16"]}  # fmt: skip
             if stamped:
@@ -284,7 +291,7 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--activation", choices=("mxfp8", "bf16"), default="mxfp8")
-    p.add_argument("--cases", nargs="+", help="T,N,K points (default: the module's CASES)")
+    p.add_argument("--cases", nargs="+", help="T,N,K[,C] points (default: the module's CASES)")
     p.add_argument("--receipt", default="gemm_diag_decode.json")
     args = p.parse_args()
     cases = [[int(v) for v in c.split(",")] for c in args.cases] if args.cases else CASES
