@@ -7,7 +7,15 @@ shipped kernel (the shipped source is untouched):
   purpose): the TMA stream, the pipeline and the wgmmas alone;
 * ``no-fixup``: a CTA holding a split tile's tail stores it without waiting for or adding the
   lower CTAs' parts (wrong results): what the stream-K fixup costs;
-* ``no-convert no-fixup``: both.
+* ``no-convert no-fixup``: both;
+* ``early-release`` (``bf16_tokens`` builds: W8A16 and from 17 tokens): each consumer frees
+  its previous stage as soon as that stage's wgmmas are done, before it waits for its next
+  stage's load, instead of after (the same wgmmas in the same order: the same bits). While a
+  consumer waits for data it then holds no stage, so the producer has up to one stage per
+  consumer more in flight.
+
+Each row records a hash of the output of its first launch, so the variants that keep the
+bits can be checked against ``shipped`` (``same_bits_as_shipped``).
 
 Each variant runs in its own process, beside cuBLAS BF16 on the same shape in that process
 (CUDA Graph replay, interleaved, medians; ratios are ours / cuBLAS BF16 time), on the config
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import statistics
@@ -48,7 +57,7 @@ CASES = [  # (tokens, N, K)
     (32, 7168, 14336),
     (64, 7168, 14336),
 ]
-VARIANTS = ("shipped", "no-convert", "no-fixup", "no-convert no-fixup")
+VARIANTS = ("shipped", "no-convert", "no-fixup", "no-convert no-fixup", "early-release")
 STAMPS = ("start", "segments_done", "end")
 ROUNDS = 9
 
@@ -131,6 +140,51 @@ def _stages_without_conversion():
     return stages
 
 
+def _stages_released_early():
+    """The shipped consumer loop of a ``bf16_tokens`` build with each stage released before
+    the wait for the next one's load rather than after it (``early-release``)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import warpgroup
+
+    from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
+    from mxfp8_fusion.kernels.gemm_sm90.constants import TILE_K8
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import K_STEPS
+
+    @cute.jit
+    def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
+        w8, sw = smem[:2]
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        selector = self._fragment_selector(t)
+        for _i in range(count):
+            # the previous stage's wgmmas have read its token tile and the fragment: free it
+            # now, while this consumer waits for its next stage
+            warpgroup.wait_group(0)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                for _a in cutlass.range_constexpr(stride):
+                    rel.advance()
+            load_pipe.consumer_wait(ls)
+            w_words, w_scales = self._load_weight_fragment(
+                w8 + ls.index * (self.tile_w * TILE_K8), row0, t,
+                sw + ls.index * CHUNK_BYTES,
+                (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+            )  # fmt: skip
+            self._convert_weight_fragment(w_words, w_scales, selector, frag_words)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(K_STEPS):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)],
+                    tCrB[(None, None, kb % 4, 2 * ls.index + kb // 4)], acc,
+                )  # fmt: skip
+            warpgroup.commit_group()
+            for _a in cutlass.range_constexpr(stride):
+                ls.advance()
+        return ls, rel
+
+    return stages
+
+
 def _variant_class(variant: str, stamps_addr: int, base):
     """The kernel class of ``variant`` (module doc) over the shipped class ``base``, writing
     stamps where ``stamps_addr``."""
@@ -141,6 +195,7 @@ def _variant_class(variant: str, stamps_addr: int, base):
     no_fixup = "no-fixup" in variant
     stamp = _stamp_op(stamps_addr)
     without_conversion = _stages_without_conversion()
+    early_release = _stages_released_early()
 
     class Variant(base):
         @cute.jit
@@ -171,6 +226,8 @@ def _variant_class(variant: str, stamps_addr: int, base):
             self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
         ):  # fmt: skip
             step = without_conversion if no_convert else base._segment_stages
+            if cutlass.const_expr(variant == "early-release" and self.bf16_tokens):
+                step = early_release
             return step(
                 self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
             )  # fmt: skip
@@ -243,12 +300,14 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
             print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
             continue
         _runner(activation, data, t, cfg)(0)
-        cases.append((t, n, k, data, cfg))
+        torch.cuda.synchronize()
+        digest = hashlib.sha256(data.out[:t].view(torch.int16).cpu().numpy().tobytes())
+        cases.append((t, n, k, data, cfg, digest.hexdigest()[:16]))
     torch.cuda.synchronize()
     results = []
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for t, n, k, d, cfg in cases:
+        for t, n, k, d, cfg, digest in cases:
             inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * t * n * k)), 1))
             out = d.out[:t]
             ours = _runner(activation, d, t, cfg)
@@ -269,7 +328,8 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                    "schedule": f"{cfg.consumers} consumers, {cfg.stages} stages, cluster "
                                f"{cfg.cluster}, tile_w {cfg.tile_w}",
                    "ours_us": us["ours"], "cublas_bf16_us": us["cublas_bf16"],
-                   "ours_over_cublas_bf16": us["ours"] / us["cublas_bf16"]}  # fmt: skip
+                   "ours_over_cublas_bf16": us["ours"] / us["cublas_bf16"],
+                   "out_sha256": digest}  # fmt: skip
             if stamped:
                 launches = []
                 for i in range(12):
@@ -321,6 +381,13 @@ def main() -> None:
             receipt["variants"][v] = (
                 json.loads(path.read_text()) if path.exists() else f"exit {proc.returncode}"
             )
+    shipped = receipt["variants"].get("shipped")
+    if isinstance(shipped, list):  # the bits of the variants that keep them
+        bits = {(r["tokens"], r["n"], r["k"], r["schedule"]): r["out_sha256"] for r in shipped}
+        for row in receipt["variants"].get("early-release") or []:
+            key = (row["tokens"], row["n"], row["k"], row["schedule"])
+            row["same_bits_as_shipped"] = bits.get(key) == row["out_sha256"]
+            print("early-release", key, "same bits as shipped:", row["same_bits_as_shipped"])
     from common import environment
 
     receipt.update(environment())
