@@ -1,7 +1,7 @@
 """The kernel variants of the token-tile diagnostic (``token_tiles.py``; imports cutlass:
 load lazily), each a subclass of the shipped W8A16 swap-AB kernel that replaces its stage
 loop; the shipped source is untouched. What each one tests is in ``token_tiles.py``'s
-module doc and in docs/gemm_log.md (variants 58-62, 64 and 65).
+module doc and in docs/gemm_log.md (variants 58-62 and 64-66).
 """
 
 from __future__ import annotations
@@ -174,6 +174,42 @@ class HookedLoop(Shipped):
                 )  # fmt: skip
             warpgroup.commit_group()
             self._at(ls.count, row0, 3)
+            ls.advance()
+        return ls, rel
+
+
+class EarlyRelease(HookedLoop):
+    """The shipped loop with each stage freed as soon as its wgmmas are done, before the
+    wait for the next stage's load instead of after it: the same wgmmas in the same order,
+    so the same bits."""
+
+    @cute.jit
+    def _tile_stages(self, st, row0, t, w_tile, mma, load_pipe, ls, rel, k0, k1):
+        tiled_mma, frag, frag_words, tCrB, acc = mma
+        blocks = self.stage_k // 16
+        w8 = st.sW8.data_ptr().toint()
+        sw = st.sSW.data_ptr().toint()
+        selector = pair_selector(t)
+        scale_row0 = (w_tile * self.tile_w) % ROW_BLOCK
+        for ks in range(k0, k1):
+            # the previous stage's wgmmas have read its token tile: free it while this
+            # consumer waits for the next stage's load
+            warpgroup.wait_group(0)
+            if rel.count < ls.count:
+                load_pipe.consumer_release(rel)
+                rel.advance()
+            load_pipe.consumer_wait(ls)
+            w_words, w_scales = self._load_weight(
+                w8 + ls.index * (self.tile_w * self.stage_k), row0, t,
+                sw + ls.index * CHUNK_BYTES, scale_row0, blocks,
+            )  # fmt: skip
+            self._convert_weight(w_words, w_scales, selector, frag_words, blocks, 2 * (ks % 2))
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(blocks):
+                cute.gemm(
+                    tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, ls.index)], acc
+                )  # fmt: skip
+            warpgroup.commit_group()
             ls.advance()
         return ls, rel
 
@@ -442,6 +478,7 @@ CLASSES = {
     "pairs": Shipped,
     "prefetch": Prefetch,
     "before": Before,
+    "early-release": EarlyRelease,
 }
 """Each variant's kernel class, by its ``--variants`` name."""
 

@@ -34,7 +34,10 @@ variants defined here as subclasses of the shipped kernel (the shipped source is
 * ``before``: the stage loop as it was before variant 65, each scale factor made in seven
   instructions (the shipped loop makes one in a PRMT and an IMAD where the stage's scale
   bytes are below 128) and each weight word's shared address in an add of its own: the
-  same bits.
+  same bits;
+* ``early-release``: the shipped loop with each stage freed once its wgmmas are done, before
+  the consumer waits for the next stage's load rather than after: while a consumer waits
+  for data it holds no stage, so one more stage can be in flight; the same bits.
 
 Per case (a token-tile config at a token count), every variant and cuBLAS BF16 side by side
 in one process: CUDA Graph replay cycling over weight copies beyond L2, interleaved per
@@ -92,6 +95,7 @@ VARIANTS = (
     "pairs",
     "prefetch",
     "before",
+    "early-release",
 )
 ROUNDS = 9
 SLICES_ENV = "TOKEN_TILES_SLICES"
