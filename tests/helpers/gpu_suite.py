@@ -4,6 +4,10 @@ record them, with each group's pytest summary line, in ``benchmarks/results/gpu_
     python tests/helpers/gpu_suite.py --group 1    # the GEMM kernels and the quantizer
     python tests/helpers/gpu_suite.py --group 2    # everything else
 
+A test dependency (the ``test`` extra) missing on the machine is printed and recorded with
+the group: the modules that import it fail to collect, which are errors of the machine, not
+of the kernels.
+
 A group merges into the receipt when the receipt is for the same git revision
 (``$MXFP8_GIT_REV``, else ``git rev-parse``); a receipt for another revision moves under
 ``earlier`` (its totals only).
@@ -56,6 +60,32 @@ def _machine() -> dict:
     }
 
 
+def _missing_test_dependencies() -> list[str]:
+    """The test extra's requirements (pyproject.toml) not installed here: a test module that
+    imports one fails to collect, which the receipt should say rather than count as a
+    failure of the kernels."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: not checked
+        return []
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    missing = []
+    for line in extra["optional-dependencies"]["test"]:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        try:
+            metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            missing.append(requirement.name)
+    return missing
+
+
 def _summary(output: str) -> dict:
     last = [line for line in output.splitlines() if re.search(r"\d+ \w+.* in [\d.]+s", line)]
     counts = dict.fromkeys(_COUNTS, 0)
@@ -74,6 +104,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     paths = GROUPS[args.group]
+    missing = _missing_test_dependencies()
+    if missing:
+        print(f"missing test dependencies (pip install -e '.[test]'): {', '.join(missing)}")
     workers = ["-n", str(args.workers)] if args.workers else []
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rfE", *workers, *paths]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -88,6 +121,8 @@ def main() -> int:
         receipt = {"what": "python tests/helpers/gpu_suite.py --group 1, then --group 2",
                    **machine, "groups": {}, "earlier": earlier}  # fmt: skip
     receipt["groups"][args.group] = {"paths": paths, **result}
+    if missing:  # the test modules that import them are collection errors
+        receipt["groups"][args.group]["missing_test_dependencies"] = missing
     for key in _COUNTS:
         receipt[key] = sum(g["counts"][key] for g in receipt["groups"].values())
     receipt["failed_tests"] = sorted(t for g in receipt["groups"].values() for t in g["failed"])
