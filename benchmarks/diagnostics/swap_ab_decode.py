@@ -84,33 +84,28 @@ def _stamp_op(stamps_addr: int):
 
 def _stages_without_conversion():
     """The shipped consumer loop (``_segment_stages``) without the weight's and the tokens'
-    conversion: the loaded bytes go into the fragment as they are (W8A16: the words its
-    ``_load_weight_fragment`` hook loads, in natural K order)."""
+    conversion: the words its ``_load_weight_fragment`` hook loads go into the fragment as
+    they are."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warpgroup
 
     from mxfp8_fusion.format import CHUNK_BYTES, ROW_BLOCK
     from mxfp8_fusion.kernels.gemm_sm90.constants import TILE_K8
-    from mxfp8_fusion.kernels.gemm_sm90.device.common import load_fragment_bytes
-    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import K_STEPS, W_GROUPS
+    from mxfp8_fusion.kernels.gemm_sm90.swap_ab.parts import K_STEPS
 
     @cute.jit
     def stages(self, cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel):
         w8, sw = smem[:2]
         tiled_mma, frag, frag_words, tCrB, acc = mma
-        natural = hasattr(self, "slices")  # a W8A16 build
         for _i in range(count):
             load_pipe.consumer_wait(ls)
-            stage = w8 + ls.index * (self.tile_w * TILE_K8)
-            scales = sw + ls.index * CHUNK_BYTES
-            scale_row0 = (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK
-            if cutlass.const_expr(natural):
-                w_words, w_scales = self._load_weight_fragment(stage, row0, t, scales, scale_row0)
-            else:
-                w_words, w_scales = load_fragment_bytes(
-                    stage, row0, t, W_GROUPS, scales, scale_row0
-                )  # fmt: skip
+            w_words, w_scales = self._load_weight_fragment(
+                w8 + ls.index * (self.tile_w * TILE_K8), row0, t,
+                sw + ls.index * CHUNK_BYTES, (self._w_tile(tile, rank) * self.tile_w) % ROW_BLOCK,
+            )  # fmt: skip
+            # every loaded word in load order (W8A8: two per load, W8A16: one)
+            loaded = [w[j] for w in w_words for j in range(cute.size(w))]
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.bf16_tokens):
                 if rel.count < ls.count:
@@ -119,10 +114,7 @@ def _stages_without_conversion():
                         rel.advance()
             # the loaded bytes, unconverted, as the fragment (kept: the loads stay)
             for i in cutlass.range_constexpr(cute.size(frag_words)):
-                if cutlass.const_expr(natural):  # one word per load
-                    frag_words[i] = w_words[i % len(w_words)][0] ^ w_scales[0][0]
-                else:
-                    frag_words[i] = w_words[(i // 2) % len(w_words)][i % 2] ^ w_scales[0][0]
+                frag_words[i] = loaded[i % len(loaded)] ^ w_scales[0][0]
             if cutlass.const_expr(not self.bf16_tokens):
                 load_pipe.consumer_release(ls)
             tokens = 2 * ls.index if self.bf16_tokens else 2 * cw
@@ -293,9 +285,10 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
     cases = []
     for t, n, k, *consumers in json.loads(cases_arg):  # compile first, outside the lock
         data = _Data(n, k, t)
-        cfg = select.choose_config(t, n, k, num_sms, device, activation)
-        if consumers:  # the decode schedule with this many consumers instead
+        if consumers:  # the decode schedule with this many consumers, not the table's choice
             cfg = swap_ab_config(t, num_sms, consumers[0], True, 64, 1, activation)
+        else:
+            cfg = select.choose_config(t, n, k, num_sms, device, activation)
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
             print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
             continue

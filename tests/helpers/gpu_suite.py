@@ -73,9 +73,9 @@ def _missing_test_dependencies() -> list[str]:
     except ImportError:  # Python 3.10: not checked
         return []
 
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     missing = []
-    for line in extra["optional-dependencies"]["test"]:
+    for line in project["optional-dependencies"]["test"]:
         requirement = Requirement(line)
         if requirement.marker is not None and not requirement.marker.evaluate():
             continue
