@@ -118,11 +118,19 @@ def candidates(
 
 
 def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
-    """The W8A16 schedules no W8A8 one maps to: 128-row weight stages holding up to 256
+    """The W8A16 schedules no W8A8 one maps to: from 9 to 64 tokens 64-row weight stages
+    shared by two consumers, alone and on CTA pairs; 128-row weight stages holding up to 256
     tokens in one tile (stream-K over the weight, alone and on CTA pairs), and from 64
     tokens on the token-tiled ones, at each token tile, with and without the last wave split
     over K, alone and on CTA pairs (swap_ab.token_tiles)."""
     found = []
+    if 8 < tokens <= SWAP_AB_MAX_TOKENS:
+        # 64-row stages shared by two consumers instead of three (variant 67), alone and
+        # on CTA pairs
+        found += [
+            swap_ab_config(tokens, num_sms, 2, True, 64, pairs, Activation.W8A16)
+            for pairs in (1, 2)
+        ]
     if SWAP_AB_WIDE_MAX_TOKENS < tokens <= W8A16_TOKEN_LIMIT:
         found += [
             swap_ab_config(tokens, num_sms, 2, True, 128, pairs, Activation.W8A16)
