@@ -13,9 +13,18 @@ shipped kernel (the shipped source is untouched):
   stage's load, instead of after (the same wgmmas in the same order: the same bits). While a
   consumer waits for data it then holds no stage, so the producer has up to one stage per
   consumer more in flight.
+* ``reversed``: in each segment consumer C - 1 takes the first stage and consumer 0 the
+  last, so that consumer 0, which also adds the partial sums and stores or publishes the
+  segment, takes the fewest stages where the segment's count is not a multiple of C;
+* ``rotated``: the consumers take the CTA's stages in one round-robin across its segments
+  (consumer c every stage whose CTA-local ordinal is c mod C), instead of starting over at
+  consumer 0 in each segment.
+
+The last two group the stages into other partial sums: other bits, the same sum.
 
 Each row records a hash of the output of its first launch, so the variants that keep the
-bits can be checked against ``shipped`` (``same_bits_as_shipped``).
+bits can be checked against ``shipped`` (``same_bits_as_shipped``), and that output's
+relative error (Frobenius) against the product of the dequantized operands (``rel_err``).
 
 Each variant runs in its own process, beside cuBLAS BF16 on the same shape in that process
 (CUDA Graph replay, interleaved, medians; ratios are ours / cuBLAS BF16 time), on the config
@@ -57,7 +66,10 @@ CASES = [  # (tokens, N, K)
     (32, 7168, 14336),
     (64, 7168, 14336),
 ]
-VARIANTS = ("shipped", "no-convert", "no-fixup", "no-convert no-fixup", "early-release")
+VARIANTS = (
+    "shipped", "no-convert", "no-fixup", "no-convert no-fixup", "early-release", "reversed",
+    "rotated",
+)  # fmt: skip
 STAMPS = ("start", "segments_done", "end")
 ROUNDS = 9
 
@@ -190,6 +202,14 @@ def _variant_class(variant: str, stamps_addr: int, base):
     early_release = _stages_released_early()
 
     class Variant(base):
+        def _first_stage(self, cw, done):
+            c = self.consumers
+            if variant == "reversed":
+                return c - 1 - cw
+            if variant == "rotated":
+                return (cw + c - done % c) % c
+            return base._first_stage(self, cw, done)
+
         @cute.jit
         def _consumer(
             self, cw, ct, cta, begin, end, st, tiled_mma, sA16, mD, mBias, m, mPartials,
@@ -294,13 +314,17 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
             continue
         _runner(activation, data, t, cfg)(0)
         torch.cuda.synchronize()
-        digest = hashlib.sha256(data.out[:t].view(torch.int16).cpu().numpy().tobytes())
-        cases.append((t, n, k, data, cfg, digest.hexdigest()[:16]))
+        got = data.out[:t]
+        digest = hashlib.sha256(got.view(torch.int16).cpu().numpy().tobytes())
+        x = data.x[:t] if activation == "bf16" else data.xd[:t]
+        exact = x.double() @ data.wd.double().t()
+        rel_err = ((got.double() - exact).norm() / exact.norm()).item()
+        cases.append((t, n, k, data, cfg, digest.hexdigest()[:16], rel_err))
     torch.cuda.synchronize()
     results = []
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for t, n, k, d, cfg, digest in cases:
+        for t, n, k, d, cfg, digest, rel_err in cases:
             inner = min(MAX_INNER, max(d.copies, int(2e13 // (2.0 * t * n * k)), 1))
             out = d.out[:t]
             ours = _runner(activation, d, t, cfg)
@@ -322,7 +346,7 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                                f"{cfg.cluster}, tile_w {cfg.tile_w}",
                    "ours_us": us["ours"], "cublas_bf16_us": us["cublas_bf16"],
                    "ours_over_cublas_bf16": us["ours"] / us["cublas_bf16"],
-                   "out_sha256": digest}  # fmt: skip
+                   "out_sha256": digest, "rel_err": rel_err}  # fmt: skip
             if stamped:
                 launches = []
                 for i in range(12):

@@ -358,9 +358,10 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             tile = u // kts  # the tile group (the weight tile without clusters)
             tile_end = (tile + 1) * kts
             seg_end = cutlass.min(end, tile_end)
-            # consumer cw takes the segment's stages cw, cw + C, ... (C <= stages); with the
-            # row split every consumer takes every stage
-            g = u - begin + (0 if self.row_split else cw)
+            # consumer cw takes the segment's stages first, first + C, ... (C <= stages);
+            # with the row split every consumer takes every stage
+            first = 0 if self.row_split else self._first_stage(cw, u - begin)
+            g = u - begin + first
             ls = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
             if cutlass.const_expr(self.bf16_tokens):
                 rel = pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)
@@ -370,7 +371,7 @@ class MXFP8SwapABGemmSm90(SwapABParts):
             if cutlass.const_expr(self.row_split):
                 count = seg_end - u
             else:
-                count = (seg_end - u - cw + consumers - 1) // consumers
+                count = (seg_end - u - first + consumers - 1) // consumers
             ls, rel = self._segment_stages(
                 cw, ct, row0, t, stride, count, tile, rank, smem, mma, load_pipe, ls, rel
             )  # fmt: skip
@@ -482,6 +483,11 @@ class MXFP8SwapABGemmSm90(SwapABParts):
                 )  # fmt: skip
         else:
             cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
+
+    def _first_stage(self, cw, done):
+        """The segment's stage consumer ``cw`` takes first (it then takes every C-th), the
+        CTA having taken ``done`` units before the segment: stage ``cw``."""
+        return cw
 
     def _fragment_selector(self, t):
         """What the weight conversion needs besides the stage (nothing in natural order)."""
