@@ -31,7 +31,9 @@ Each variant runs in its own process, beside cuBLAS BF16 on the same shape in th
 ``choose_config`` picks. The ``shipped`` process also writes a timeline: per CTA the
 %globaltimer at its consumers' start, when its segments are done (before the fixup) and at
 its end, relative to the earliest CTA's start; the median CTA and the latest, medians over
-12 eager launches.
+12 eager launches; and (``per_cta``, CTA pairs aside) one launch CTA by CTA beside each CTA's
+units, segments, split tail and the parts its fixup awaits, with the median and latest times
+of each class of CTA.
 
 On an H200: ``python benchmarks/diagnostics/swap_ab_decode.py --out DIR`` writes
 DIR/gemm_diag_decode.json. ``--activation bf16`` runs the W8A16 kernel instead (the tokens
@@ -266,6 +268,45 @@ def _summary(launches) -> dict:
     return out
 
 
+def _geometry(cfg, n: int, k: int, ctas: int) -> list[list[int]]:
+    """Per CTA of a ``cluster`` 1 decode launch on ``ctas`` SMs: its units, the segments
+    (weight tiles) they touch, whether it holds a split tile's tail, and how many lower CTAs'
+    parts its fixup waits for (the kernel's stream-K split, swap_ab.parts)."""
+    k_tiles = k // 128
+    units = -(-n // cfg.tile_w) * k_tiles
+    groups = min(ctas, units)
+    rows = []
+    for q in range(groups):
+        begin, end = q * units // groups, (q + 1) * units // groups
+        head = begin // k_tiles  # a tile's tail can only be a CTA's first segment
+        tail = begin > head * k_tiles and end >= (head + 1) * k_tiles
+        first = ((head * k_tiles + 1) * groups - 1) // units
+        segments = (end - 1) // k_tiles - head + 1
+        rows.append([end - begin, segments, int(tail), q - first if tail else 0])
+    return rows
+
+
+def _per_cta(launches, geometry) -> dict:
+    """The launch whose latest CTA ends at the median of the launches, CTA by CTA, beside
+    each CTA's geometry, and the median and latest end of each (segments, tail) class."""
+    ends = sorted(launches, key=lambda rel: max(r[2] for r in rel))
+    launch = ends[len(ends) // 2]
+    rows = [[round(v, 2) for v in r] + g for r, g in zip(launch, geometry, strict=False)]
+    classes = {}
+    for r in rows:
+        classes.setdefault(f"segments {r[4]}, tail {r[5]}", []).append(r)
+    return {
+        "columns": ["start_us", "segments_done_us", "end_us", "units", "segments", "tail",
+                    "parts_awaited"],
+        "rows": rows,
+        "classes": {name: {"ctas": len(rs),
+                           "segments_done_us": [statistics.median(r[1] for r in rs),
+                                                max(r[1] for r in rs)],
+                           "end_us": [statistics.median(r[2] for r in rs), max(r[2] for r in rs)]}
+                    for name, rs in sorted(classes.items())},
+    }  # fmt: skip
+
+
 def _runner(activation: str, data, t: int, cfg):
     """launch i -> None: our GEMM on weight copy i of ``data`` at ``t`` tokens."""
     from mxfp8_fusion.kernels.gemm_sm90.host import gemm as g
@@ -356,6 +397,9 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                     torch.cuda.synchronize()
                     launches.append(_timeline(buf, num_sms))
                 row["timeline"] = _summary(launches)
+                if cfg.cluster == 1:
+                    row["per_cta"] = _per_cta(launches, _geometry(cfg, n, k, num_sms))
+                    print(variant, t, n, k, json.dumps(row["per_cta"]["classes"]), flush=True)
             print(variant, json.dumps({k_: v for k_, v in row.items() if k_ != "config"}),
                   flush=True)  # fmt: skip
             results.append(row)
