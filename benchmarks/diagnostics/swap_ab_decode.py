@@ -39,7 +39,8 @@ On an H200: ``python benchmarks/diagnostics/swap_ab_decode.py --out DIR`` writes
 DIR/gemm_diag_decode.json. ``--activation bf16`` runs the W8A16 kernel instead (the tokens
 one BF16 slice, the weight converted in natural K order) on the config the W8A16 table picks;
 ``--cases T,N,K ...`` replaces the default points (``T,N,K,C``: the decode schedule with C
-consumer warpgroups, one 64-row weight tile per stage, instead of the table's choice) and
+consumer warpgroups, one 64-row weight tile per stage, instead of the table's choice;
+``T,N,K,2,128``: 128-row stages, each consumer finishing its own 64 rows) and
 ``--receipt NAME`` the file name.
 """
 
@@ -344,10 +345,11 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
         sab.MXFP8SwapABGemmSm90 = _variant_class(variant, stamps, sab.MXFP8SwapABGemmSm90)
     device = torch.cuda.get_device_name()
     cases = []
-    for t, n, k, *consumers in json.loads(cases_arg):  # compile first, outside the lock
+    for t, n, k, *schedule in json.loads(cases_arg):  # compile first, outside the lock
         data = _Data(n, k, t)
-        if consumers:  # the decode schedule with this many consumers, not the table's choice
-            cfg = swap_ab_config(t, num_sms, consumers[0], True, 64, 1, activation)
+        if schedule:  # the decode schedule with these consumers (and rows), not the table's
+            consumers, tile_w = (*schedule, 64)[:2]
+            cfg = swap_ab_config(t, num_sms, consumers, True, tile_w, 1, activation)
         else:
             cfg = select.choose_config(t, n, k, num_sms, device, activation)
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
@@ -412,7 +414,7 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--activation", choices=("mxfp8", "bf16"), default="mxfp8")
-    p.add_argument("--cases", nargs="+", help="T,N,K[,C] points (default: the module's CASES)")
+    p.add_argument("--cases", nargs="+", help="T,N,K[,C[,W]] points (default: the module's CASES)")
     p.add_argument("--receipt", default="gemm_diag_decode.json")
     args = p.parse_args()
     cases = [[int(v) for v in c.split(",")] for c in args.cases] if args.cases else CASES
