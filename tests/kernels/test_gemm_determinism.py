@@ -1,4 +1,5 @@
-"""Every proven GEMM schedule (``gemm_sm90/tuning/proven.json``, both activations) on an sm_90 GPU:
+"""Every proven GEMM schedule (``gemm_sm90/tuning/proven.json``, both activations), and every one
+pending its proof there, on an sm_90 GPU:
 20 runs into poisoned outputs give the same bits, within the accumulation bound of an exact
 product of the same operands, and leave the rows past M alone. What may be chosen, tuned or
 warmed up is exactly this list (tests/kernels/test_gemm_proven.py), so a race in any
@@ -47,7 +48,11 @@ def _token_counts(entry: dict) -> tuple[int, ...]:
     return (1000,)
 
 
-CASES = [(entry, tokens) for entry in proven.entries() for tokens in _token_counts(entry)]
+CASES = [
+    (entry, tokens)
+    for entry in proven.entries() + proven.pending()
+    for tokens in _token_counts(entry)
+]
 
 
 def _label(case) -> str:

@@ -5,8 +5,9 @@ proven when the GPU suite's determinism test (``tests/kernels/test_gemm_determin
 ran it 20 times into poisoned outputs, on shapes with full waves, a stream-K tail, partial
 tiles and several slices, and every run gave the same bits within the accumulation bound.
 Only proven schedules are chosen (``select.choose_config``), timed by the tune
-(``search.candidates``) or warmed up: a schedule new to the search space joins the list,
-and so the test, before anything can pick it. No torch, no cutlass.
+(``search.candidates``) or warmed up. A schedule new to the search space waits under
+``pending`` (:func:`pending`): the determinism test runs it too, but nothing picks it until
+it has passed on a GPU and moved to the list. No torch, no cutlass.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ PATH = Path(__file__).with_name("proven.json")
 def entries() -> tuple[dict, ...]:
     """The proven schedules, as ``select.schedule`` writes them."""
     return tuple(json.loads(PATH.read_text())["schedules"])
+
+
+@functools.cache
+def pending() -> tuple[dict, ...]:
+    """The schedules awaiting their proof: offered by the search space, run by the
+    determinism test, and chosen, tuned or warmed up by nothing yet."""
+    return tuple(json.loads(PATH.read_text()).get("pending", []))
 
 
 @functools.cache
