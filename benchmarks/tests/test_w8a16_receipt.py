@@ -141,3 +141,19 @@ def test_what_was_not_run_is_not_measured(tmp_path):
     receipt = {"results": {"drafter": {"cold_warmup": {"total_s": 12.5}, "cold": {}}}}
     (tmp_path / "startup.json").write_text(json.dumps(receipt))
     assert bench.startup_seconds(tmp_path / "startup.json") == {"drafter": 12.5}
+
+
+def test_humming_numerics_name_the_points_outside_the_bound_and_with_varying_bits():
+    rows = [
+        row(1, 10.0, humming_within_bound=True, humming_bitwise_repeats=True,
+            humming_err_vs_oracle=1e-3),
+        row(64, 10.0, humming_within_bound=False, humming_bitwise_repeats=False,
+            humming_err_vs_oracle=4e-3),
+        row(128, 10.0),  # Humming not checked (None): left out
+    ]  # fmt: skip
+    found = bench.humming_numerics(rows)
+    assert found["points_checked"] == 2
+    assert found["outside_bound"] == found["bits_vary"] == [["drafter_fc_3x4096_to_4096", 64]]
+    assert found["max_err_vs_oracle"] == 4e-3 and found["ours_max_err_vs_oracle"] == 1e-3
+    assert "humming_numerics" in bench.build_receipt(rows, {}, {}, 5, None, RATE)
+    assert "humming_numerics" not in bench.targets(rows, None, {"d": True}, None)
