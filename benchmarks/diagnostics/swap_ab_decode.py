@@ -325,6 +325,20 @@ def _runner(activation: str, data, t: int, cfg):
     )  # fmt: skip
 
 
+def _first_output(activation: str, data, t: int, cfg) -> tuple[str, float]:
+    """One launch (its compile): a hash of its output, and the output's relative error
+    (Frobenius) against the product of the dequantized operands."""
+    import torch
+
+    _runner(activation, data, t, cfg)(0)
+    torch.cuda.synchronize()
+    got = data.out[:t]
+    digest = hashlib.sha256(got.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]
+    x = data.x[:t] if activation == "bf16" else data.xd[:t]
+    exact = x.double() @ data.wd.double().t()
+    return digest, ((got.double() - exact).norm() / exact.norm()).item()
+
+
 def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_arg: str) -> None:
     import torch
     from common import capture_graph
@@ -355,14 +369,7 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
             print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
             continue
-        _runner(activation, data, t, cfg)(0)
-        torch.cuda.synchronize()
-        got = data.out[:t]
-        digest = hashlib.sha256(got.view(torch.int16).cpu().numpy().tobytes())
-        x = data.x[:t] if activation == "bf16" else data.xd[:t]
-        exact = x.double() @ data.wd.double().t()
-        rel_err = ((got.double() - exact).norm() / exact.norm()).item()
-        cases.append((t, n, k, data, cfg, digest.hexdigest()[:16], rel_err))
+        cases.append((t, n, k, data, cfg, *_first_output(activation, data, t, cfg)))
     torch.cuda.synchronize()
     results = []
     with open(lock_path, "a") as lock:

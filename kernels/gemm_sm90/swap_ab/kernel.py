@@ -484,11 +484,6 @@ class MXFP8SwapABGemmSm90(SwapABParts):
         else:
             cute.copy(tma_a, tAg[(None, 0, kt)], tAs[(None, ps.index)], tma_bar_ptr=bar)
 
-    def _first_stage(self, cw, done):
-        """The segment's stage consumer ``cw`` takes first (it then takes every C-th), the
-        CTA having taken ``done`` units before the segment: stage ``cw``."""
-        return cw
-
     def _fragment_selector(self, t):
         """What the weight conversion needs besides the stage (nothing in natural order)."""
         return None

@@ -131,6 +131,11 @@ class SwapABParts(Sm90Gemm):
             return group
         return group * self.cluster + rank
 
+    def _first_stage(self, cw, done):
+        """The stage of a segment consumer ``cw`` takes first (then every C-th one), the CTA
+        having taken ``done`` units before the segment: stage ``cw``."""
+        return cw
+
     def _w_tile(self, group_tile, rank):
         """The weight tile a CTA of ``rank`` takes of the tile group ``group_tile``."""
         if cutlass.const_expr(self.cluster == 1):
