@@ -20,16 +20,19 @@ PATH = Path(__file__).with_name("proven.json")
 
 
 @functools.cache
+def _document() -> dict:
+    return json.loads(PATH.read_text())
+
+
 def entries() -> tuple[dict, ...]:
     """The proven schedules, as ``select.schedule`` writes them."""
-    return tuple(json.loads(PATH.read_text())["schedules"])
+    return tuple(_document()["schedules"])
 
 
-@functools.cache
 def pending() -> tuple[dict, ...]:
     """The schedules awaiting their proof: offered by the search space, run by the
     determinism test, and chosen, tuned or warmed up by nothing yet."""
-    return tuple(json.loads(PATH.read_text()).get("pending", []))
+    return tuple(_document().get("pending", []))
 
 
 @functools.cache
