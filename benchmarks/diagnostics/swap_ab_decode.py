@@ -23,6 +23,12 @@ shipped kernel (the shipped source is untouched):
   64 (``FIXUP_FLOATS``), so at 64 tokens all four lower parts of a split tile are in
   flight together instead of two at a time: the same additions in the same order. It
   spills registers with three consumers at 64 tokens: meant for two.
+* ``blocked``: the shipped kernel on a copy of the weight laid out as contiguous blocks of
+  one stage (``tile_w`` rows x 128 K bytes, the bytes of a row in their natural order; the
+  blocks of a row band in K order), read through a 4-D TMA view of it: each stage's load is
+  one contiguous run instead of ``tile_w`` runs of 128 bytes a row apart. The same bytes in
+  shared memory, so the same bits: whether the weight stream's DRAM locality holds decode
+  back (Humming streams a weight it has re-laid at load time).
 
 ``reversed`` and ``rotated`` group the stages into other partial sums: other bits, the
 same sum.
@@ -64,6 +70,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_timeline import STAMPS, geometry, per_cta, stamp_op, summary, timeline  # noqa: E402
 
 CASES = [  # (tokens, N, K)
     (1, 4096, 12288),
@@ -76,31 +85,11 @@ CASES = [  # (tokens, N, K)
 ]
 VARIANTS = (
     "shipped", "no-convert", "no-fixup", "no-convert no-fixup", "early-release", "reversed",
-    "rotated", "one-batch-fixup",
+    "rotated", "one-batch-fixup", "blocked",
 )  # fmt: skip
-SAME_BITS = ("early-release", "one-batch-fixup")  # the variants that keep the shipped bits
-STAMPS = ("start", "segments_done", "end")
+# the variants that keep the shipped bits
+SAME_BITS = ("early-release", "one-batch-fixup", "blocked")
 ROUNDS = 9
-
-
-def _stamp_op(stamps_addr: int):
-    """A device op writing %globaltimer into a CTA's row of the stamps buffer (nothing where
-    ``stamps_addr`` is 0)."""
-    from cutlass import Int64
-    from cutlass.cutlass_dsl import dsl_user_op
-
-    from mxfp8_fusion.kernels.runtime.ptx import inline_ptx
-
-    @dsl_user_op
-    def stamp(cta, point: int, *, loc=None, ip=None):
-        if stamps_addr:
-            addr = Int64(stamps_addr) + (Int64(cta) * len(STAMPS) + point) * 8
-            inline_ptx(
-                "{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.global.u64 [$0], t;\n}",
-                "l", [addr.ir_value(loc=loc, ip=ip)], None, True, loc=loc, ip=ip,
-            )  # fmt: skip
-
-    return stamp
 
 
 def _stages_without_conversion():
@@ -198,6 +187,16 @@ def _stages_released_early():
     return stages
 
 
+def _blocked(values, rows: int):
+    """The FP8 weight ``values`` [N, K] as ``blocked`` reads it: blocks of ``rows`` rows x 128
+    K bytes, each contiguous, the blocks of a row band in K order, the bands in row order."""
+    import torch
+
+    n, k = values.shape
+    u8 = values.view(torch.uint8).view(n // rows, rows, k // 128, 128)
+    return u8.permute(0, 2, 1, 3).contiguous().view(values.dtype).view(n, k)
+
+
 def _variant_class(variant: str, stamps_addr: int, base):
     """The kernel class of ``variant`` (module doc) over the shipped class ``base``, writing
     stamps where ``stamps_addr``."""
@@ -210,11 +209,23 @@ def _variant_class(variant: str, stamps_addr: int, base):
 
         common.FIXUP_FLOATS = 128  # read when the fixup is traced: this process's builds
     no_fixup = "no-fixup" in variant
-    stamp = _stamp_op(stamps_addr)
+    stamp = stamp_op(stamps_addr)
     without_conversion = _stages_without_conversion()
     early_release = _stages_released_early()
 
     class Variant(base):
+        @cute.jit
+        def _launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream):
+            if cutlass.const_expr(variant == "blocked"):
+                # element (n, k) of the logical weight where _blocked put it
+                rows, sk, ks = self.tile_w, self.stage_k, self.k // self.stage_k
+                block = rows * sk
+                layout = cute.make_layout(
+                    ((rows, self.n // rows), (sk, ks)), stride=((sk, ks * block), (1, block))
+                )
+                mW = cute.make_tensor(mW.iterator, layout)
+            base._launch(self, tokens, mSA, mW, mSW, mD, mBias, m, partials, flags, stream)
+
         def _first_stage(self, cw, done):
             c = self.consumers
             if variant == "reversed":
@@ -258,64 +269,6 @@ def _variant_class(variant: str, stamps_addr: int, base):
             )  # fmt: skip
 
     return Variant
-
-
-def _timeline(buf, ctas: int) -> list[list[float]]:
-    rows = [r for r in buf.view(ctas, len(STAMPS)).cpu().tolist() if r[0] != 0]
-    t0 = min(r[0] for r in rows)
-    # a CTA without a tail to fix up stamps no segments_done: its segments end at its end
-    return [[(r[0] - t0) / 1e3, ((r[1] or r[2]) - t0) / 1e3, (r[2] - t0) / 1e3] for r in rows]
-
-
-def _summary(launches) -> dict:
-    out = {"ctas": len(launches[0])}
-    for j, name in enumerate(STAMPS):
-        out[name] = {
-            "median_cta_us": round(statistics.median(statistics.median(r[j] for r in rel)
-                                                     for rel in launches), 2),
-            "latest_cta_us": round(statistics.median(max(r[j] for r in rel)
-                                                     for rel in launches), 2),
-        }  # fmt: skip
-    return out
-
-
-def _geometry(cfg, n: int, k: int, ctas: int) -> list[list[int]]:
-    """Per CTA of a ``cluster`` 1 decode launch on ``ctas`` SMs: its units, the segments
-    (weight tiles) they touch, whether it holds a split tile's tail, and how many lower CTAs'
-    parts its fixup waits for (the kernel's stream-K split, swap_ab.parts)."""
-    k_tiles = k // 128
-    units = -(-n // cfg.tile_w) * k_tiles
-    groups = min(ctas, units)
-    rows = []
-    for q in range(groups):
-        begin, end = q * units // groups, (q + 1) * units // groups
-        head = begin // k_tiles  # a tile's tail can only be a CTA's first segment
-        tail = begin > head * k_tiles and end >= (head + 1) * k_tiles
-        first = ((head * k_tiles + 1) * groups - 1) // units
-        segments = (end - 1) // k_tiles - head + 1
-        rows.append([end - begin, segments, int(tail), q - first if tail else 0])
-    return rows
-
-
-def _per_cta(launches, geometry) -> dict:
-    """The launch whose latest CTA ends at the median of the launches, CTA by CTA, beside
-    each CTA's geometry, and the median and latest end of each (segments, tail) class."""
-    ends = sorted(launches, key=lambda rel: max(r[2] for r in rel))
-    launch = ends[len(ends) // 2]
-    rows = [[round(v, 2) for v in r] + g for r, g in zip(launch, geometry, strict=False)]
-    classes = {}
-    for r in rows:
-        classes.setdefault(f"segments {r[4]}, tail {r[5]}", []).append(r)
-    return {
-        "columns": ["start_us", "segments_done_us", "end_us", "units", "segments", "tail",
-                    "parts_awaited"],
-        "rows": rows,
-        "classes": {name: {"ctas": len(rs),
-                           "segments_done_us": [statistics.median(r[1] for r in rs),
-                                                max(r[1] for r in rs)],
-                           "end_us": [statistics.median(r[2] for r in rs), max(r[2] for r in rs)]}
-                    for name, rs in sorted(classes.items())},
-    }  # fmt: skip
 
 
 def _runner(activation: str, data, t: int, cfg):
@@ -379,6 +332,9 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
             print(f"{variant}: {t} x {n} x {k} runs {cfg}, not the decode schedule: skipped")
             continue
+        if variant == "blocked":  # every copy re-laid in place; the oracle stays natural
+            for q in data.wq:
+                q.values.view(torch.uint8).copy_(_blocked(q.values, cfg.tile_w).view(torch.uint8))
         cases.append((t, n, k, data, cfg, *_first_output(activation, data, t, cfg)))
     torch.cuda.synchronize()
     results = []
@@ -414,10 +370,10 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                     torch.cuda.synchronize()
                     ours(i)
                     torch.cuda.synchronize()
-                    launches.append(_timeline(buf, num_sms))
-                row["timeline"] = _summary(launches)
+                    launches.append(timeline(buf, num_sms))
+                row["timeline"] = summary(launches)
                 if cfg.cluster == 1:
-                    row["per_cta"] = _per_cta(launches, _geometry(cfg, n, k, num_sms))
+                    row["per_cta"] = per_cta(launches, geometry(cfg, n, k, num_sms))
                     print(variant, t, n, k, json.dumps(row["per_cta"]["classes"]), flush=True)
             print(variant, json.dumps({k_: v for k_, v in row.items() if k_ != "config"}),
                   flush=True)  # fmt: skip
