@@ -51,7 +51,8 @@ DIR/gemm_diag_decode.json. ``--activation bf16`` runs the W8A16 kernel instead (
 one BF16 slice, the weight converted in natural K order) on the config the W8A16 table picks;
 ``--cases T,N,K ...`` replaces the default points (``T,N,K,C``: the decode schedule with C
 consumer warpgroups, one 64-row weight tile per stage, instead of the table's choice;
-``T,N,K,2,128``: 128-row stages, each consumer finishing its own 64 rows) and
+``T,N,K,2,128``: 128-row stages, each consumer finishing its own 64 rows;
+``T,N,K,C,W,G``: on G CTAs instead of one per SM) and
 ``--receipt NAME`` the file name.
 """
 
@@ -324,9 +325,10 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
     cases = []
     for t, n, k, *schedule in json.loads(cases_arg):  # compile first, outside the lock
         data = _Data(n, k, t)
-        if schedule:  # the decode schedule with these consumers (and rows), not the table's
-            consumers, tile_w = (*schedule, 64)[:2]
-            cfg = swap_ab_config(t, num_sms, consumers, True, tile_w, 1, activation)
+        if schedule:  # the decode schedule with these consumers (rows, CTAs), not the table's
+            consumers = schedule[0]
+            tile_w, ctas = (schedule[1:2] or [64])[0], (schedule[2:3] or [num_sms])[0]
+            cfg = swap_ab_config(t, ctas, consumers, True, tile_w, 1, activation)
         else:
             cfg = select.choose_config(t, n, k, num_sms, device, activation)
         if cfg.kernel != "swap-ab" or getattr(cfg, "token_tiles", 0):
@@ -373,7 +375,7 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                     launches.append(timeline(buf, num_sms))
                 row["timeline"] = summary(launches)
                 if cfg.cluster == 1:
-                    row["per_cta"] = per_cta(launches, geometry(cfg, n, k, num_sms))
+                    row["per_cta"] = per_cta(launches, geometry(cfg, n, k, cfg.num_ctas))
                     print(variant, t, n, k, json.dumps(row["per_cta"]["classes"]), flush=True)
             print(variant, json.dumps({k_: v for k_, v in row.items() if k_ != "config"}),
                   flush=True)  # fmt: skip
@@ -387,7 +389,9 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--activation", choices=("mxfp8", "bf16"), default="mxfp8")
-    p.add_argument("--cases", nargs="+", help="T,N,K[,C[,W]] points (default: the module's CASES)")
+    p.add_argument(
+        "--cases", nargs="+", help="T,N,K[,C[,W[,G]]] points (default: the module's CASES)"
+    )
     p.add_argument("--receipt", default="gemm_diag_decode.json")
     args = p.parse_args()
     cases = [[int(v) for v in c.split(",")] for c in args.cases] if args.cases else CASES
