@@ -122,6 +122,12 @@ class SwapABConfig:
     """With ``token_tiles``: the tiles of the last, partial wave are split over K among the
     CTAs that wave would leave idle, and each tile's parts summed in a fixed order by the
     CTA of its last K part (swap_ab.token_tiles). Without it those CTAs wait."""
+    tile_aligned: bool = False
+    """Without ``token_tiles``: the units split over the most CTAs, up to ``num_ctas``, whose
+    ranges each lie inside one weight tile (a tile in equal K parts) or cover whole tiles
+    (:func:`aligned_groups`), so that no CTA's stages cross from one tile into the next and
+    each split tile's parts are alike; some SMs may then stay idle. Without it, one CTA per
+    SM, some of them spanning two tiles."""
 
     kernel = "swap-ab"
     schedule_fields = ("consumers", "bf16_tokens", "tile_w", "cluster")
@@ -149,6 +155,8 @@ class SwapABConfig:
                  "and tile_w 128", self.token_tiles)  # fmt: skip
         if self.split_tail and not self.token_tiles:
             fail(ValueError, "split_tail", "False without token_tiles", self.split_tail)
+        if self.tile_aligned and self.token_tiles:
+            fail(ValueError, "tile_aligned", "False with token_tiles", self.tile_aligned)
         limit = swap_ab_token_limit(self.tile_w, self.activation)
         if (
             self.tokens_tile not in SWAP_AB_TILES
@@ -230,6 +238,7 @@ def swap_ab_config(
     activation: Activation | str = Activation.W8A8,
     token_tiles: int = 0,
     split_tail: bool = False,
+    tile_aligned: bool = False,
 ) -> SwapABConfig:
     """The swap-AB config for ``tokens`` <= SWAP_AB_MAX_TOKENS (SWAP_AB_WIDE_MAX_TOKENS
     with ``tile_w`` 128; 256 with W8A16 row-split tiles; any count with ``token_tiles``):
@@ -275,6 +284,7 @@ def swap_ab_config(
         tokens_tile=tokens_tile, stages=stages, consumers=consumers,
         bf16_tokens=bool(bf16_tokens), tile_w=tile_w, cluster=cluster, num_ctas=num_sms,
         activation=activation, token_tiles=token_tiles, split_tail=split_tail,
+        tile_aligned=tile_aligned,
     )  # fmt: skip
 
 
@@ -292,7 +302,8 @@ def label(cfg: GemmConfig) -> str:
         if cfg.tile_w > 64:
             return f"swap-ab w{cfg.tile_w} bf16-tokens{pairs}{w8a16}"
         text = "swap-ab" if cfg.consumers == 3 else f"swap-ab c{cfg.consumers}"
-        return text + (" bf16-tokens" if cfg.bf16_tokens else "") + pairs + w8a16
+        aligned = " tile-aligned" if cfg.tile_aligned else ""
+        return text + (" bf16-tokens" if cfg.bf16_tokens else "") + pairs + aligned + w8a16
     tail = ("", " stream-k", " stream-k-tail")[cfg.stream_k]
     text = f"tiled {cfg.tile_m}x{cfg.tile_n} c{cfg.converters}{tail}"
     if own_stages(cfg):
@@ -300,6 +311,19 @@ def label(cfg: GemmConfig) -> str:
     if w8a16:  # every tile on the BF16 path, which the W8A8 label says with " bf16"
         return text + w8a16
     return text + ("" if cfg.fp16_tiles else " bf16")
+
+
+def aligned_groups(tiles: int, k_tiles: int, cap: int) -> int:
+    """The most CTA groups, up to ``cap``, over which ``tiles`` weight tiles of ``k_tiles``
+    units each split so that every group's units lie inside one tile or cover whole tiles:
+    ``tiles`` times a divisor of ``k_tiles`` (each tile in that many equal parts), else a
+    divisor of ``tiles`` (whole tiles per group). ``SwapABConfig.tile_aligned``'s grid."""
+    for groups in range(min(cap, tiles * k_tiles), 0, -1):
+        if groups % tiles == 0 and k_tiles % (groups // tiles) == 0:
+            return groups
+        if groups < tiles and tiles % groups == 0:
+            return groups
+    return 1
 
 
 def own_stages(cfg: TiledConfig) -> bool:

@@ -13,6 +13,7 @@ from cutlass import Int32, Uint32
 
 from ....format import CHUNK_BYTES, ceil_div, row_blocks
 from .. import workspace
+from ..config import aligned_groups
 from ..constants import TILE_K8, TILE_K16, UNROLL_CHUNK, WG_THREADS
 from ..device.common import (
     Sm90Gemm,
@@ -110,6 +111,10 @@ class SwapABParts(Sm90Gemm):
         # of CTAs; a CTA takes its own tile of each group (past N: zeros, never stored)
         self.units = ceil_div(self.w_tiles, self.cluster) * self.k_tiles
         self.num_groups = min(self.num_ctas_cap // self.cluster, self.units)
+        if cfg.tile_aligned:  # no CTA's units span two tiles (config.aligned_groups)
+            self.num_groups = aligned_groups(
+                ceil_div(self.w_tiles, self.cluster), self.k_tiles, self.num_groups
+            )
         self.num_ctas = self.num_groups * self.cluster
 
     def _grid(self, m):

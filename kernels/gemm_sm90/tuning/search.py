@@ -122,8 +122,17 @@ def _w8a16_only(tokens: int, num_sms: int) -> list[GemmConfig]:
     shared by two consumers, alone and on CTA pairs; 128-row weight stages holding up to 256
     tokens in one tile (stream-K over the weight, alone and on CTA pairs), and from 64
     tokens on the token-tiled ones, at each token tile, with and without the last wave split
-    over K, alone and on CTA pairs (swap_ab.token_tiles)."""
+    over K, alone and on CTA pairs (swap_ab.token_tiles). Up to 64 tokens also the 64-row
+    decode schedules on a grid aligned to the weight tiles (``tile_aligned``, variant 70):
+    three consumers, and from 9 tokens two, alone and on CTA pairs."""
     found = []
+    if tokens <= SWAP_AB_MAX_TOKENS:
+        found += [
+            swap_ab_config(tokens, num_sms, consumers, True, 64, pairs, Activation.W8A16,
+                           tile_aligned=True)
+            for consumers in ((3,) if tokens <= 8 else (2, 3))
+            for pairs in ((1,) if tokens <= 8 else (1, 2))
+        ]  # fmt: skip
     if 8 < tokens <= SWAP_AB_MAX_TOKENS:
         # 64-row stages shared by two consumers instead of three (variant 67), alone and
         # on CTA pairs

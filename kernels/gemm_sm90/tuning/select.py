@@ -58,14 +58,14 @@ _HEURISTIC_W128_MIN_N = 7168
 
 # the fields an entry holds only where they are not the default
 _TILED_OPTIONAL = ("stages", "fp16_tiles")
-_SWAP_AB_OPTIONAL = ("token_tiles", "split_tail")
+_SWAP_AB_OPTIONAL = ("token_tiles", "split_tail", "tile_aligned")
 
 
 def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
     """The config a table entry gives ``tokens`` on ``num_sms`` SMs. An entry holds a
     schedule's fields: ``kernel`` ``"swap-ab"`` with ``consumers``, ``bf16_tokens``,
     ``tile_w`` and ``cluster`` (the token tile and stage count follow from ``tokens``;
-    optionally ``token_tiles`` and ``split_tail``), or
+    optionally ``token_tiles``, ``split_tail`` and ``tile_aligned``), or
     ``"tiled"`` with ``tile_m``, ``tile_n``, ``converters``, ``stream_k`` and optionally
     ``stages`` (FP8, 16-bit) and ``fp16_tiles``; either optionally ``activation`` (``"bf16"``:
     W8A16; without it W8A8).
@@ -86,6 +86,7 @@ def config_of(entry: dict, tokens: int, num_sms: int = 132) -> GemmConfig:
         return swap_ab_config(
             tokens, num_sms, **{k: entry[k] for k in fields}, activation=activation,
             token_tiles=entry.get("token_tiles", 0), split_tail=entry.get("split_tail", False),
+            tile_aligned=entry.get("tile_aligned", False),
         )  # fmt: skip
     stages = entry.get("stages")
     return tiled_config(
@@ -107,6 +108,8 @@ def schedule(cfg: GemmConfig) -> dict:
             entry["token_tiles"] = cfg.token_tiles
         if cfg.split_tail:
             entry["split_tail"] = True
+        if cfg.tile_aligned:
+            entry["tile_aligned"] = True
         return {**entry, **{f: getattr(cfg, f) for f in cfg.schedule_fields}}
     if not cfg.fp16_tiles and cfg.activation.quantized:  # W8A16: always, said by activation
         entry["fp16_tiles"] = False
