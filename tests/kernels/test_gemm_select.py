@@ -375,3 +375,35 @@ def test_a_table_measured_with_the_toolchain_in_use_is_taken_first(monkeypatch):
             assert bool(table.shapes(table.MEASURED_DEVICE, 132)) == has_rows, toolchain
     finally:
         table.shapes.cache_clear()
+
+
+def test_a_tile_aligned_grid_keeps_every_cta_inside_one_tile_or_on_whole_tiles():
+    """config.aligned_groups: the most groups up to the cap whose equal unit ranges never
+    cross a tile boundary partway (a tile in equal parts, or whole tiles per group); the
+    sweep's shapes at 64-row stages on 132 SMs, alone and in pairs."""
+    aligned = gemm_config.aligned_groups
+    for tiles in range(1, 40):
+        for k_tiles in range(1, 24):
+            for cap in (1, 7, 33, 66, 132):
+                groups = aligned(tiles, k_tiles, cap)
+                units = tiles * k_tiles
+                assert 1 <= groups <= min(cap, units)
+                for q in range(groups):
+                    begin, end = q * units // groups, (q + 1) * units // groups
+                    inside = begin // k_tiles == (end - 1) // k_tiles
+                    whole = begin % k_tiles == 0 and end % k_tiles == 0
+                    assert inside or whole, (tiles, k_tiles, cap, q)
+    for (n, k), ctas in {
+        (2048, 7168): 128, (4096, 12288): 128, (4096, 20480): 128, (7168, 14336): 112,
+        (7168, 43008): 112, (11008, 4096): 86,
+    }.items():  # fmt: skip
+        assert aligned(n // 64, k // 128, 132) == ctas
+        assert 2 * aligned(n // 128, k // 128, 66) == ctas
+    # the schedule field: held by the table's entry, named by the label, refused with token
+    # tiles (their grid is their tiles')
+    entry = {**swap_ab(2, True), "activation": "bf16", "tile_aligned": True}
+    cfg = config_of(entry, 40)
+    assert cfg.tile_aligned and gemm_select.schedule(cfg) == entry
+    assert label(cfg) == "swap-ab c2 bf16-tokens tile-aligned w8a16"
+    with pytest.raises(ValueError, match="^tile_aligned:"):
+        gemm_config.swap_ab_config(40, 132, 2, True, 128, 1, "bf16", 64, tile_aligned=True)
