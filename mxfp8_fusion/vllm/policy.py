@@ -49,13 +49,13 @@ MEASURED: dict[tuple[str, Activation], Measurement] = {
         False,
         "faster than ours (W8A8) at 76 of 78 points measured on an H200 (6 shapes, 1-4096 tokens)",
     ),
-    # receipts benchmarks/results/w8a16.json (H100, 2026-12-07, its retuned table) and
+    # receipts benchmarks/results/w8a16.json (H100, 2026-12-08, its retuned table) and
     # w8a16_h200.json (H200, 2026-12-06, no W8A16 table there): ours W8A16 from the slices
-    # against Humming on the concatenation, numbers in docs/serving.md. Slower at 56 of 78
+    # against Humming on the concatenation, numbers in docs/serving.md. Slower at 35 of 78
     # points on the H100 and 52 of 78 on the H200, so Humming keeps serving on both.
     ("sm_90", Activation.W8A16): Measurement(
         False,
-        "faster than ours (W8A16) at 56 of 78 points measured on an H100 and 52 of 78 on an "
+        "faster than ours (W8A16) at 35 of 78 points measured on an H100 and 52 of 78 on an "
         "H200 (6 shapes, 1-4096 tokens; ours faster at 1024-4096 tokens on most)",
     ),
 }

@@ -296,7 +296,7 @@ def test_status_line_names_the_kernel_decision_per_arch(monkeypatch):
     assert "cpu ours: vLLM has no MXFP8 kernel on the CPU" in line
     assert "cpu ours: vLLM has no MXFP8 kernel on the CPU (W8A8)" in line
     assert (
-        "sm_90 Humming (W8A16): faster than ours (W8A16) at 56 of 78 points measured on an H100"
+        "sm_90 Humming (W8A16): faster than ours (W8A16) at 35 of 78 points measured on an H100"
         " and 52 of 78 on an H200" in line
     )
     state, _ = plugin.status({"MXFP8_FUSION_VLLM_GPU_KERNEL": "ours"}, version="0.34.0")

@@ -9,15 +9,17 @@ out^T = W . A^T.
 
 Work units are (64-row weight tile, K stage of 128) pairs (128-row with ``tile_w`` 128) in
 tile-major order; CTA c of G takes units [c U / G, (c + 1) U / G) (stream-K), so every SM
-streams the same number of weight bytes. A CTA's range is cut into segments, one per weight
-tile it touches. A whole tile is stored directly; a tile split across CTAs is finished by
-the CTA holding its tail: the lower CTAs publish their head or middle parts to a global
-workspace and raise a flag (st.release), the tail's CTA waits for them (ld.acquire) after
-its own range and adds the parts in K order, so results do not depend on timing. A CTA
-waits only on lower CTAs, which never wait on it and start no later. It awaits their flags
-together and loads their parts several at a time before adding them in order: one part at a
-time, each an L2 round trip, had cost the last CTA a visible wait (docs/gemm_log.md,
-'Numbers behind the kernel sources').
+streams the same number of weight bytes. G is the SM count, or with ``tile_aligned`` the
+largest count up to it at which no range crosses a tile boundary partway
+(config.aligned_groups): fewer SMs, but no CTA finishes one tile's tail and then another's
+head. A CTA's range is cut into segments, one per weight tile it touches. A whole tile is
+stored directly; a tile split across CTAs is finished by the CTA holding its tail: the lower
+CTAs publish their head or middle parts to a global workspace and raise a flag (st.release),
+the tail's CTA waits for them (ld.acquire) after its own range and adds the parts in K
+order, so results do not depend on timing. A CTA waits only on lower CTAs, which never wait
+on it and start no later. It awaits their flags together and loads their parts several at a
+time before adding them in order: one part at a time, each an L2 round trip, had cost the
+last CTA a visible wait (docs/gemm_log.md, 'Numbers behind the kernel sources').
 
 Each CTA has 1 + C warpgroups:
 
