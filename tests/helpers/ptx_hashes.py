@@ -41,8 +41,10 @@ def config_fields(cfg) -> dict:
 
     swap_ab = isinstance(cfg, SwapABConfig)
     w8a16 = {"activation": "bf16"} if cfg.activation == "bf16" else {}  # new since the list began
-    if swap_ab and cfg.token_tiles:  # new since the list began, and only where set
-        w8a16["token_tiles"] = cfg.token_tiles
+    if swap_ab:  # new since the list began, and only where set
+        for name in ("token_tiles", "split_tail", "tile_aligned"):
+            if getattr(cfg, name):
+                w8a16[name] = getattr(cfg, name)
     return dict(
         **w8a16,
         kernel=cfg.kernel,
@@ -74,6 +76,8 @@ def config_from_fields(fields: dict):
             consumers=fields["consumers"], bf16_tokens=bool(fields["bf16_tokens"]),
             tile_w=fields["tile_w"], cluster=fields["cluster"], num_ctas=fields["num_ctas"],
             activation=activation, token_tiles=fields.get("token_tiles", 0),
+            split_tail=fields.get("split_tail", False),
+            tile_aligned=fields.get("tile_aligned", False),
         )  # fmt: skip
     return gemm_config.TiledConfig(
         tile_m=fields["tile_m"], tile_n=fields["tile_n"], converters=fields["converters"],
