@@ -49,13 +49,19 @@ def summary(launches) -> dict:
     return out
 
 
-def geometry(cfg, n: int, k: int, ctas: int) -> list[list[int]]:
-    """Per CTA of a ``cluster`` 1 decode launch on ``ctas`` SMs: its units, the segments
-    (weight tiles) they touch, whether it holds a split tile's tail, and how many lower CTAs'
-    parts its fixup waits for (the kernel's stream-K split, swap_ab.parts)."""
+def geometry(cfg, n: int, k: int) -> list[list[int]]:
+    """Per CTA of a ``cluster`` 1 decode launch of ``cfg``: its units, the segments (weight
+    tiles) they touch, whether it holds a split tile's tail, and how many lower CTAs' parts
+    its fixup waits for (the kernel's stream-K split, swap_ab.parts, on up to
+    ``cfg.num_ctas`` CTAs, fewer with ``tile_aligned``)."""
+    from mxfp8_fusion.kernels.gemm_sm90.config import aligned_groups
+
     k_tiles = k // 128
-    units = -(-n // cfg.tile_w) * k_tiles
-    groups = min(ctas, units)
+    tiles = -(-n // cfg.tile_w)
+    units = tiles * k_tiles
+    groups = min(cfg.num_ctas, units)
+    if cfg.tile_aligned:
+        groups = aligned_groups(tiles, k_tiles, groups)
     rows = []
     for q in range(groups):
         begin, end = q * units // groups, (q + 1) * units // groups

@@ -23,6 +23,7 @@ shipped kernel (the shipped source is untouched):
   64 (``FIXUP_FLOATS``), so at 64 tokens all four lower parts of a split tile are in
   flight together instead of two at a time: the same additions in the same order. It
   spills registers with three consumers at 64 tokens: meant for two.
+
 ``reversed`` and ``rotated`` group the stages into other partial sums: other bits, the
 same sum.
 
@@ -344,7 +345,7 @@ def worker(variant: str, lock_path: str, out_path: str, activation: str, cases_a
                     launches.append(timeline(buf, num_sms))
                 row["timeline"] = summary(launches)
                 if cfg.cluster == 1:
-                    row["per_cta"] = per_cta(launches, geometry(cfg, n, k, cfg.num_ctas))
+                    row["per_cta"] = per_cta(launches, geometry(cfg, n, k))
                     print(variant, t, n, k, json.dumps(row["per_cta"]["classes"]), flush=True)
             print(variant, json.dumps({k_: v for k_, v in row.items() if k_ != "config"}),
                   flush=True)  # fmt: skip

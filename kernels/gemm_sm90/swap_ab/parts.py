@@ -109,12 +109,11 @@ class SwapABParts(Sm90Gemm):
         self.w_chunks = row_blocks(n) * self.k_tiles
         # units: (group of `cluster` adjacent weight tiles, K stage), split over the groups
         # of CTAs; a CTA takes its own tile of each group (past N: zeros, never stored)
-        self.units = ceil_div(self.w_tiles, self.cluster) * self.k_tiles
+        tile_groups = ceil_div(self.w_tiles, self.cluster)
+        self.units = tile_groups * self.k_tiles
         self.num_groups = min(self.num_ctas_cap // self.cluster, self.units)
         if cfg.tile_aligned:  # no CTA's units span two tiles (config.aligned_groups)
-            self.num_groups = aligned_groups(
-                ceil_div(self.w_tiles, self.cluster), self.k_tiles, self.num_groups
-            )
+            self.num_groups = aligned_groups(tile_groups, self.k_tiles, self.num_groups)
         self.num_ctas = self.num_groups * self.cluster
 
     def _grid(self, m):
